@@ -1,0 +1,1 @@
+"""The central server: HTTP API, services and the operator CLI."""

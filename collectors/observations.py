@@ -1,0 +1,117 @@
+"""The typed observations the collectors produce and the ledger reconciles.
+
+These Structs are the contract between collection (local or agent) and reconciliation: the agent
+sends exactly these over the wire, and the server validates them with the same types.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal, TypeAlias
+
+import msgspec
+
+from collectors.facts import Fact
+
+ScanStatus: TypeAlias = Literal["complete", "incomplete", "unavailable"]
+
+# Metric names carry their unit (NOTES.md section 5).
+ACCELERATOR_METRICS: tuple[str, ...] = (
+    "memory_used_bytes",
+    "memory_total_bytes",
+    "utilization_gpu_percent",
+    "utilization_memory_percent",
+    "temperature_celsius",
+    "power_watts",
+    "clock_graphics_mhz",
+    "clock_sm_mhz",
+    "clock_memory_mhz",
+    "fan_speed_percent",
+    "performance_state",
+)
+HOST_METRICS: tuple[str, ...] = ("memory_available_bytes", "memory_total_bytes")
+
+
+class OsInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: Fact
+    version: Fact
+    kernel: Fact
+    architecture: Fact
+
+
+class CpuInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    model: Fact
+    sockets: Fact
+    physical_cores: Fact
+    logical_cores: Fact
+
+
+class StorageObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One relevant mount (the state directory's filesystem, `/`)."""
+
+    mount: str
+    used_bytes: Fact
+    total_bytes: Fact
+
+
+class HostObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What SystemHostCollector saw. Inventory facts plus host telemetry."""
+
+    hostname: str
+    os: OsInfo
+    cpu: CpuInfo
+    memory_total_bytes: Fact
+    # Latest-state telemetry (never audited): keys are HOST_METRICS.
+    telemetry: dict[str, Fact]
+    storage: list[StorageObservation]
+
+
+class AcceleratorObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One NVIDIA GPU as NVML reported it. Reconciled by `uuid` only."""
+
+    uuid: str
+    index: Fact
+    name: Fact
+    pci_bus_id: Fact
+    memory_total_bytes: Fact
+    compute_capability: Fact  # "9.0"
+    mig_mode: Fact  # "enabled" | "disabled"
+    # Latest-state telemetry: keys are ACCELERATOR_METRICS.
+    telemetry: dict[str, Fact]
+
+
+class NvmlScan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The NVML enumeration.
+
+    `complete`: every device handle and identity call succeeded, so absence of a known UUID means
+    the GPU is missing. `incomplete`: some handle/identity call failed; nothing may be marked missing.
+    `unavailable`: nvmlInit failed (no driver, no library); `reason` says why.
+    """
+
+    status: ScanStatus
+    reason: str | None
+    driver_version: Fact
+    cuda_driver_version: Fact  # "13.1"
+    accelerators: list[AcceleratorObservation]
+
+
+class CollectorRun(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A collector's success and duration: its failure is data, never a crash of the refresh."""
+
+    collector: str
+    ok: bool
+    duration_seconds: float
+    error: str | None = None
+
+
+class HardwareObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One refresh's worth of observation of one host."""
+
+    observed_at: datetime
+    host: HostObservation
+    nvml: NvmlScan
+    collectors: list[CollectorRun] = []
+
+
+class HostCollectionError(Exception):
+    """The host itself could not be observed: the refresh fails (the seed's normalized 503)."""

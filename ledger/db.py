@@ -1,0 +1,122 @@
+"""Connections: the asyncpg pool (msgspec-backed jsonb codecs), migrations, and the embedded
+PostgreSQL used when no `MODELFORGE_DATABASE_URL` is configured."""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import msgspec
+import structlog
+
+log = structlog.get_logger(__name__)
+
+SCHEMA_VERSION = 1
+_MIGRATE_LOCK_KEY = 7305820112
+
+_encode = msgspec.json.encode
+_decode = msgspec.json.decode
+
+
+def _jsonb_encode(value: Any) -> bytes:
+    # jsonb's binary wire format is a version byte (1) followed by the JSON text.
+    return b"\x01" + _encode(value)
+
+
+def _jsonb_decode(data: bytes) -> Any:
+    return _decode(data[1:])
+
+
+async def init_connection(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec(
+        "jsonb", encoder=_jsonb_encode, decoder=_jsonb_decode, schema="pg_catalog", format="binary"
+    )
+    await conn.set_type_codec(
+        "json", encoder=lambda v: _encode(v).decode(), decoder=_decode, schema="pg_catalog"
+    )
+
+
+async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+    pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=init_connection)
+    assert pool is not None
+    return pool
+
+
+def schema_sql() -> str:
+    return resources.files("ledger").joinpath("schema.sql").read_text(encoding="utf-8")
+
+
+async def migrate(conn: asyncpg.Connection) -> int:
+    """Apply schema.sql (idempotent) under a session lock, so two servers starting together do
+    not race. Returns the schema version now recorded."""
+    await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATE_LOCK_KEY)
+    try:
+        # Quiet the NOTICEs that IF NOT EXISTS prints on every run after the first.
+        await conn.execute("SET client_min_messages = warning")
+        await conn.execute(schema_sql())
+        await conn.execute("RESET client_min_messages")
+        version = await conn.fetchval("SELECT max(version) FROM schema_version")
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATE_LOCK_KEY)
+    return int(version)
+
+
+class EmbeddedPostgres:
+    """A real PostgreSQL server (the `pgserver` package) whose data lives in the state directory.
+
+    Started on demand, stopped by `stop()`; data survives restarts. It listens on a Unix socket
+    only, so nothing needs to be free on 5432.
+    """
+
+    def __init__(self, state_dir: Path) -> None:
+        self.data_dir = state_dir / "postgres"
+        self._server: Any = None
+
+    def start(self) -> str:
+        import pgserver  # a heavy import, and only needed without MODELFORGE_DATABASE_URL
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        # pgserver reuses a server already running on this data directory, else starts one.
+        self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")
+        uri = str(self._server.get_uri())
+        log.info("embedded_postgres.started", data_dir=str(self.data_dir))
+        return uri
+
+    def stop(self) -> None:
+        if self._server is not None:
+            try:
+                self._server.cleanup()
+            finally:
+                self._server = None
+                log.info("embedded_postgres.stopped", data_dir=str(self.data_dir))
+
+
+def default_state_dir() -> Path:
+    configured = os.environ.get("MODELFORGE_STATE_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "modelforge"
+
+
+class Database:
+    """Resolves where the database is: `MODELFORGE_DATABASE_URL`, else the embedded server."""
+
+    def __init__(self, url: str | None, state_dir: Path) -> None:
+        self.url = url
+        self.state_dir = state_dir
+        self.embedded: EmbeddedPostgres | None = None
+
+    def dsn(self) -> str:
+        if self.url:
+            return self.url
+        if self.embedded is None:
+            self.embedded = EmbeddedPostgres(self.state_dir)
+        return self.embedded.start()
+
+    def close(self) -> None:
+        if self.embedded is not None:
+            self.embedded.stop()

@@ -1,0 +1,232 @@
+"""The event catalog: every fact the ledger records, as msgspec Structs in one tagged union.
+
+The tag (`event_type`) is stored beside the data, and the data itself carries it too, so a row's
+jsonb is self-describing to an auditor reading SQL. `SCHEMA_VERSION` is stored per event; a
+change to a payload's shape bumps it and adds an upcaster (none needed yet).
+
+Two classes (NOTES.md section 2): lifecycle events are permanent and hash-chained; observation
+events (telemetry samples) are retention-bounded.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Literal, TypeAlias
+
+import msgspec
+
+from collectors.facts import Fact, FactValue
+from collectors.observations import CpuInfo, OsInfo, StorageObservation
+
+SCHEMA_VERSION = 1
+
+EventClass: TypeAlias = Literal["lifecycle", "observation"]
+Source: TypeAlias = Literal["local", "agent", "operator", "system"]
+
+
+class _Event(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="event_type"):
+    """Base of every event payload; subclasses set their tag."""
+
+
+class FactChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    before: Fact | FactValue | None
+    after: Fact | FactValue | None
+
+
+# --- lifecycle: inventory --------------------------------------------------------------------
+
+
+class NodeDiscovered(_Event, tag="NODE_DISCOVERED"):
+    node_id: str
+    identity_key: str
+    identity_source: str
+    hostname: str
+    os: OsInfo
+    cpu: CpuInfo
+    memory_total_bytes: Fact
+    driver_version: Fact
+    cuda_driver_version: Fact
+
+
+class NodeMetadataChanged(_Event, tag="NODE_METADATA_CHANGED"):
+    """Hostname or display name changed: mutable metadata, never identity."""
+
+    changes: dict[str, FactChange]
+
+
+class AcceleratorDiscovered(_Event, tag="ACCELERATOR_DISCOVERED"):
+    accelerator_id: str
+    uuid: str
+    index: Fact
+    name: Fact
+    pci_bus_id: Fact
+    memory_total_bytes: Fact
+    compute_capability: Fact
+    mig_mode: Fact
+    driver_version: Fact
+    cuda_driver_version: Fact
+    # True when a `missing` accelerator reappeared in a complete enumeration.
+    rediscovered: bool = False
+
+
+class AcceleratorMissing(_Event, tag="ACCELERATOR_MISSING"):
+    accelerator_id: str
+    uuid: str
+    reason: str
+
+
+class HardwareChanged(_Event, tag="HARDWARE_CHANGED"):
+    """Changed inventory facts of the node (`accelerator_uuid` None) or of one accelerator."""
+
+    subject: Literal["node", "accelerator"]
+    changes: dict[str, FactChange]
+    accelerator_id: str | None = None
+    accelerator_uuid: str | None = None
+
+
+class InventoryStatusChanged(_Event, tag="INVENTORY_STATUS_CHANGED"):
+    """The node's inventory became ok or degraded (with the reasons), e.g. NVML unavailable."""
+
+    status: Literal["ok", "degraded"]
+    reasons: list[str]
+    nvml_status: str
+    accelerator_capability: Literal["present", "absent", "unknown"]
+
+
+class InventoryFailed(_Event, tag="INVENTORY_FAILED"):
+    """A refresh failed; the last successful inventory stays as it was."""
+
+    stage: str
+    reason: str
+
+
+# --- observation: telemetry ------------------------------------------------------------------
+
+
+class HostTelemetryObserved(_Event, tag="HOST_TELEMETRY_OBSERVED"):
+    telemetry: dict[str, Fact]
+    storage: list[StorageObservation]
+
+
+class AcceleratorTelemetryObserved(_Event, tag="ACCELERATOR_TELEMETRY_OBSERVED"):
+    accelerator_id: str
+    uuid: str
+    telemetry: dict[str, Fact]
+
+
+EventPayload: TypeAlias = (
+    NodeDiscovered
+    | NodeMetadataChanged
+    | AcceleratorDiscovered
+    | AcceleratorMissing
+    | HardwareChanged
+    | InventoryStatusChanged
+    | InventoryFailed
+    | HostTelemetryObserved
+    | AcceleratorTelemetryObserved
+)
+
+OBSERVATION_TYPES: frozenset[type[_Event]] = frozenset(
+    {HostTelemetryObserved, AcceleratorTelemetryObserved}
+)
+
+
+def _tag(cls: type[_Event]) -> str:
+    tag = cls.__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+EVENT_TYPES: dict[str, type[_Event]] = {_tag(c): c for c in EventPayload.__args__}  # type: ignore[attr-defined]
+OBSERVATION_EVENT_TYPES: frozenset[str] = frozenset(_tag(c) for c in OBSERVATION_TYPES)
+LIFECYCLE_EVENT_TYPES: frozenset[str] = frozenset(EVENT_TYPES) - OBSERVATION_EVENT_TYPES
+
+
+def event_type_of(payload: EventPayload) -> str:
+    return _tag(type(payload))
+
+
+def event_class_of(payload: EventPayload) -> EventClass:
+    return "observation" if type(payload) in OBSERVATION_TYPES else "lifecycle"
+
+
+class EventMetadata(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Who saw what, when, by whose clock (NOTES.md section 2)."""
+
+    received_at: datetime  # the central clock
+    source: Source
+    observed_at: datetime | None = None  # the observer's clock (agent or local host)
+    agent_stream: str | None = None
+    agent_sequence: int | None = None
+    actor: str | None = None
+    correlation_id: str | None = None
+
+
+class NewEvent(msgspec.Struct, frozen=True):
+    """An event about to be appended. `event_id` is the idempotency key."""
+
+    payload: EventPayload
+    metadata: EventMetadata
+    event_id: uuid.UUID = msgspec.field(default_factory=uuid.uuid4)
+
+    @property
+    def event_type(self) -> str:
+        return event_type_of(self.payload)
+
+    @property
+    def event_class(self) -> EventClass:
+        return event_class_of(self.payload)
+
+
+class RecordedEvent(msgspec.Struct, frozen=True):
+    """An event as the log holds it."""
+
+    global_position: int
+    stream_id: str
+    stream_version: int
+    event_id: uuid.UUID
+    event_type: str
+    event_class: EventClass
+    schema_version: int
+    payload: EventPayload
+    metadata: EventMetadata
+    recorded_at: datetime
+
+
+_payload_decoder = msgspec.json.Decoder(EventPayload)
+_metadata_decoder = msgspec.json.Decoder(EventMetadata)
+
+
+class EventValidationError(ValueError):
+    """An event does not match the catalog; nothing was written."""
+
+
+def validate_payload(payload: Any) -> bytes:
+    """Encode a payload and prove it decodes as the catalog says (Structs are not validated when
+    constructed in Python, so a wrongly typed field would otherwise reach the log)."""
+    if type(payload) not in EVENT_TYPES.values():
+        raise EventValidationError(f"{type(payload).__name__} is not an event of the catalog")
+    try:
+        raw = msgspec.json.encode(payload)
+        _payload_decoder.decode(raw)
+    except (msgspec.ValidationError, msgspec.EncodeError, TypeError) as exc:
+        raise EventValidationError(f"{event_type_of(payload)}: {exc}") from exc
+    return raw
+
+
+def validate_metadata(metadata: Any) -> bytes:
+    try:
+        raw = msgspec.json.encode(metadata)
+        _metadata_decoder.decode(raw)
+    except (msgspec.ValidationError, msgspec.EncodeError, TypeError) as exc:
+        raise EventValidationError(f"metadata: {exc}") from exc
+    return raw
+
+
+def decode_payload(raw: str | bytes) -> EventPayload:
+    return _payload_decoder.decode(raw)
+
+
+def decode_metadata(raw: str | bytes) -> EventMetadata:
+    return _metadata_decoder.decode(raw)

@@ -1,0 +1,338 @@
+"""A compute node's state, folded from its stream: the pure `evolve(state, event) -> state`.
+
+The reconciler decides against this state and the inventory projection stores it; both use the
+same fold, so what the service decides on is exactly what a rebuild from the log produces.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from datetime import datetime
+from typing import Literal, TypeAlias
+
+import msgspec
+
+from collectors.facts import UNKNOWN, Fact, Known
+from collectors.observations import CpuInfo, OsInfo, StorageObservation
+from ledger.events import (
+    AcceleratorDiscovered,
+    AcceleratorMissing,
+    AcceleratorTelemetryObserved,
+    HardwareChanged,
+    HostTelemetryObserved,
+    InventoryFailed,
+    InventoryStatusChanged,
+    NodeDiscovered,
+    NodeMetadataChanged,
+    RecordedEvent,
+)
+
+# Fixed namespaces: the same identity key gives the same node id on any machine, in any process.
+NODE_ID_NAMESPACE = uuid.UUID("6f1d7c1e-3b0a-5a8e-9f61-4d2b8c0e7a10")
+ACCELERATOR_ID_NAMESPACE = uuid.UUID("0b9e3f5c-7a2d-5c41-8e36-9d1f2a4b6c80")
+
+AcceleratorStatus: TypeAlias = Literal["active", "missing", "decommissioned"]
+NodeStatus: TypeAlias = Literal["active", "decommissioned"]
+InventoryStatus: TypeAlias = Literal["pending", "ok", "degraded", "failed"]
+
+_UNKNOWN_OS = OsInfo(name=UNKNOWN, version=UNKNOWN, kernel=UNKNOWN, architecture=UNKNOWN)
+_UNKNOWN_CPU = CpuInfo(model=UNKNOWN, sockets=UNKNOWN, physical_cores=UNKNOWN, logical_cores=UNKNOWN)
+
+
+def node_id_for(identity_key: str) -> str:
+    """The node's internal UUID: derived from the identity key, so it maps to it uniquely and a
+    rediscovery after any loss of read models lands on the same node."""
+    return str(uuid.uuid5(NODE_ID_NAMESPACE, identity_key))
+
+
+def accelerator_id_for(node_id: str, gpu_uuid: str) -> str:
+    """Accelerators reconcile by (compute node, GPU UUID); the internal id is derived from both."""
+    return str(uuid.uuid5(ACCELERATOR_ID_NAMESPACE, f"{node_id}/{gpu_uuid}"))
+
+
+class Telemetry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    metrics: dict[str, Fact]
+    observed_at: datetime | None
+    received_at: datetime
+    position: int
+
+
+class AcceleratorState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    accelerator_id: str
+    uuid: str
+    status: AcceleratorStatus
+    index: Fact
+    name: Fact
+    pci_bus_id: Fact
+    memory_total_bytes: Fact
+    compute_capability: Fact
+    mig_mode: Fact
+    driver_version: Fact
+    cuda_driver_version: Fact
+    first_seen_at: datetime
+    last_seen_at: datetime
+    position: int
+    missing_since: datetime | None = None
+    telemetry: Telemetry | None = None
+
+
+class LastRun(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    outcome: Literal["succeeded", "failed"]
+    status: InventoryStatus
+    reasons: list[str]
+    nvml_status: str | None
+    at: datetime
+    position: int
+
+
+class NodeState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    node_id: str
+    stream_version: int = 0
+    lifecycle_version: int = 0
+    position: int = 0
+    discovered: bool = False
+    identity_key: str | None = None
+    identity_source: str | None = None
+    hostname: str | None = None
+    display_name: str | None = None
+    status: NodeStatus = "active"
+    os: OsInfo = _UNKNOWN_OS
+    cpu: CpuInfo = _UNKNOWN_CPU
+    memory_total_bytes: Fact = UNKNOWN
+    driver_version: Fact = UNKNOWN
+    cuda_driver_version: Fact = UNKNOWN
+    accelerators: dict[str, AcceleratorState] = {}  # by GPU UUID
+    inventory_status: InventoryStatus = "pending"
+    inventory_reasons: list[str] = []
+    accelerator_capability: Literal["present", "absent", "unknown"] = "unknown"
+    nvml_status: str | None = None
+    last_run: LastRun | None = None
+    fingerprint: str | None = None
+    fingerprint_position: int | None = None
+    host_telemetry: Telemetry | None = None
+    storage: list[StorageObservation] = []
+    source: str | None = None
+    first_seen_at: datetime | None = None
+    last_seen_at: datetime | None = None
+    last_observed_at: datetime | None = None
+    last_received_at: datetime | None = None
+    clock_skew_seconds: float | None = None
+    decommissioned_at: datetime | None = None
+
+
+def _value(fact: Fact) -> object:
+    return fact.value if isinstance(fact, Known) else None
+
+
+def fingerprint_of(state: NodeState) -> str | None:
+    """SHA-256 of the canonical JSON of the node's identity, OS and active accelerators
+    (NOTES.md section 7). Nothing transient goes in. None before discovery."""
+    if not state.discovered or state.identity_key is None:
+        return None
+    doc = {
+        "identity_key": state.identity_key,
+        "os": {
+            "name": _value(state.os.name),
+            "version": _value(state.os.version),
+            "kernel": _value(state.os.kernel),
+            "architecture": _value(state.os.architecture),
+        },
+        "accelerators": [
+            {
+                "uuid": acc.uuid,
+                "model": _value(acc.name),
+                "pci_bus_id": _value(acc.pci_bus_id),
+                "memory_total_bytes": _value(acc.memory_total_bytes),
+                "compute_capability": _value(acc.compute_capability),
+                "driver_version": _value(acc.driver_version),
+                "cuda_driver_version": _value(acc.cuda_driver_version),
+            }
+            for acc in sorted(state.accelerators.values(), key=lambda a: a.uuid)
+            if acc.status == "active"
+        ],
+    }
+    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+_ACCELERATOR_FACTS = frozenset(
+    {
+        "index",
+        "name",
+        "pci_bus_id",
+        "memory_total_bytes",
+        "compute_capability",
+        "mig_mode",
+        "driver_version",
+        "cuda_driver_version",
+    }
+)
+_NODE_FACTS = frozenset({"memory_total_bytes", "driver_version", "cuda_driver_version"})
+
+
+def _seen(state: NodeState, event: RecordedEvent) -> NodeState:
+    """Bookkeeping every event of the stream updates: versions, times, liveness by receive time."""
+    meta = event.metadata
+    skew = state.clock_skew_seconds
+    if meta.observed_at is not None:
+        skew = (meta.observed_at - meta.received_at).total_seconds()
+    lifecycle = state.lifecycle_version + (1 if event.event_class == "lifecycle" else 0)
+    return msgspec.structs.replace(
+        state,
+        stream_version=event.stream_version,
+        lifecycle_version=lifecycle,
+        position=event.global_position,
+        last_received_at=meta.received_at,
+        last_observed_at=meta.observed_at or state.last_observed_at,
+        clock_skew_seconds=skew,
+        source=meta.source if meta.source in ("local", "agent") else state.source,
+    )
+
+
+def evolve(state: NodeState, event: RecordedEvent) -> NodeState:
+    """Fold one event of the node's stream into its state. Pure."""
+    p = event.payload
+    at = event.metadata.received_at
+    s = _seen(state, event)
+    match p:
+        case NodeDiscovered():
+            s = msgspec.structs.replace(
+                s,
+                discovered=True,
+                identity_key=p.identity_key,
+                identity_source=p.identity_source,
+                hostname=p.hostname,
+                display_name=s.display_name or p.hostname,
+                os=p.os,
+                cpu=p.cpu,
+                memory_total_bytes=p.memory_total_bytes,
+                driver_version=p.driver_version,
+                cuda_driver_version=p.cuda_driver_version,
+                first_seen_at=s.first_seen_at or at,
+                last_seen_at=at,
+            )
+        case NodeMetadataChanged():
+            updates: dict[str, object] = {}
+            for field, change in p.changes.items():
+                if field in ("hostname", "display_name"):
+                    updates[field] = change.after
+            s = msgspec.structs.replace(s, **updates)  # type: ignore[arg-type]
+        case AcceleratorDiscovered():
+            previous = s.accelerators.get(p.uuid)
+            acc = AcceleratorState(
+                accelerator_id=p.accelerator_id,
+                uuid=p.uuid,
+                status="active",
+                index=p.index,
+                name=p.name,
+                pci_bus_id=p.pci_bus_id,
+                memory_total_bytes=p.memory_total_bytes,
+                compute_capability=p.compute_capability,
+                mig_mode=p.mig_mode,
+                driver_version=p.driver_version,
+                cuda_driver_version=p.cuda_driver_version,
+                first_seen_at=previous.first_seen_at if previous else at,
+                last_seen_at=at,
+                position=event.global_position,
+                telemetry=None,
+            )
+            s = msgspec.structs.replace(s, accelerators={**s.accelerators, p.uuid: acc})
+        case AcceleratorMissing():
+            acc0 = s.accelerators.get(p.uuid)
+            if acc0 is not None:
+                # A missing GPU keeps its facts and history but no longer claims live telemetry.
+                acc = msgspec.structs.replace(
+                    acc0,
+                    status="missing",
+                    missing_since=at,
+                    position=event.global_position,
+                    telemetry=None,
+                )
+                s = msgspec.structs.replace(s, accelerators={**s.accelerators, p.uuid: acc})
+        case HardwareChanged():
+            if p.subject == "node":
+                node_updates: dict[str, object] = {}
+                for field, change in p.changes.items():
+                    if field in _NODE_FACTS:
+                        node_updates[field] = change.after
+                    elif field.startswith("os.") or field.startswith("cpu."):
+                        group, _, name = field.partition(".")
+                        current = getattr(s, group) if group not in node_updates else node_updates[group]
+                        node_updates[group] = msgspec.structs.replace(current, **{name: change.after})
+                s = msgspec.structs.replace(s, **node_updates)  # type: ignore[arg-type]
+            elif p.accelerator_uuid is not None and p.accelerator_uuid in s.accelerators:
+                acc0 = s.accelerators[p.accelerator_uuid]
+                acc_updates = {f: c.after for f, c in p.changes.items() if f in _ACCELERATOR_FACTS}
+                acc = msgspec.structs.replace(
+                    acc0,
+                    position=event.global_position,
+                    **acc_updates,  # type: ignore[arg-type]
+                )
+                s = msgspec.structs.replace(s, accelerators={**s.accelerators, acc.uuid: acc})
+        case InventoryStatusChanged():
+            s = msgspec.structs.replace(
+                s,
+                inventory_status=p.status,
+                inventory_reasons=list(p.reasons),
+                nvml_status=p.nvml_status,
+                accelerator_capability=p.accelerator_capability,
+                last_run=LastRun(
+                    outcome="succeeded",
+                    status=p.status,
+                    reasons=list(p.reasons),
+                    nvml_status=p.nvml_status,
+                    at=at,
+                    position=event.global_position,
+                ),
+            )
+        case InventoryFailed():
+            s = msgspec.structs.replace(
+                s,
+                inventory_status="failed",
+                inventory_reasons=[f"{p.stage}: {p.reason}"],
+                last_run=LastRun(
+                    outcome="failed",
+                    status="failed",
+                    reasons=[f"{p.stage}: {p.reason}"],
+                    nvml_status=s.nvml_status,
+                    at=at,
+                    position=event.global_position,
+                ),
+            )
+        case HostTelemetryObserved():
+            s = msgspec.structs.replace(
+                s,
+                host_telemetry=Telemetry(
+                    metrics=dict(p.telemetry),
+                    observed_at=event.metadata.observed_at,
+                    received_at=at,
+                    position=event.global_position,
+                ),
+                storage=list(p.storage),
+                last_seen_at=at if s.discovered else s.last_seen_at,
+            )
+            if s.inventory_status == "failed" and s.last_run is not None:
+                pass  # telemetry alone does not clear a failed run: the next refresh does.
+        case AcceleratorTelemetryObserved():
+            acc0 = s.accelerators.get(p.uuid)
+            if acc0 is not None and acc0.status == "active":
+                acc = msgspec.structs.replace(
+                    acc0,
+                    last_seen_at=at,
+                    telemetry=Telemetry(
+                        metrics=dict(p.telemetry),
+                        observed_at=event.metadata.observed_at,
+                        received_at=at,
+                        position=event.global_position,
+                    ),
+                )
+                s = msgspec.structs.replace(s, accelerators={**s.accelerators, p.uuid: acc})
+        case _:
+            pass  # events of other concerns (credentials, leases) do not change inventory.
+    if event.event_class == "lifecycle":
+        fp = fingerprint_of(s)
+        if fp != s.fingerprint:
+            s = msgspec.structs.replace(s, fingerprint=fp, fingerprint_position=event.global_position)
+    return s

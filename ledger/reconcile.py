@@ -1,0 +1,209 @@
+"""The pure decider: `reconcile(observation, current state) -> events`.
+
+No I/O and no clock: everything it needs is passed in, so hypothesis can drive it directly.
+
+Decisions (docs/architecture.md has the reasoning):
+- A fact that is now `temporarily_failed`, `unknown` or `unavailable` does not overwrite a fact we
+  knew: a flaky NVML call is not a hardware change. `known` and `unsupported` are real answers and
+  are compared.
+- Only a `complete` enumeration can make a known GPU `missing`.
+- An unchanged host yields observation events only (telemetry), no lifecycle event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+
+from collectors.facts import Fact, TemporarilyFailed, Unavailable, Unknown
+from collectors.observations import AcceleratorObservation, HardwareObservation
+from ledger.events import (
+    AcceleratorDiscovered,
+    AcceleratorMissing,
+    AcceleratorTelemetryObserved,
+    EventPayload,
+    FactChange,
+    HardwareChanged,
+    HostTelemetryObserved,
+    InventoryStatusChanged,
+    NodeDiscovered,
+    NodeMetadataChanged,
+)
+from ledger.node import AcceleratorState, NodeState, accelerator_id_for
+
+_TRANSIENT = (TemporarilyFailed, Unknown, Unavailable)
+
+
+class NodeIdentity(msgspec.Struct, frozen=True):
+    key: str
+    source: str
+
+
+def _settled(new: Fact, old: Fact) -> Fact:
+    """The fact to record: a transient failure keeps what we knew."""
+    return old if isinstance(new, _TRANSIENT) and not isinstance(old, _TRANSIENT) else new
+
+
+def _diff(pairs: Mapping[str, tuple[Fact, Fact]]) -> dict[str, FactChange]:
+    changes: dict[str, FactChange] = {}
+    for name, (old, new) in pairs.items():
+        settled = _settled(new, old)
+        if settled != old:
+            changes[name] = FactChange(before=old, after=settled)
+    return changes
+
+
+def inventory_status_of(
+    observation: HardwareObservation, state: NodeState
+) -> tuple[str, list[str], str]:
+    """(status, reasons, accelerator capability) per the seed's Health list."""
+    nvml = observation.nvml
+    if nvml.status == "unavailable":
+        known_gpus = any(a.status == "active" for a in state.accelerators.values())
+        reason = f"NVML unavailable: {nvml.reason or 'no reason given'}"
+        return "degraded", [reason], ("unknown" if known_gpus else "absent")
+    if nvml.status == "incomplete":
+        reason = f"NVML scan incomplete: {nvml.reason or 'no reason given'}; last good GPU state kept"
+        return "degraded", [reason], "present" if (nvml.accelerators or state.accelerators) else "unknown"
+    return "ok", [], ("present" if nvml.accelerators else "absent")
+
+
+def _accelerator_discovered(
+    node_id: str, obs: AcceleratorObservation, driver: Fact, cuda: Fact, rediscovered: bool
+) -> AcceleratorDiscovered:
+    return AcceleratorDiscovered(
+        accelerator_id=accelerator_id_for(node_id, obs.uuid),
+        uuid=obs.uuid,
+        index=obs.index,
+        name=obs.name,
+        pci_bus_id=obs.pci_bus_id,
+        memory_total_bytes=obs.memory_total_bytes,
+        compute_capability=obs.compute_capability,
+        mig_mode=obs.mig_mode,
+        driver_version=driver,
+        cuda_driver_version=cuda,
+        rediscovered=rediscovered,
+    )
+
+
+def _accelerator_changes(
+    acc: AcceleratorState, obs: AcceleratorObservation, driver: Fact, cuda: Fact
+) -> dict[str, FactChange]:
+    return _diff(
+        {
+            "index": (acc.index, obs.index),
+            "name": (acc.name, obs.name),
+            "pci_bus_id": (acc.pci_bus_id, obs.pci_bus_id),
+            "memory_total_bytes": (acc.memory_total_bytes, obs.memory_total_bytes),
+            "compute_capability": (acc.compute_capability, obs.compute_capability),
+            "mig_mode": (acc.mig_mode, obs.mig_mode),
+            "driver_version": (acc.driver_version, driver),
+            "cuda_driver_version": (acc.cuda_driver_version, cuda),
+        }
+    )
+
+
+def reconcile(
+    observation: HardwareObservation, state: NodeState, identity: NodeIdentity
+) -> list[EventPayload]:
+    """The events that bring `state` in line with `observation`."""
+    events: list[EventPayload] = []
+    host = observation.host
+    nvml = observation.nvml
+    node_id = state.node_id
+
+    if not state.discovered:
+        events.append(
+            NodeDiscovered(
+                node_id=node_id,
+                identity_key=identity.key,
+                identity_source=identity.source,
+                hostname=host.hostname,
+                os=host.os,
+                cpu=host.cpu,
+                memory_total_bytes=host.memory_total_bytes,
+                driver_version=nvml.driver_version,
+                cuda_driver_version=nvml.cuda_driver_version,
+            )
+        )
+        driver, cuda = nvml.driver_version, nvml.cuda_driver_version
+    else:
+        if host.hostname != state.hostname:
+            events.append(
+                NodeMetadataChanged(
+                    changes={"hostname": FactChange(before=state.hostname, after=host.hostname)}
+                )
+            )
+        pairs: dict[str, tuple[Fact, Fact]] = {
+            "memory_total_bytes": (state.memory_total_bytes, host.memory_total_bytes),
+        }
+        for name in ("name", "version", "kernel", "architecture"):
+            pairs[f"os.{name}"] = (getattr(state.os, name), getattr(host.os, name))
+        for name in ("model", "sockets", "physical_cores", "logical_cores"):
+            pairs[f"cpu.{name}"] = (getattr(state.cpu, name), getattr(host.cpu, name))
+        if nvml.status != "unavailable":
+            pairs["driver_version"] = (state.driver_version, nvml.driver_version)
+            pairs["cuda_driver_version"] = (state.cuda_driver_version, nvml.cuda_driver_version)
+        changes = _diff(pairs)
+        if changes:
+            events.append(HardwareChanged(subject="node", changes=changes))
+        driver = _settled(nvml.driver_version, state.driver_version)
+        cuda = _settled(nvml.cuda_driver_version, state.cuda_driver_version)
+
+    seen: set[str] = set()
+    for obs in nvml.accelerators:
+        seen.add(obs.uuid)
+        acc = state.accelerators.get(obs.uuid)
+        if acc is None or acc.status != "active":
+            events.append(_accelerator_discovered(node_id, obs, driver, cuda, acc is not None))
+            continue
+        acc_changes = _accelerator_changes(acc, obs, driver, cuda)
+        if acc_changes:
+            events.append(
+                HardwareChanged(
+                    subject="accelerator",
+                    changes=acc_changes,
+                    accelerator_id=acc.accelerator_id,
+                    accelerator_uuid=acc.uuid,
+                )
+            )
+
+    if nvml.status == "complete":
+        for gpu_uuid, acc in sorted(state.accelerators.items()):
+            if acc.status == "active" and gpu_uuid not in seen:
+                events.append(
+                    AcceleratorMissing(
+                        accelerator_id=acc.accelerator_id,
+                        uuid=gpu_uuid,
+                        reason="absent from a complete NVML enumeration",
+                    )
+                )
+
+    status, reasons, capability = inventory_status_of(observation, state)
+    if (status, reasons, capability, nvml.status) != (
+        state.inventory_status,
+        state.inventory_reasons,
+        state.accelerator_capability,
+        state.nvml_status,
+    ):
+        events.append(
+            InventoryStatusChanged(
+                status=status,  # type: ignore[arg-type]
+                reasons=reasons,
+                nvml_status=nvml.status,
+                accelerator_capability=capability,  # type: ignore[arg-type]
+            )
+        )
+
+    # Telemetry: observation events only, never audit noise.
+    events.append(HostTelemetryObserved(telemetry=dict(host.telemetry), storage=list(host.storage)))
+    for obs in nvml.accelerators:
+        events.append(
+            AcceleratorTelemetryObserved(
+                accelerator_id=accelerator_id_for(node_id, obs.uuid),
+                uuid=obs.uuid,
+                telemetry=dict(obs.telemetry),
+            )
+        )
+    return events

@@ -1,0 +1,1 @@
+"""Read models: pure folds per stream and their PostgreSQL tables; rebuild and verify."""

@@ -1,0 +1,128 @@
+"""A small projection framework: each read model is a pure fold per stream plus a pure mapping
+from the folded state to table rows.
+
+    fold(state, event) -> state          (pure; the same code inline and in `rebuild`)
+    rows(state) -> {table: [row, ...]}   (pure; what the read-model tables must hold for the stream)
+
+Inline, `apply` loads the stream's folded state (its checkpoint: `projection_state`), folds the
+new events, and writes only the rows that changed, in the append's transaction. `rebuild` folds
+the whole log into shadow tables with the same two functions, so "live == rebuilt" holds by
+construction and is checked row for row by `rebuild --verify`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+import asyncpg
+import msgspec
+
+from ledger.events import RecordedEvent
+
+S = TypeVar("S")
+
+Row = tuple[Any, ...]
+Rows = Mapping[str, Sequence[Row]]
+
+STATE_TABLE = "projection_state"
+
+
+class TableSpec(msgspec.Struct, frozen=True):
+    """A read-model table: its columns (in order) and the columns that key one row."""
+
+    name: str
+    columns: tuple[str, ...]
+    key: tuple[str, ...]
+
+    def key_of(self, row: Row) -> Row:
+        return tuple(row[self.columns.index(k)] for k in self.key)
+
+
+def _upsert_sql(table: str, spec: TableSpec) -> str:
+    cols = ", ".join(spec.columns)
+    params = ", ".join(f"${i}" for i in range(1, len(spec.columns) + 1))
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in spec.columns if c not in spec.key)
+    conflict = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
+    return f"INSERT INTO {table} ({cols}) VALUES ({params}) ON CONFLICT ({', '.join(spec.key)}) {conflict}"
+
+
+def _delete_sql(table: str, spec: TableSpec) -> str:
+    where = " AND ".join(f"{k} = ${i}" for i, k in enumerate(spec.key, start=1))
+    return f"DELETE FROM {table} WHERE {where}"
+
+
+class Projection(Generic[S]):
+    """Base of a per-stream read model. Subclasses define `name`, `tables`, `state_type`,
+    `initial`, `fold` and `rows`; this class does the I/O."""
+
+    name: str
+    tables: tuple[TableSpec, ...]
+    state_type: type[S]
+
+    def initial(self, stream_id: str) -> S:
+        raise NotImplementedError
+
+    def fold(self, state: S, event: RecordedEvent) -> S:
+        raise NotImplementedError
+
+    def rows(self, state: S) -> Rows:
+        raise NotImplementedError
+
+    def checkpoint_of(self, state: S) -> tuple[int, int]:
+        """(stream version, global position) the state has folded up to."""
+        raise NotImplementedError
+
+    # --- pure helpers --------------------------------------------------------------------------
+
+    def fold_all(self, state: S, events: Sequence[RecordedEvent]) -> S:
+        for event in events:
+            state = self.fold(state, event)
+        return state
+
+    def _decode_state(self, raw: str | bytes) -> S:
+        return msgspec.json.decode(raw, type=self.state_type)
+
+    # --- I/O -------------------------------------------------------------------------------------
+
+    async def load_state(self, conn: asyncpg.Connection, stream_id: str, *, suffix: str = "") -> S:
+        raw = await conn.fetchval(
+            f"SELECT state::text FROM {STATE_TABLE}{suffix} WHERE projection = $1 AND stream_id = $2",
+            self.name,
+            stream_id,
+        )
+        return self.initial(stream_id) if raw is None else self._decode_state(raw)
+
+    async def apply(
+        self, conn: asyncpg.Connection, stream_id: str, events: Sequence[RecordedEvent]
+    ) -> None:
+        before = await self.load_state(conn, stream_id)
+        after = self.fold_all(before, events)
+        await self.write_changes(conn, stream_id, before, after)
+
+    async def write_changes(
+        self, conn: asyncpg.Connection, stream_id: str, before: S, after: S, *, suffix: str = ""
+    ) -> None:
+        """Write the difference between the rows of `before` and `after`, and the new state."""
+        old_rows, new_rows = self.rows(before), self.rows(after)
+        for spec in self.tables:
+            table = spec.name + suffix
+            old = {spec.key_of(r): r for r in old_rows.get(spec.name, ())}
+            new = {spec.key_of(r): r for r in new_rows.get(spec.name, ())}
+            changed = [r for k, r in new.items() if old.get(k) != r]
+            gone = [k for k in old if k not in new]
+            if gone:
+                await conn.executemany(_delete_sql(table, spec), gone)
+            if changed:
+                await conn.executemany(_upsert_sql(table, spec), changed)
+        version, position = self.checkpoint_of(after)
+        await conn.execute(
+            f"INSERT INTO {STATE_TABLE}{suffix} AS p (projection, stream_id, stream_version, position, state) "
+            "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (projection, stream_id) DO UPDATE SET "
+            "stream_version = EXCLUDED.stream_version, position = EXCLUDED.position, state = EXCLUDED.state",
+            self.name,
+            stream_id,
+            version,
+            position,
+            msgspec.Raw(msgspec.json.encode(after)),
+        )

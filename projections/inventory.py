@@ -1,0 +1,200 @@
+"""The hardware inventory read models: compute nodes, accelerators, node storage, latest host and
+accelerator telemetry, fingerprints and inventory runs, all from one fold of the node's stream
+(`ledger.node.evolve`)."""
+
+from __future__ import annotations
+
+from ledger.events import RecordedEvent
+from ledger.node import NodeState, evolve
+from projections.framework import Projection, Row, Rows, TableSpec
+
+NODES = TableSpec(
+    name="hw_nodes",
+    columns=(
+        "node_id",
+        "identity_key",
+        "identity_source",
+        "hostname",
+        "display_name",
+        "status",
+        "inventory_status",
+        "inventory_reasons",
+        "accelerator_capability",
+        "fingerprint",
+        "fingerprint_position",
+        "os",
+        "cpu",
+        "memory_total_bytes",
+        "driver_version",
+        "cuda_driver_version",
+        "source",
+        "first_seen_at",
+        "last_seen_at",
+        "last_observed_at",
+        "last_received_at",
+        "clock_skew_seconds",
+        "decommissioned_at",
+        "stream_version",
+        "lifecycle_version",
+        "position",
+    ),
+    key=("node_id",),
+)
+ACCELERATORS = TableSpec(
+    name="hw_accelerators",
+    columns=(
+        "accelerator_id",
+        "node_id",
+        "uuid",
+        "status",
+        "device_index",
+        "pci_bus_id",
+        "name",
+        "memory_total_bytes",
+        "compute_capability",
+        "mig_mode",
+        "driver_version",
+        "cuda_driver_version",
+        "first_seen_at",
+        "last_seen_at",
+        "missing_since",
+        "position",
+    ),
+    key=("accelerator_id",),
+)
+NODE_STORAGE = TableSpec(
+    name="hw_node_storage",
+    columns=("node_id", "mount", "used_bytes", "total_bytes", "observed_at"),
+    key=("node_id", "mount"),
+)
+HOST_TELEMETRY = TableSpec(
+    name="hw_host_telemetry",
+    columns=("node_id", "metrics", "observed_at", "received_at", "position"),
+    key=("node_id",),
+)
+ACCELERATOR_TELEMETRY = TableSpec(
+    name="hw_accelerator_telemetry",
+    columns=("accelerator_id", "node_id", "metrics", "observed_at", "received_at", "position"),
+    key=("accelerator_id",),
+)
+FINGERPRINTS = TableSpec(
+    name="hw_fingerprints",
+    columns=("node_id", "fingerprint", "position"),
+    key=("node_id",),
+)
+INVENTORY_RUNS = TableSpec(
+    name="hw_inventory_runs",
+    columns=("node_id", "outcome", "status", "reasons", "nvml_status", "at", "position"),
+    key=("node_id",),
+)
+
+
+class InventoryProjection(Projection[NodeState]):
+    name = "inventory"
+    tables = (
+        NODES,
+        ACCELERATORS,
+        NODE_STORAGE,
+        HOST_TELEMETRY,
+        ACCELERATOR_TELEMETRY,
+        FINGERPRINTS,
+        INVENTORY_RUNS,
+    )
+    state_type = NodeState
+
+    def initial(self, stream_id: str) -> NodeState:
+        return NodeState(node_id=stream_id)
+
+    def fold(self, state: NodeState, event: RecordedEvent) -> NodeState:
+        return evolve(state, event)
+
+    def checkpoint_of(self, state: NodeState) -> tuple[int, int]:
+        return state.stream_version, state.position
+
+    def rows(self, state: NodeState) -> Rows:
+        s = state
+        out: dict[str, list[Row]] = {}
+        if s.last_run is not None:
+            r = s.last_run
+            out["hw_inventory_runs"] = [
+                (s.node_id, r.outcome, r.status, r.reasons, r.nvml_status, r.at, r.position)
+            ]
+        if not s.discovered:
+            return out
+        out["hw_nodes"] = [
+            (
+                s.node_id,
+                s.identity_key,
+                s.identity_source,
+                s.hostname,
+                s.display_name,
+                s.status,
+                s.inventory_status,
+                s.inventory_reasons,
+                s.accelerator_capability,
+                s.fingerprint,
+                s.fingerprint_position,
+                s.os,
+                s.cpu,
+                s.memory_total_bytes,
+                s.driver_version,
+                s.cuda_driver_version,
+                s.source,
+                s.first_seen_at,
+                s.last_seen_at,
+                s.last_observed_at,
+                s.last_received_at,
+                s.clock_skew_seconds,
+                s.decommissioned_at,
+                s.stream_version,
+                s.lifecycle_version,
+                s.position,
+            )
+        ]
+        out["hw_accelerators"] = [
+            (
+                a.accelerator_id,
+                s.node_id,
+                a.uuid,
+                a.status,
+                a.index,
+                a.pci_bus_id,
+                a.name,
+                a.memory_total_bytes,
+                a.compute_capability,
+                a.mig_mode,
+                a.driver_version,
+                a.cuda_driver_version,
+                a.first_seen_at,
+                a.last_seen_at,
+                a.missing_since,
+                a.position,
+            )
+            for a in s.accelerators.values()
+        ]
+        observed = s.host_telemetry.observed_at if s.host_telemetry else None
+        out["hw_node_storage"] = [
+            (s.node_id, m.mount, m.used_bytes, m.total_bytes, observed) for m in s.storage
+        ]
+        if s.host_telemetry is not None:
+            t = s.host_telemetry
+            out["hw_host_telemetry"] = [(s.node_id, t.metrics, t.observed_at, t.received_at, t.position)]
+        out["hw_accelerator_telemetry"] = [
+            (
+                a.accelerator_id,
+                s.node_id,
+                a.telemetry.metrics,
+                a.telemetry.observed_at,
+                a.telemetry.received_at,
+                a.telemetry.position,
+            )
+            for a in s.accelerators.values()
+            if a.telemetry is not None
+        ]
+        if s.fingerprint is not None and s.fingerprint_position is not None:
+            out["hw_fingerprints"] = [(s.node_id, s.fingerprint, s.fingerprint_position)]
+        return out
+
+
+INVENTORY = InventoryProjection()
+ALL_PROJECTIONS: tuple[Projection[NodeState], ...] = (INVENTORY,)

@@ -1,0 +1,297 @@
+"""Rebuild every projection from the log into shadow tables, then verify or swap them in.
+
+1. Shadow tables are created beside the live ones (`<table>__shadow`, same definition).
+2. Bulk phase, in one REPEATABLE READ snapshot: walk the log stream by stream in
+   (stream_id, stream_version) order, fold each stream with the projection's own fold, and COPY
+   the final rows into the shadows. Appends and API reads go on meanwhile.
+3. Catch-up phase: take the rebuild gate exclusively (every append holds it shared, so this waits
+   for in-flight appends and holds new ones for a moment), fold whatever each stream gained since
+   the snapshot, then either compare shadows with live row for row (`--verify`) or swap them in
+   with renames, all in that one short transaction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from ledger.store import REBUILD_GATE_KEY, event_from_row
+from projections.framework import STATE_TABLE, Projection, TableSpec
+
+SHADOW = "__shadow"
+_REBUILD_LOCK_KEY = 7305820113
+_BATCH = 5000
+
+Progress = Callable[[int, int, float], None]  # done, total, events per second
+
+
+class TableDifference(msgspec.Struct, frozen=True):
+    table: str
+    only_live: list[str]
+    only_rebuilt: list[str]
+    only_live_count: int
+    only_rebuilt_count: int
+
+
+class RebuildReport(msgspec.Struct, frozen=True):
+    events: int
+    streams: int
+    seconds: float
+    verified: bool
+    differences: list[TableDifference]
+    swapped: bool
+
+    @property
+    def events_per_second(self) -> float:
+        return self.events / self.seconds if self.seconds > 0 else 0.0
+
+
+_STATE_SPEC = TableSpec(
+    name=STATE_TABLE,
+    columns=("projection", "stream_id", "stream_version", "position", "state"),
+    key=("projection", "stream_id"),
+)
+
+
+def _all_tables(projections: Sequence[Projection[Any]]) -> list[str]:
+    names = [STATE_TABLE]
+    for p in projections:
+        names.extend(t.name for t in p.tables)
+    return names
+
+
+async def _create_shadows(conn: asyncpg.Connection, tables: Sequence[str]) -> None:
+    async with conn.transaction():
+        for t in tables:
+            await conn.execute(f"DROP TABLE IF EXISTS {t}{SHADOW}")
+            await conn.execute(f"CREATE TABLE {t}{SHADOW} (LIKE {t} INCLUDING ALL)")
+
+
+async def _drop_shadows(conn: asyncpg.Connection, tables: Sequence[str]) -> None:
+    for t in tables:
+        await conn.execute(f"DROP TABLE IF EXISTS {t}{SHADOW}")
+
+
+class _Writer:
+    """Buffers rows per shadow table and COPYs them in batches."""
+
+    def __init__(self, conn: asyncpg.Connection, projections: Sequence[Projection[Any]]) -> None:
+        self.conn = conn
+        self.specs = {t.name: t for p in projections for t in p.tables}
+        self.specs[STATE_TABLE] = _STATE_SPEC
+        self.buffers: dict[str, list[tuple[Any, ...]]] = {name: [] for name in self.specs}
+
+    async def add_stream(self, projection: Projection[Any], stream_id: str, state: Any) -> None:
+        for table, rows in projection.rows(state).items():
+            self.buffers[table].extend(rows)
+        version, position = projection.checkpoint_of(state)
+        self.buffers[STATE_TABLE].append(
+            (projection.name, stream_id, version, position, msgspec.Raw(msgspec.json.encode(state)))
+        )
+        if len(self.buffers[STATE_TABLE]) >= 500:
+            await self.flush()
+
+    async def flush(self) -> None:
+        for table, rows in self.buffers.items():
+            if rows:
+                await self.conn.copy_records_to_table(
+                    table + SHADOW, records=rows, columns=list(self.specs[table].columns)
+                )
+                rows.clear()
+
+
+async def _bulk(
+    pool: asyncpg.Pool, projections: Sequence[Projection[Any]], progress: Progress | None
+) -> tuple[int, int]:
+    """Fold the whole log (as of one snapshot) into the shadows. Returns (events, streams)."""
+    done = streams = 0
+    started = time.perf_counter()
+    async with pool.acquire() as read, pool.acquire() as write:
+        async with read.transaction(isolation="repeatable_read", readonly=True):
+            total = await read.fetchval("SELECT count(*) FROM events")
+            writer = _Writer(write, projections)
+            async with write.transaction():
+                current: str | None = None
+                states: list[Any] = []
+                last_key: tuple[str, int] = ("", 0)
+                while True:
+                    rows = await read.fetch(
+                        "SELECT global_position, stream_id, stream_version, event_id, event_type, "
+                        "event_class, schema_version, data::text AS data, metadata::text AS metadata, "
+                        "recorded_at FROM events WHERE (stream_id, stream_version) > ($1, $2) "
+                        "ORDER BY stream_id, stream_version LIMIT $3",
+                        last_key[0],
+                        last_key[1],
+                        _BATCH,
+                    )
+                    if not rows:
+                        break
+                    for row in rows:
+                        event = event_from_row(row)
+                        if event.stream_id != current:
+                            if current is not None:
+                                for p, st in zip(projections, states, strict=True):
+                                    await writer.add_stream(p, current, st)
+                                streams += 1
+                            current = event.stream_id
+                            states = [p.initial(current) for p in projections]
+                        states = [p.fold(st, event) for p, st in zip(projections, states, strict=True)]
+                    done += len(rows)
+                    last_key = (rows[-1]["stream_id"], rows[-1]["stream_version"])
+                    if progress is not None:
+                        elapsed = time.perf_counter() - started
+                        progress(done, max(total, done), done / elapsed if elapsed else 0.0)
+                if current is not None:
+                    for p, st in zip(projections, states, strict=True):
+                        await writer.add_stream(p, current, st)
+                    streams += 1
+                await writer.flush()
+    return done, streams
+
+
+async def _catch_up(conn: asyncpg.Connection, projections: Sequence[Projection[Any]]) -> int:
+    """Under the gate: fold what each stream gained since the bulk snapshot into the shadows."""
+    caught = 0
+    for p in projections:
+        behind = await conn.fetch(
+            f"SELECT s.stream_id, coalesce(ps.stream_version, 0) AS folded FROM streams s "
+            f"LEFT JOIN {STATE_TABLE}{SHADOW} ps ON ps.projection = $1 AND ps.stream_id = s.stream_id "
+            "WHERE s.version > coalesce(ps.stream_version, 0)",
+            p.name,
+        )
+        for row in behind:
+            events = [
+                event_from_row(r)
+                for r in await conn.fetch(
+                    "SELECT global_position, stream_id, stream_version, event_id, event_type, "
+                    "event_class, schema_version, data::text AS data, metadata::text AS metadata, "
+                    "recorded_at FROM events WHERE stream_id = $1 AND stream_version > $2 "
+                    "ORDER BY stream_version",
+                    row["stream_id"],
+                    row["folded"],
+                )
+            ]
+            if not events:
+                continue
+            before = await p.load_state(conn, row["stream_id"], suffix=SHADOW)
+            after = p.fold_all(before, events)
+            await p.write_changes(conn, row["stream_id"], before, after, suffix=SHADOW)
+            caught += len(events)
+    return caught
+
+
+async def _index_names(conn: asyncpg.Connection, table: str) -> dict[str, str]:
+    """Index name by its definition with the table name taken out."""
+    rows = await conn.fetch(
+        "SELECT c.relname AS name, pg_get_indexdef(i.indexrelid) AS def FROM pg_index i "
+        "JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = $1::regclass",
+        table,
+    )
+    return {
+        r["def"].split(" ON ", 1)[1].replace(f"{table} ", "", 1): r["name"] for r in rows
+    }
+
+
+async def _swap(conn: asyncpg.Connection, table: str) -> None:
+    """Swap the shadow in by renames, and give its indexes the live names back (so migrations
+    that name indexes keep finding them)."""
+    live = await _index_names(conn, f"public.{table}")
+    shadow = await _index_names(conn, f"public.{table}{SHADOW}")
+    await conn.execute(f"ALTER TABLE {table} RENAME TO {table}__old")
+    await conn.execute(f"ALTER TABLE {table}{SHADOW} RENAME TO {table}")
+    await conn.execute(f"DROP TABLE {table}__old")
+    for definition, name in shadow.items():
+        wanted = live.get(definition)
+        if wanted and wanted != name:
+            await conn.execute(f'ALTER INDEX "{name}" RENAME TO "{wanted}"')
+
+
+async def compare(conn: asyncpg.Connection, tables: Sequence[str], *, limit: int = 20) -> list[TableDifference]:
+    """Row-for-row comparison of each live table with its shadow (jsonb compares by value)."""
+    diffs: list[TableDifference] = []
+    for t in tables:
+        only_live = await conn.fetch(
+            f"SELECT row_to_json(x)::text AS r FROM (SELECT * FROM {t} EXCEPT ALL "
+            f"SELECT * FROM {t}{SHADOW}) x LIMIT $1",
+            limit,
+        )
+        only_rebuilt = await conn.fetch(
+            f"SELECT row_to_json(x)::text AS r FROM (SELECT * FROM {t}{SHADOW} EXCEPT ALL "
+            f"SELECT * FROM {t}) x LIMIT $1",
+            limit,
+        )
+        if only_live or only_rebuilt:
+            n_live = await conn.fetchval(
+                f"SELECT count(*) FROM (SELECT * FROM {t} EXCEPT ALL SELECT * FROM {t}{SHADOW}) x"
+            )
+            n_rebuilt = await conn.fetchval(
+                f"SELECT count(*) FROM (SELECT * FROM {t}{SHADOW} EXCEPT ALL SELECT * FROM {t}) x"
+            )
+            diffs.append(
+                TableDifference(
+                    table=t,
+                    only_live=[r["r"] for r in only_live],
+                    only_rebuilt=[r["r"] for r in only_rebuilt],
+                    only_live_count=n_live,
+                    only_rebuilt_count=n_rebuilt,
+                )
+            )
+    return diffs
+
+
+async def rebuild(
+    pool: asyncpg.Pool,
+    projections: Sequence[Projection[Any]],
+    *,
+    verify: bool = False,
+    progress: Progress | None = None,
+) -> RebuildReport:
+    """Rebuild (or, with `verify`, rebuild and compare without swapping) every projection."""
+    tables = _all_tables(projections)
+    started = time.perf_counter()
+    async with pool.acquire() as control:
+        # One rebuild at a time; a second waits rather than fighting over the shadows.
+        await control.execute("SELECT pg_advisory_lock($1)", _REBUILD_LOCK_KEY)
+        try:
+            await _create_shadows(control, tables)
+            try:
+                events, streams = await _bulk(pool, projections, progress)
+                async with control.transaction():
+                    await control.execute("SELECT pg_advisory_xact_lock($1)", REBUILD_GATE_KEY)
+                    events += await _catch_up(control, projections)
+                    differences = await compare(control, tables) if verify else []
+                    swapped = False
+                    if not verify:
+                        for t in tables:
+                            await _swap(control, t)
+                        horizon = await control.fetchrow(
+                            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS tx, "
+                            "coalesce(max(global_position), 0) AS pos FROM events"
+                        )
+                        for p in projections:
+                            await control.execute(
+                                "INSERT INTO projection_checkpoints (projection, tx_id, position, rebuilt_at) "
+                                "VALUES ($1, $2::text::xid8, $3, now()) ON CONFLICT (projection) DO UPDATE "
+                                "SET tx_id = EXCLUDED.tx_id, position = EXCLUDED.position, "
+                                "rebuilt_at = EXCLUDED.rebuilt_at",
+                                p.name,
+                                horizon["tx"],
+                                horizon["pos"],
+                            )
+                        swapped = True
+            finally:
+                await _drop_shadows(control, tables)
+        finally:
+            await control.execute("SELECT pg_advisory_unlock($1)", _REBUILD_LOCK_KEY)
+    return RebuildReport(
+        events=events,
+        streams=streams,
+        seconds=time.perf_counter() - started,
+        verified=verify,
+        differences=differences,
+        swapped=swapped,
+    )

@@ -1,0 +1,313 @@
+-- ModelForge hardware plane: the whole database schema.
+-- Applied by `modelforge-hw migrate` (and by `serve` on start). Every statement is idempotent:
+-- running this file twice is no error and changes nothing.
+
+CREATE TABLE IF NOT EXISTS schema_version (
+    version     integer PRIMARY KEY,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- ---------------------------------------------------------------------------------------------
+-- The event log
+-- ---------------------------------------------------------------------------------------------
+
+-- One row per stream (one stream per compute node). `version` is the number of the stream's last
+-- event; `lifecycle_version` counts its lifecycle events only (the node's "generation": telemetry
+-- does not move it). `head_hash` is the hash of the newest lifecycle event, kept beside the stream
+-- so that an edit to the newest event is caught too.
+CREATE TABLE IF NOT EXISTS streams (
+    stream_id          text PRIMARY KEY,
+    version            bigint NOT NULL,
+    lifecycle_version  bigint NOT NULL DEFAULT 0,
+    head_hash          bytea,
+    tombstoned_at      timestamptz,
+    created_at         timestamptz NOT NULL DEFAULT now(),
+    updated_at         timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE IF NOT EXISTS events (
+    global_position  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- The writing transaction's id: a global position can commit out of order, so catch-up
+    -- readers order by (tx_id, global_position) under the snapshot's xmin horizon.
+    tx_id            xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    event_id         uuid NOT NULL,
+    stream_id        text NOT NULL,
+    stream_version   bigint NOT NULL,
+    event_type       text NOT NULL,
+    event_class      text NOT NULL CHECK (event_class IN ('lifecycle', 'observation')),
+    schema_version   integer NOT NULL,
+    data             jsonb NOT NULL,
+    metadata         jsonb NOT NULL,
+    recorded_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- Tamper evidence for lifecycle events: hash = sha256(prev_hash || canonical bytes).
+    prev_hash        bytea,
+    hash             bytea,
+    CONSTRAINT events_event_id_key UNIQUE (event_id),
+    CONSTRAINT events_stream_version_key UNIQUE (stream_id, stream_version)
+);
+
+CREATE INDEX IF NOT EXISTS events_tx_position_idx ON events (tx_id, global_position);
+CREATE INDEX IF NOT EXISTS events_type_idx ON events (event_type, global_position);
+CREATE INDEX IF NOT EXISTS events_recorded_at_idx ON events (recorded_at);
+CREATE INDEX IF NOT EXISTS events_observation_idx ON events (stream_id, recorded_at)
+    WHERE event_class = 'observation';
+
+-- Lifecycle events are permanent: the database itself refuses to change or remove them.
+CREATE OR REPLACE FUNCTION mf_refuse_lifecycle_change() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'lifecycle event % (stream %, version %) is immutable: % refused',
+        OLD.global_position, OLD.stream_id, OLD.stream_version, TG_OP
+        USING ERRCODE = 'restrict_violation';
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER events_lifecycle_immutable
+    BEFORE UPDATE OR DELETE ON events
+    FOR EACH ROW WHEN (OLD.event_class = 'lifecycle')
+    EXECUTE FUNCTION mf_refuse_lifecycle_change();
+
+CREATE OR REPLACE FUNCTION mf_refuse_truncate() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'the event log cannot be truncated' USING ERRCODE = 'restrict_violation';
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER events_no_truncate
+    BEFORE TRUNCATE ON events
+    FOR EACH STATEMENT EXECUTE FUNCTION mf_refuse_truncate();
+
+-- The canonical bytes of an event, hashed into its stream's chain. jsonb's text form is
+-- deterministic for a given value, so the hash can be recomputed from the stored row alone.
+CREATE OR REPLACE FUNCTION mf_event_hash(
+    p_prev_hash bytea, p_stream_id text, p_stream_version bigint, p_event_id uuid,
+    p_event_type text, p_schema_version integer, p_data jsonb, p_metadata jsonb,
+    p_recorded_at timestamptz
+) RETURNS bytea
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT sha256(
+        coalesce(p_prev_hash, ''::bytea) ||
+        convert_to(
+            concat_ws(E'\x1f', p_stream_id, p_stream_version::text, p_event_id::text, p_event_type,
+                      p_schema_version::text, p_data::text, p_metadata::text,
+                      (extract(epoch FROM p_recorded_at) * 1000000)::bigint::text),
+            'UTF8'))
+$$;
+
+-- Append events to one stream: one round trip, one serialized unit per stream.
+--   * per-stream pg_advisory_xact_lock (appends to different streams run in parallel), plus a
+--     shared lock on the rebuild gate so `rebuild` can briefly hold every writer at its swap;
+--   * optimistic concurrency: a stale expected version raises SQLSTATE MF409, writes nothing;
+--   * idempotency by event_id: a batch already stored whole returns its positions, writes nothing;
+--   * a tombstoned stream takes no event (SQLSTATE MF410);
+--   * lifecycle events are hash-chained per stream.
+-- Returns one row per event: (global_position, stream_version, already_stored, recorded_at).
+CREATE OR REPLACE FUNCTION mf_append(
+    p_stream_id text, p_expected_version bigint, p_event_ids uuid[], p_event_types text[],
+    p_event_classes text[], p_schema_versions integer[], p_data jsonb[], p_metadata jsonb[],
+    p_locked boolean DEFAULT false
+) RETURNS TABLE (out_global_position bigint, out_stream_version bigint, out_already_stored boolean,
+               out_recorded_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_version    bigint;
+    v_lifecycle  bigint;
+    v_head       bytea;
+    v_tombstone  timestamptz;
+    v_existing   integer;
+    v_n          integer := coalesce(array_length(p_event_ids, 1), 0);
+    v_hash       bytea;
+    v_prev       bytea;
+    v_now        timestamptz;
+    v_pos        bigint;
+    i            integer;
+BEGIN
+    IF NOT p_locked THEN
+        PERFORM pg_advisory_xact_lock_shared(7305820111);  -- the rebuild gate
+        PERFORM pg_advisory_xact_lock(hashtextextended(p_stream_id, 0));
+    END IF;
+
+    SELECT count(*) INTO v_existing FROM events WHERE event_id = ANY (p_event_ids);
+    IF v_existing > 0 THEN
+        IF v_existing = v_n THEN
+            RETURN QUERY SELECT e.global_position, e.stream_version, true, e.recorded_at FROM events e
+                WHERE e.event_id = ANY (p_event_ids) ORDER BY e.global_position;
+            RETURN;
+        END IF;
+        RAISE EXCEPTION 'part of this batch is already stored (% of % events)', v_existing, v_n
+            USING ERRCODE = 'MF422';
+    END IF;
+
+    SELECT s.version, s.lifecycle_version, s.head_hash, s.tombstoned_at
+        INTO v_version, v_lifecycle, v_head, v_tombstone
+        FROM streams s WHERE s.stream_id = p_stream_id;
+    v_version := coalesce(v_version, 0);
+    v_lifecycle := coalesce(v_lifecycle, 0);
+
+    IF v_tombstone IS NOT NULL THEN
+        RAISE EXCEPTION 'stream % is tombstoned since %', p_stream_id, v_tombstone
+            USING ERRCODE = 'MF410';
+    END IF;
+    IF p_expected_version IS NOT NULL AND v_version <> p_expected_version THEN
+        RAISE EXCEPTION 'stream % is at version %, expected %', p_stream_id, v_version,
+            p_expected_version USING ERRCODE = 'MF409', DETAIL = v_version::text;
+    END IF;
+
+    v_now := clock_timestamp();
+    FOR i IN 1 .. v_n LOOP
+        v_version := v_version + 1;
+        IF p_event_classes[i] = 'lifecycle' THEN
+            v_prev := v_head;
+            v_hash := mf_event_hash(v_prev, p_stream_id, v_version, p_event_ids[i], p_event_types[i],
+                                    p_schema_versions[i], p_data[i], p_metadata[i], v_now);
+            v_head := v_hash;
+            v_lifecycle := v_lifecycle + 1;
+        ELSE
+            v_prev := NULL;
+            v_hash := NULL;
+        END IF;
+        INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class,
+                            schema_version, data, metadata, recorded_at, prev_hash, hash)
+        VALUES (p_event_ids[i], p_stream_id, v_version, p_event_types[i], p_event_classes[i],
+                p_schema_versions[i], p_data[i], p_metadata[i], v_now, v_prev, v_hash)
+        RETURNING global_position INTO v_pos;
+        out_global_position := v_pos;
+        out_stream_version := v_version;
+        out_already_stored := false;
+        out_recorded_at := v_now;
+        RETURN NEXT;
+    END LOOP;
+
+    IF p_event_types @> ARRAY['NODE_DECOMMISSIONED'] THEN
+        v_tombstone := v_now;
+    END IF;
+
+    INSERT INTO streams AS s (stream_id, version, lifecycle_version, head_hash, tombstoned_at,
+                              updated_at)
+    VALUES (p_stream_id, v_version, v_lifecycle, v_head, v_tombstone, v_now)
+    ON CONFLICT (stream_id) DO UPDATE
+        SET version = EXCLUDED.version, lifecycle_version = EXCLUDED.lifecycle_version,
+            head_hash = EXCLUDED.head_hash, tombstoned_at = EXCLUDED.tombstoned_at,
+            updated_at = EXCLUDED.updated_at;
+END;
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Projections (read models). Every table below is derived from the log and rebuilt from it by
+-- `modelforge-hw rebuild`; none holds truth of its own.
+-- ---------------------------------------------------------------------------------------------
+
+-- Each projection's folded state per stream: its checkpoint (the stream version and global
+-- position it has folded up to) and the state the next event is folded onto.
+CREATE TABLE IF NOT EXISTS projection_state (
+    projection      text NOT NULL,
+    stream_id       text NOT NULL,
+    stream_version  bigint NOT NULL,
+    position        bigint NOT NULL,
+    state           jsonb NOT NULL,
+    PRIMARY KEY (projection, stream_id)
+);
+
+-- Where each projection was last rebuilt to (a global catch-up checkpoint).
+CREATE TABLE IF NOT EXISTS projection_checkpoints (
+    projection   text PRIMARY KEY,
+    tx_id        xid8 NOT NULL,
+    position     bigint NOT NULL,
+    rebuilt_at   timestamptz NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS hw_nodes (
+    node_id                 text PRIMARY KEY,
+    identity_key            text,
+    identity_source         text,
+    hostname                text,
+    display_name            text,
+    status                  text NOT NULL,
+    inventory_status        text NOT NULL,
+    inventory_reasons       jsonb NOT NULL,
+    accelerator_capability  text NOT NULL,
+    fingerprint             text,
+    fingerprint_position    bigint,
+    os                      jsonb,
+    cpu                     jsonb,
+    memory_total_bytes      jsonb,
+    driver_version          jsonb,
+    cuda_driver_version     jsonb,
+    source                  text,
+    first_seen_at           timestamptz,
+    last_seen_at            timestamptz,
+    last_observed_at        timestamptz,
+    last_received_at        timestamptz,
+    clock_skew_seconds      double precision,
+    decommissioned_at       timestamptz,
+    stream_version          bigint NOT NULL,
+    lifecycle_version       bigint NOT NULL,
+    position                bigint NOT NULL
+);
+CREATE INDEX IF NOT EXISTS hw_nodes_identity_idx ON hw_nodes (identity_key);
+
+CREATE TABLE IF NOT EXISTS hw_accelerators (
+    accelerator_id       text PRIMARY KEY,
+    node_id              text NOT NULL,
+    uuid                 text NOT NULL,
+    status               text NOT NULL,
+    device_index         jsonb NOT NULL,
+    pci_bus_id           jsonb NOT NULL,
+    name                 jsonb NOT NULL,
+    memory_total_bytes   jsonb NOT NULL,
+    compute_capability   jsonb NOT NULL,
+    mig_mode             jsonb NOT NULL,
+    driver_version       jsonb NOT NULL,
+    cuda_driver_version  jsonb NOT NULL,
+    first_seen_at        timestamptz NOT NULL,
+    last_seen_at         timestamptz NOT NULL,
+    missing_since        timestamptz,
+    position             bigint NOT NULL,
+    UNIQUE (node_id, uuid)
+);
+CREATE INDEX IF NOT EXISTS hw_accelerators_status_idx ON hw_accelerators (status, accelerator_id);
+
+CREATE TABLE IF NOT EXISTS hw_node_storage (
+    node_id      text NOT NULL,
+    mount        text NOT NULL,
+    used_bytes   jsonb NOT NULL,
+    total_bytes  jsonb NOT NULL,
+    observed_at  timestamptz,
+    PRIMARY KEY (node_id, mount)
+);
+
+CREATE TABLE IF NOT EXISTS hw_host_telemetry (
+    node_id      text PRIMARY KEY,
+    metrics      jsonb NOT NULL,
+    observed_at  timestamptz,
+    received_at  timestamptz,
+    position     bigint NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS hw_accelerator_telemetry (
+    accelerator_id  text PRIMARY KEY,
+    node_id         text NOT NULL,
+    metrics         jsonb NOT NULL,
+    observed_at     timestamptz,
+    received_at     timestamptz,
+    position        bigint NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS hw_fingerprints (
+    node_id      text PRIMARY KEY,
+    fingerprint  text NOT NULL,
+    position     bigint NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS hw_inventory_runs (
+    node_id      text PRIMARY KEY,
+    outcome      text NOT NULL,
+    status       text NOT NULL,
+    reasons      jsonb NOT NULL,
+    nvml_status  text,
+    at           timestamptz,
+    position     bigint NOT NULL
+);
+
+INSERT INTO schema_version (version) VALUES (1) ON CONFLICT (version) DO NOTHING;
