@@ -80,7 +80,7 @@ class EmbeddedPostgres:
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # pgserver reuses a server already running on this data directory, else starts one.
-        self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")
+        self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")  # type: ignore[attr-defined]
         uri = str(self._server.get_uri())
         log.info("embedded_postgres.started", data_dir=str(self.data_dir))
         return uri

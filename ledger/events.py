@@ -37,7 +37,7 @@ class FactChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 # --- lifecycle: inventory --------------------------------------------------------------------
 
 
-class NodeDiscovered(_Event, tag="NODE_DISCOVERED"):
+class NodeDiscovered(_Event, frozen=True, tag="NODE_DISCOVERED"):
     node_id: str
     identity_key: str
     identity_source: str
@@ -49,13 +49,13 @@ class NodeDiscovered(_Event, tag="NODE_DISCOVERED"):
     cuda_driver_version: Fact
 
 
-class NodeMetadataChanged(_Event, tag="NODE_METADATA_CHANGED"):
+class NodeMetadataChanged(_Event, frozen=True, tag="NODE_METADATA_CHANGED"):
     """Hostname or display name changed: mutable metadata, never identity."""
 
     changes: dict[str, FactChange]
 
 
-class AcceleratorDiscovered(_Event, tag="ACCELERATOR_DISCOVERED"):
+class AcceleratorDiscovered(_Event, frozen=True, tag="ACCELERATOR_DISCOVERED"):
     accelerator_id: str
     uuid: str
     index: Fact
@@ -70,13 +70,13 @@ class AcceleratorDiscovered(_Event, tag="ACCELERATOR_DISCOVERED"):
     rediscovered: bool = False
 
 
-class AcceleratorMissing(_Event, tag="ACCELERATOR_MISSING"):
+class AcceleratorMissing(_Event, frozen=True, tag="ACCELERATOR_MISSING"):
     accelerator_id: str
     uuid: str
     reason: str
 
 
-class HardwareChanged(_Event, tag="HARDWARE_CHANGED"):
+class HardwareChanged(_Event, frozen=True, tag="HARDWARE_CHANGED"):
     """Changed inventory facts of the node (`accelerator_uuid` None) or of one accelerator."""
 
     subject: Literal["node", "accelerator"]
@@ -85,7 +85,7 @@ class HardwareChanged(_Event, tag="HARDWARE_CHANGED"):
     accelerator_uuid: str | None = None
 
 
-class InventoryStatusChanged(_Event, tag="INVENTORY_STATUS_CHANGED"):
+class InventoryStatusChanged(_Event, frozen=True, tag="INVENTORY_STATUS_CHANGED"):
     """The node's inventory became ok or degraded (with the reasons), e.g. NVML unavailable."""
 
     status: Literal["ok", "degraded"]
@@ -94,7 +94,7 @@ class InventoryStatusChanged(_Event, tag="INVENTORY_STATUS_CHANGED"):
     accelerator_capability: Literal["present", "absent", "unknown"]
 
 
-class InventoryFailed(_Event, tag="INVENTORY_FAILED"):
+class InventoryFailed(_Event, frozen=True, tag="INVENTORY_FAILED"):
     """A refresh failed; the last successful inventory stays as it was."""
 
     stage: str
@@ -104,12 +104,12 @@ class InventoryFailed(_Event, tag="INVENTORY_FAILED"):
 # --- observation: telemetry ------------------------------------------------------------------
 
 
-class HostTelemetryObserved(_Event, tag="HOST_TELEMETRY_OBSERVED"):
+class HostTelemetryObserved(_Event, frozen=True, tag="HOST_TELEMETRY_OBSERVED"):
     telemetry: dict[str, Fact]
     storage: list[StorageObservation]
 
 
-class AcceleratorTelemetryObserved(_Event, tag="ACCELERATOR_TELEMETRY_OBSERVED"):
+class AcceleratorTelemetryObserved(_Event, frozen=True, tag="ACCELERATOR_TELEMETRY_OBSERVED"):
     accelerator_id: str
     uuid: str
     telemetry: dict[str, Fact]
@@ -127,9 +127,7 @@ EventPayload: TypeAlias = (
     | AcceleratorTelemetryObserved
 )
 
-OBSERVATION_TYPES: frozenset[type[_Event]] = frozenset(
-    {HostTelemetryObserved, AcceleratorTelemetryObserved}
-)
+OBSERVATION_TYPES: frozenset[type[_Event]] = frozenset({HostTelemetryObserved, AcceleratorTelemetryObserved})
 
 
 def _tag(cls: type[_Event]) -> str:
@@ -138,7 +136,7 @@ def _tag(cls: type[_Event]) -> str:
     return tag
 
 
-EVENT_TYPES: dict[str, type[_Event]] = {_tag(c): c for c in EventPayload.__args__}  # type: ignore[attr-defined]
+EVENT_TYPES: dict[str, type[_Event]] = {_tag(c): c for c in EventPayload.__args__}
 OBSERVATION_EVENT_TYPES: frozenset[str] = frozenset(_tag(c) for c in OBSERVATION_TYPES)
 LIFECYCLE_EVENT_TYPES: frozenset[str] = frozenset(EVENT_TYPES) - OBSERVATION_EVENT_TYPES
 

@@ -218,7 +218,7 @@ def evolve(state: NodeState, event: RecordedEvent) -> NodeState:
             for field, change in p.changes.items():
                 if field in ("hostname", "display_name"):
                     updates[field] = change.after
-            s = msgspec.structs.replace(s, **updates)  # type: ignore[arg-type]
+            s = msgspec.structs.replace(s, **updates)
         case AcceleratorDiscovered():
             previous = s.accelerators.get(p.uuid)
             acc = AcceleratorState(
@@ -259,16 +259,16 @@ def evolve(state: NodeState, event: RecordedEvent) -> NodeState:
                         node_updates[field] = change.after
                     elif field.startswith("os.") or field.startswith("cpu."):
                         group, _, name = field.partition(".")
-                        current = getattr(s, group) if group not in node_updates else node_updates[group]
+                        current: OsInfo | CpuInfo = node_updates.get(group) or getattr(s, group)  # type: ignore[assignment]
                         node_updates[group] = msgspec.structs.replace(current, **{name: change.after})
-                s = msgspec.structs.replace(s, **node_updates)  # type: ignore[arg-type]
+                s = msgspec.structs.replace(s, **node_updates)
             elif p.accelerator_uuid is not None and p.accelerator_uuid in s.accelerators:
                 acc0 = s.accelerators[p.accelerator_uuid]
                 acc_updates = {f: c.after for f, c in p.changes.items() if f in _ACCELERATOR_FACTS}
                 acc = msgspec.structs.replace(
                     acc0,
                     position=event.global_position,
-                    **acc_updates,  # type: ignore[arg-type]
+                    **acc_updates,
                 )
                 s = msgspec.structs.replace(s, accelerators={**s.accelerators, acc.uuid: acc})
         case InventoryStatusChanged():

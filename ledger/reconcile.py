@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import msgspec
-
 from collectors.facts import Fact, TemporarilyFailed, Unavailable, Unknown
+from collectors.identity import NodeIdentity
 from collectors.observations import AcceleratorObservation, HardwareObservation
 from ledger.events import (
     AcceleratorDiscovered,
@@ -35,11 +34,6 @@ from ledger.node import AcceleratorState, NodeState, accelerator_id_for
 _TRANSIENT = (TemporarilyFailed, Unknown, Unavailable)
 
 
-class NodeIdentity(msgspec.Struct, frozen=True):
-    key: str
-    source: str
-
-
 def _settled(new: Fact, old: Fact) -> Fact:
     """The fact to record: a transient failure keeps what we knew."""
     return old if isinstance(new, _TRANSIENT) and not isinstance(old, _TRANSIENT) else new
@@ -54,9 +48,7 @@ def _diff(pairs: Mapping[str, tuple[Fact, Fact]]) -> dict[str, FactChange]:
     return changes
 
 
-def inventory_status_of(
-    observation: HardwareObservation, state: NodeState
-) -> tuple[str, list[str], str]:
+def inventory_status_of(observation: HardwareObservation, state: NodeState) -> tuple[str, list[str], str]:
     """(status, reasons, accelerator capability) per the seed's Health list."""
     nvml = observation.nvml
     if nvml.status == "unavailable":

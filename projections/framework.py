@@ -93,9 +93,7 @@ class Projection(Generic[S]):
         )
         return self.initial(stream_id) if raw is None else self._decode_state(raw)
 
-    async def apply(
-        self, conn: asyncpg.Connection, stream_id: str, events: Sequence[RecordedEvent]
-    ) -> None:
+    async def apply(self, conn: asyncpg.Connection, stream_id: str, events: Sequence[RecordedEvent]) -> None:
         before = await self.load_state(conn, stream_id)
         after = self.fold_all(before, events)
         await self.write_changes(conn, stream_id, before, after)
@@ -117,7 +115,7 @@ class Projection(Generic[S]):
                 await conn.executemany(_upsert_sql(table, spec), changed)
         version, position = self.checkpoint_of(after)
         await conn.execute(
-            f"INSERT INTO {STATE_TABLE}{suffix} AS p (projection, stream_id, stream_version, position, state) "
+            f"INSERT INTO {STATE_TABLE}{suffix} (projection, stream_id, stream_version, position, state) "
             "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (projection, stream_id) DO UPDATE SET "
             "stream_version = EXCLUDED.stream_version, position = EXCLUDED.position, state = EXCLUDED.state",
             self.name,

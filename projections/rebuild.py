@@ -191,9 +191,7 @@ async def _index_names(conn: asyncpg.Connection, table: str) -> dict[str, str]:
         "JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = $1::regclass",
         table,
     )
-    return {
-        r["def"].split(" ON ", 1)[1].replace(f"{table} ", "", 1): r["name"] for r in rows
-    }
+    return {r["def"].split(" ON ", 1)[1].replace(f"{table} ", "", 1): r["name"] for r in rows}
 
 
 async def _swap(conn: asyncpg.Connection, table: str) -> None:
@@ -210,7 +208,9 @@ async def _swap(conn: asyncpg.Connection, table: str) -> None:
             await conn.execute(f'ALTER INDEX "{name}" RENAME TO "{wanted}"')
 
 
-async def compare(conn: asyncpg.Connection, tables: Sequence[str], *, limit: int = 20) -> list[TableDifference]:
+async def compare(
+    conn: asyncpg.Connection, tables: Sequence[str], *, limit: int = 20
+) -> list[TableDifference]:
     """Row-for-row comparison of each live table with its shadow (jsonb compares by value)."""
     diffs: list[TableDifference] = []
     for t in tables:
@@ -274,8 +274,9 @@ async def rebuild(
                         )
                         for p in projections:
                             await control.execute(
-                                "INSERT INTO projection_checkpoints (projection, tx_id, position, rebuilt_at) "
-                                "VALUES ($1, $2::text::xid8, $3, now()) ON CONFLICT (projection) DO UPDATE "
+                                "INSERT INTO projection_checkpoints (projection, tx_id, position, "
+                                "rebuilt_at) VALUES ($1, $2::text::xid8, $3, now()) "
+                                "ON CONFLICT (projection) DO UPDATE "
                                 "SET tx_id = EXCLUDED.tx_id, position = EXCLUDED.position, "
                                 "rebuilt_at = EXCLUDED.rebuilt_at",
                                 p.name,

@@ -19,7 +19,9 @@ from ledger.events import EventMetadata, EventPayload, NewEvent
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
-def host(hostname: str = "gpu-host-1", *, kernel: str = "6.8.0-45-generic", mem_avail: int = 100) -> HostObservation:
+def host(
+    hostname: str = "gpu-host-1", *, kernel: str = "6.8.0-45-generic", mem_avail: int = 100
+) -> HostObservation:
     return HostObservation(
         hostname=hostname,
         os=OsInfo(
@@ -29,7 +31,10 @@ def host(hostname: str = "gpu-host-1", *, kernel: str = "6.8.0-45-generic", mem_
             model=Known("AMD EPYC 9454"), sockets=Known(2), physical_cores=Known(96), logical_cores=Known(192)
         ),
         memory_total_bytes=Known(1_649_267_441_664),
-        telemetry={"memory_available_bytes": Known(mem_avail), "memory_total_bytes": Known(1_649_267_441_664)},
+        telemetry={
+            "memory_available_bytes": Known(mem_avail),
+            "memory_total_bytes": Known(1_649_267_441_664),
+        },
         storage=[StorageObservation(mount="/", used_bytes=Known(10), total_bytes=Known(100))],
     )
 

@@ -91,3 +91,73 @@ async def pool(database_dsn: str) -> AsyncIterator[asyncpg.Pool]:
 @pytest.fixture
 async def store(pool: asyncpg.Pool) -> EventStore:
     return EventStore(pool, ALL_PROJECTIONS)
+
+
+# --- the HTTP API over a real database and a fake NVML -------------------------------------------
+
+OPERATOR_TOKEN = "test-operator-token"
+
+
+class ApiHarness:
+    """An app on a fresh database, refreshing 'this host' through the real collectors with the
+    fake NVML at the pynvml boundary."""
+
+    def __init__(
+        self, client: object, nvml: object, scenario: object, pool: asyncpg.Pool, config: object
+    ) -> None:
+        self.client = client
+        self.nvml = nvml
+        self.scenario = scenario
+        self.pool = pool
+        self.config = config
+        self.auth = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+
+    async def get(self, path: str, **kw: object):  # type: ignore[no-untyped-def]
+        return await self.client.get(path, headers=self.auth, **kw)  # type: ignore[attr-defined]
+
+    async def post(self, path: str, **kw: object):  # type: ignore[no-untyped-def]
+        return await self.client.post(path, headers=self.auth, **kw)  # type: ignore[attr-defined]
+
+    async def refresh(self) -> dict:  # type: ignore[type-arg]
+        r = await self.post("/api/v1/hardware/refresh")
+        assert r.status_code == 200, r.text
+        return r.json()  # type: ignore[no-any-return]
+
+    async def lifecycle_types(self) -> list[str]:
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT event_type FROM events WHERE event_class = 'lifecycle' ORDER BY global_position"
+            )
+        return [r["event_type"] for r in rows]
+
+
+@pytest.fixture
+def make_api(pool: asyncpg.Pool, tmp_path: Path):  # type: ignore[no-untyped-def]
+    import httpx
+
+    from api.app import AppContext, create_app
+    from api.config import ServerConfig, token_hash
+    from api.repository import HardwareRepository
+    from api.server import build_service
+    from tests.fakes.fake_pynvml import FakeNvml
+    from tests.fixtures_nvml import multi_gpu_scenario
+
+    clients: list[httpx.AsyncClient] = []
+
+    def make(scenario: object = None, node_id: str = "test-node-1") -> ApiHarness:
+        sc = scenario if scenario is not None else multi_gpu_scenario(2)
+        nvml = FakeNvml(sc)  # type: ignore[arg-type]
+        config = ServerConfig(state_dir=tmp_path / "state", node_id=node_id, collector_timeout=5.0)
+        service = build_service(pool, config, nvml=nvml)
+        context = AppContext(
+            pool=pool,
+            service=service,
+            repository=HardwareRepository(pool),
+            admin_token_hash=token_hash(OPERATOR_TOKEN),
+        )
+        app = create_app(context)
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+        clients.append(client)
+        return ApiHarness(client, nvml, sc, pool, config)
+
+    yield make

@@ -1,0 +1,248 @@
+"""`modelforge-hw`: the operator's command line.
+
+Exit 0 on success; non-zero with one line saying what went wrong and what to do next.
+Human tables on a TTY, JSON with `--json` (or when stdout is not a TTY, where it says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from api.config import ServerConfig
+from ledger.db import Database
+from ledger.logs import configure_logging
+
+VERSION = "0.1.0"
+
+
+class CliError(Exception):
+    """One line for the operator: what went wrong and what to do next."""
+
+
+def _config(args: argparse.Namespace) -> ServerConfig:
+    config = ServerConfig.from_env()
+    for name in (
+        "database_url",
+        "state_dir",
+        "node_id",
+        "host",
+        "port",
+        "collector_timeout",
+        "stale_after",
+        "offline_after",
+        "log_level",
+    ):
+        value = getattr(args, name, None)
+        if value is not None:
+            setattr(config, name, Path(value).expanduser() if name == "state_dir" else value)
+    if getattr(args, "startup_refresh", None) is not None:
+        config.startup_refresh = args.startup_refresh
+    return config
+
+
+def _with_database(config: ServerConfig, work: Callable[[Any], Awaitable[int]]) -> int:
+    """Run `work(pool)` against the configured (or embedded) database, migrated."""
+    from api.server import open_pool
+
+    database = Database(config.database_url, config.state_dir)
+
+    async def run() -> int:
+        pool = await open_pool(config, database)
+        try:
+            return await work(pool)
+        finally:
+            await pool.close()
+
+    try:
+        return asyncio.run(run())
+    finally:
+        database.close()
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
+
+
+# --- commands ----------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from api.server import serve
+
+    return serve(_config(args))
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    config = _config(args)
+
+    async def work(pool: Any) -> int:
+        async with pool.acquire() as conn:
+            version = await conn.fetchval("SELECT max(version) FROM schema_version")
+        print(f"schema is at version {version}")
+        return 0
+
+    return _with_database(config, work)
+
+
+def cmd_refresh(args: argparse.Namespace) -> int:
+    config = _config(args)
+
+    async def work(pool: Any) -> int:
+        from api.server import build_service
+
+        outcome = await build_service(pool, config).refresh()
+        if args.json or not sys.stdout.isatty():
+            _print_json(outcome)
+        else:
+            print(
+                f"node {outcome.node_id}: {outcome.outcome}, inventory {outcome.inventory_status}"
+                f" ({outcome.duration_seconds:.2f}s)"
+            )
+            for reason in outcome.reasons:
+                print(f"  reason: {reason}")
+            for e in outcome.events:
+                if e.event_class == "lifecycle":
+                    print(f"  #{e.global_position} v{e.stream_version} {e.event_type}")
+            print(f"  {sum(1 for e in outcome.events if e.event_class == 'observation')} observation events")
+        return 0 if outcome.outcome == "succeeded" else 3
+
+    return _with_database(config, work)
+
+
+def _progress_printer() -> Callable[[int, int, float], None] | None:
+    if not sys.stderr.isatty():
+        return None
+
+    def show(done: int, total: int, rate: float) -> None:
+        sys.stderr.write(f"\r  {done}/{total} events  {rate:,.0f} events/s   ")
+        sys.stderr.flush()
+
+    return show
+
+
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    config = _config(args)
+
+    async def work(pool: Any) -> int:
+        from projections.inventory import ALL_PROJECTIONS
+        from projections.rebuild import rebuild
+
+        report = await rebuild(pool, ALL_PROJECTIONS, verify=args.verify, progress=_progress_printer())
+        if sys.stderr.isatty():
+            sys.stderr.write("\n")
+        if args.json:
+            _print_json(report)
+        else:
+            action = "verified" if args.verify else "rebuilt and swapped in"
+            print(
+                f"{report.events} events in {report.streams} streams {action} in {report.seconds:.2f}s "
+                f"({report.events_per_second:,.0f} events/s)"
+            )
+            for d in report.differences:
+                print(
+                    f"DIFFERENCE in {d.table}: {d.only_live_count} rows only live, "
+                    f"{d.only_rebuilt_count} rows only in the rebuild"
+                )
+                for r in d.only_live:
+                    print(f"  live:    {r}")
+                for r in d.only_rebuilt:
+                    print(f"  rebuilt: {r}")
+        if report.differences:
+            print(
+                "read models differ from the log; run `modelforge-hw rebuild` to replace them",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+
+    return _with_database(config, work)
+
+
+# --- parser ------------------------------------------------------------------------------------
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--database-url", help="PostgreSQL URL (env MODELFORGE_DATABASE_URL; default: embedded)")
+    p.add_argument("--state-dir", help="state directory (env MODELFORGE_STATE_DIR)")
+    p.add_argument("--log-level", help="log level (env MODELFORGE_LOG_LEVEL)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="modelforge-hw", description="ModelForge hardware plane")
+    parser.add_argument("--version", action="version", version=f"modelforge-hw {VERSION}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the API server")
+    _common(p)
+    p.add_argument("--host", help="listen address (env MODELFORGE_HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="listen port (env MODELFORGE_PORT, default 8080)")
+    p.add_argument("--node-id", help="identity key of this host (env MODELFORGE_NODE_ID)")
+    p.add_argument(
+        "--startup-refresh",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="refresh the local host once at start (default: no)",
+    )
+    p.add_argument("--collector-timeout", type=float, help="seconds per collector per refresh")
+    p.add_argument("--stale-after", type=float, help="seconds without a report before `stale`")
+    p.add_argument("--offline-after", type=float, help="seconds without a report before `offline`")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("migrate", help="apply schema.sql (idempotent)")
+    _common(p)
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("refresh", help="refresh the local host's inventory into the ledger")
+    _common(p)
+    p.add_argument("--node-id", help="identity key of this host (env MODELFORGE_NODE_ID)")
+    p.add_argument("--collector-timeout", type=float, help="seconds per collector per refresh")
+    p.add_argument("--json", action="store_true", help="print the run as JSON")
+    p.set_defaults(func=cmd_refresh)
+
+    p = sub.add_parser("rebuild", help="rebuild every projection from the log")
+    _common(p)
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="rebuild into shadows and compare with the live read models; exit 1 on any difference",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_rebuild)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = getattr(args, "log_level", None) or os.environ.get("MODELFORGE_LOG_LEVEL", "INFO")
+    json_env = os.environ.get("MODELFORGE_LOG_JSON")
+    configure_logging(level=level, json=None if json_env is None else json_env == "1")
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+    except CliError as exc:
+        print(f"modelforge-hw: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from collectors.identity import IdentityError
+
+        hint = ""
+        if isinstance(exc, IdentityError):
+            hint = ""
+        elif isinstance(exc, OSError | ConnectionError):
+            hint = " (is the database reachable? check MODELFORGE_DATABASE_URL)"
+        print(f"modelforge-hw: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

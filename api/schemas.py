@@ -1,0 +1,151 @@
+"""HTTP bodies (msgspec Structs) in the JSON shapes of NOTES.md section 8."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+import msgspec
+
+from api.service import EventSummary
+from collectors.facts import Fact
+from ledger.events import EventMetadata, EventPayload
+
+
+class Problem(msgspec.Struct, omit_defaults=True):
+    """RFC 9457 problem details."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    errors: list[str] | None = None
+    instance: str | None = None
+
+
+class OsBody(msgspec.Struct):
+    name: str | None
+    version: str | None
+    kernel: str | None
+    architecture: str | None
+
+
+class CpuBody(msgspec.Struct):
+    model: str | None
+    sockets: int | None
+    physical_cores: int | None
+    logical_cores: int | None
+
+
+class StorageBody(msgspec.Struct):
+    mount: str
+    used_bytes: Fact
+    total_bytes: Fact
+
+
+class NodeBody(msgspec.Struct):
+    id: str
+    identity_key: str | None
+    identity_source: str | None
+    hostname: str | None
+    display_name: str | None
+    status: Literal["active", "decommissioned"]
+    liveness: Literal["online", "stale", "offline", "local"]
+    inventory_status: Literal["pending", "ok", "degraded", "failed"]
+    inventory_reasons: list[str]
+    accelerator_capability: str
+    fingerprint: str | None
+    fingerprint_position: int | None
+    os: OsBody
+    cpu: CpuBody
+    memory_total_bytes: int | None
+    driver_version: str | None
+    cuda_driver_version: str | None
+    storage: list[StorageBody]
+    telemetry: dict[str, Fact]
+    telemetry_observed_at: datetime | None
+    # Every inventory fact with its availability state (the plain fields above carry known values).
+    facts: dict[str, Fact]
+    source: str | None
+    first_seen_at: datetime | None
+    last_seen_at: datetime | None
+    last_observed_at: datetime | None
+    last_received_at: datetime | None
+    clock_skew_seconds: float | None
+    decommissioned_at: datetime | None
+    generation: int
+    stream_version: int
+    as_of_position: int | None = None
+
+
+class AcceleratorBody(msgspec.Struct):
+    id: str
+    node_id: str
+    uuid: str
+    status: Literal["active", "missing", "decommissioned"]
+    index: int | None
+    pci_bus_id: str | None
+    name: str | None
+    memory_total_bytes: int | None
+    compute_capability: str | None
+    mig_mode: Fact
+    driver_version: str | None
+    cuda_driver_version: str | None
+    telemetry: dict[str, Fact]
+    telemetry_observed_at: datetime | None
+    facts: dict[str, Fact]
+    first_seen_at: datetime
+    last_seen_at: datetime
+    missing_since: datetime | None
+
+
+class NodePage(msgspec.Struct):
+    items: list[NodeBody]
+    next_cursor: str | None
+    as_of_position: int | None = None
+
+
+class AcceleratorPage(msgspec.Struct):
+    items: list[AcceleratorBody]
+    next_cursor: str | None
+    as_of_position: int | None = None
+
+
+class EventBody(msgspec.Struct):
+    global_position: int
+    stream_id: str
+    stream_version: int
+    event_type: str
+    event_class: Literal["lifecycle", "observation"] = msgspec.field(name="class")
+    node_id: str = ""
+    data: EventPayload | None = None
+    metadata: EventMetadata | None = None
+    recorded_at: datetime | None = None
+
+
+class EventPage(msgspec.Struct):
+    items: list[EventBody]
+    next_cursor: str | None
+
+
+class RefreshBody(msgspec.Struct):
+    node_id: str
+    outcome: Literal["succeeded", "failed"]
+    inventory_status: str
+    reasons: list[str]
+    nvml_status: str | None
+    duration_seconds: float
+    events: list[EventSummary]
+
+
+class InventoryHealth(msgspec.Struct):
+    status: Literal["pending", "ok", "degraded", "failed"]
+    reasons: list[str]
+    nodes: int
+
+
+class HealthBody(msgspec.Struct):
+    status: Literal["ok", "degraded"]
+    database: Literal["ok", "unavailable"]
+    inventory: InventoryHealth
+    version: str

@@ -1,0 +1,108 @@
+"""Wiring for a running server: database, collectors, service, app; used by `serve` and the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import structlog
+import uvicorn
+from litestar import Litestar
+
+from api.app import AppContext, create_app
+from api.config import ServerConfig, load_or_create_admin_token
+from api.repository import HardwareRepository, LivenessPolicy
+from api.service import HardwareInventoryService
+from collectors.identity import NodeIdentity, resolve_identity
+from collectors.nvml import NvidiaNvmlCollector
+from collectors.system import SystemHostCollector
+from ledger.db import Database, create_pool, migrate
+from ledger.store import EventStore
+from projections.inventory import ALL_PROJECTIONS
+
+log = structlog.get_logger(__name__)
+
+
+def local_identity(config: ServerConfig) -> NodeIdentity:
+    return resolve_identity(configured=config.node_id, state_dir=config.state_dir)
+
+
+def build_service(
+    pool: asyncpg.Pool, config: ServerConfig, *, nvml: Any = None, root: Path | None = None
+) -> HardwareInventoryService:
+    store = EventStore(pool, ALL_PROJECTIONS)
+    host = SystemHostCollector(config.state_dir, root or Path("/"), timeout_seconds=config.collector_timeout)
+    return HardwareInventoryService(
+        store,
+        identity=local_identity(config),
+        host_collector=host,
+        nvml_collector=NvidiaNvmlCollector(nvml=nvml, timeout_seconds=config.collector_timeout),
+    )
+
+
+def build_context(pool: asyncpg.Pool, config: ServerConfig, admin_token_hash: str) -> AppContext:
+    service = build_service(pool, config)
+    repository = HardwareRepository(pool, LivenessPolicy(config.stale_after, config.offline_after))
+    return AppContext(pool=pool, service=service, repository=repository, admin_token_hash=admin_token_hash)
+
+
+def make_app(config: ServerConfig, dsn: str, admin_token_hash: str) -> Litestar:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        pool = await create_pool(dsn, min_size=2, max_size=10)
+        try:
+            async with pool.acquire() as conn:
+                version = await migrate(conn)
+            log.info("server.migrated", schema_version=version)
+            context = build_context(pool, config, admin_token_hash)
+            app.state.ctx = context
+            if config.startup_refresh:
+                outcome = await context.service.refresh()
+                log.info(
+                    "server.startup_refresh",
+                    outcome=outcome.outcome,
+                    node_id=outcome.node_id,
+                    inventory_status=outcome.inventory_status,
+                )
+            yield
+        finally:
+            await pool.close()
+
+    return create_app(lifespan=lifespan)
+
+
+def serve(config: ServerConfig) -> int:
+    token_hash, token_path = load_or_create_admin_token(config)
+    if token_path is not None:
+        print(f"operator token: {token_path} (send it as 'Authorization: Bearer <token>')", flush=True)
+    database = Database(config.database_url, config.state_dir)
+    dsn = database.dsn()
+    try:
+        app = make_app(config, dsn, token_hash)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app, host=config.host, port=config.port, log_config=None, access_log=False, lifespan="on"
+            )
+        )
+        log.info(
+            "server.starting",
+            host=config.host,
+            port=config.port,
+            database="configured" if config.database_url else "embedded",
+        )
+        asyncio.run(server.serve())
+        return 0 if server.started else 1
+    finally:
+        database.close()
+
+
+async def open_pool(config: ServerConfig, database: Database) -> asyncpg.Pool:
+    dsn = await asyncio.to_thread(database.dsn)
+    pool = await create_pool(dsn, min_size=1, max_size=4)
+    async with pool.acquire() as conn:
+        await migrate(conn)
+    return pool

@@ -1,0 +1,1 @@
+"""Test doubles (never imported by the application)."""
