@@ -15,7 +15,7 @@ from litestar.exceptions import HTTPException, NotAuthorizedException, Validatio
 from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
-from litestar.params import Parameter
+from litestar.params import FromPath, FromQuery, QueryParameter
 
 from api import problems
 from api.config import tokens_match
@@ -35,6 +35,7 @@ log = structlog.get_logger(__name__)
 
 VERSION = "0.1.0"
 MAX_LIMIT = 1000
+Limit = Annotated[int, QueryParameter(ge=1, le=MAX_LIMIT)]
 
 
 class AppContext:
@@ -150,15 +151,15 @@ async def refresh(request: Request[Any, Any, Any]) -> RefreshBody:
 @get("/hardware/nodes", summary="Compute nodes")
 async def list_nodes(
     request: Request[Any, Any, Any],
-    cursor: str | None = None,
-    limit: Annotated[int, Parameter(ge=1, le=MAX_LIMIT)] = 100,
+    cursor: FromQuery[str | None] = None,
+    limit: Limit = 100,
 ) -> NodePage:
     items, next_cursor = await ctx(request).repository.list_nodes(cursor=cursor, limit=_limit(limit))
     return NodePage(items=items, next_cursor=next_cursor)
 
 
 @get("/hardware/nodes/{node_id:str}", summary="One compute node")
-async def get_node(request: Request[Any, Any, Any], node_id: str) -> NodeBody:
+async def get_node(request: Request[Any, Any, Any], node_id: FromPath[str]) -> NodeBody:
     node = await ctx(request).repository.get_node(node_id)
     if node is None:
         raise problems.not_found("node", node_id)
@@ -168,10 +169,10 @@ async def get_node(request: Request[Any, Any, Any], node_id: str) -> NodeBody:
 @get("/hardware/accelerators", summary="Accelerators (filters: node_id, status)")
 async def list_accelerators(
     request: Request[Any, Any, Any],
-    node_id: str | None = None,
-    status: str | None = None,
-    cursor: str | None = None,
-    limit: Annotated[int, Parameter(ge=1, le=MAX_LIMIT)] = 100,
+    node_id: FromQuery[str | None] = None,
+    status: FromQuery[str | None] = None,
+    cursor: FromQuery[str | None] = None,
+    limit: Limit = 100,
 ) -> AcceleratorPage:
     if status is not None and status not in ("active", "missing", "decommissioned"):
         raise problems.ProblemError(
@@ -187,7 +188,7 @@ async def list_accelerators(
 
 
 @get("/hardware/accelerators/{accelerator_id:str}", summary="One accelerator")
-async def get_accelerator(request: Request[Any, Any, Any], accelerator_id: str) -> AcceleratorBody:
+async def get_accelerator(request: Request[Any, Any, Any], accelerator_id: FromPath[str]) -> AcceleratorBody:
     acc = await ctx(request).repository.get_accelerator(accelerator_id)
     if acc is None:
         raise problems.not_found("accelerator", accelerator_id)
@@ -200,14 +201,14 @@ async def get_accelerator(request: Request[Any, Any, Any], accelerator_id: str) 
 )
 async def list_events(
     request: Request[Any, Any, Any],
-    node_id: str | None = None,
-    event_type: Annotated[list[str] | None, Parameter(query="type")] = None,
-    event_class: Annotated[str | None, Parameter(query="class")] = None,
-    accelerator_uuid: str | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    cursor: str | None = None,
-    limit: Annotated[int, Parameter(ge=1, le=MAX_LIMIT)] = 100,
+    node_id: FromQuery[str | None] = None,
+    event_type: Annotated[list[str] | None, QueryParameter(name="type")] = None,
+    event_class: Annotated[str | None, QueryParameter(name="class")] = None,
+    accelerator_uuid: FromQuery[str | None] = None,
+    since: FromQuery[datetime | None] = None,
+    until: FromQuery[datetime | None] = None,
+    cursor: FromQuery[str | None] = None,
+    limit: Limit = 100,
 ) -> EventPage:
     if event_class is not None and event_class not in ("lifecycle", "observation"):
         raise problems.ProblemError(

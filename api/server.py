@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,10 @@ def make_app(config: ServerConfig, dsn: str, admin_token_hash: str) -> Litestar:
     return create_app(lifespan=lifespan)
 
 
+def _exit_normally(_signum: int, _frame: object) -> None:
+    raise SystemExit(0)
+
+
 def serve(config: ServerConfig) -> int:
     token_hash, token_path = load_or_create_admin_token(config)
     if token_path is not None:
@@ -94,6 +99,9 @@ def serve(config: ServerConfig) -> int:
             port=config.port,
             database="configured" if config.database_url else "embedded",
         )
+        # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal; turn that into a
+        # normal exit so the embedded PostgreSQL below is stopped too.
+        signal.signal(signal.SIGTERM, _exit_normally)
         asyncio.run(server.serve())
         return 0 if server.started else 1
     finally:
