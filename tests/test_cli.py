@@ -1,0 +1,48 @@
+"""The operator CLI against a real database: migrate, refresh --json, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def cli(*args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")}
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "api.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_migrate_twice_and_refresh_json(database_dsn: str, tmp_path: Path) -> None:
+    for _ in range(2):
+        r = cli("migrate", "--database-url", database_dsn)
+        assert r.returncode == 0, r.stderr
+        assert "schema is at version 1" in r.stdout
+    env = {"MODELFORGE_NODE_ID": "cli-node", "MODELFORGE_STATE_DIR": str(tmp_path)}
+    r = cli("refresh", "--json", "--database-url", database_dsn, env_extra=env)
+    assert r.returncode == 0, r.stderr
+    outcome = json.loads(r.stdout)
+    assert outcome["outcome"] == "succeeded"
+    types = [e["event_type"] for e in outcome["events"]]
+    assert types[0] == "NODE_DISCOVERED" and "HOST_TELEMETRY_OBSERVED" in types
+    # this machine has no NVIDIA driver: NVML is unavailable, the inventory is degraded, not failed
+    assert outcome["nvml_status"] == "unavailable" and outcome["inventory_status"] == "degraded"
+    again = json.loads(cli("refresh", "--json", "--database-url", database_dsn, env_extra=env).stdout)
+    assert again["node_id"] == outcome["node_id"]
+    assert all(e["event_class"] == "observation" for e in again["events"])
+
+
+def test_errors_are_one_line_with_a_hint() -> None:
+    r = cli("migrate", "--database-url", "postgresql://nobody@127.0.0.1:1/nothing")
+    assert r.returncode != 0
+    lines = [line for line in r.stderr.splitlines() if line.startswith("modelforge-hw:")]
+    assert len(lines) == 1 and "MODELFORGE_DATABASE_URL" in lines[0]
+    assert "Traceback" not in r.stderr
+
+
+def test_version() -> None:
+    r = cli("--version")
+    assert r.returncode == 0 and r.stdout.startswith("modelforge-hw ")
