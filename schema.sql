@@ -46,11 +46,16 @@ CREATE TABLE IF NOT EXISTS events (
     CONSTRAINT events_stream_version_key UNIQUE (stream_id, stream_version)
 );
 
+-- The central clock's receive time of the observation (metadata.received_at), as a column so the
+-- retention policy can find old observation events by index.
+ALTER TABLE events ADD COLUMN IF NOT EXISTS received_at timestamptz;
+
 CREATE INDEX IF NOT EXISTS events_tx_position_idx ON events (tx_id, global_position);
+CREATE INDEX IF NOT EXISTS events_stream_tx_idx ON events (stream_id, tx_id, global_position);
+CREATE INDEX IF NOT EXISTS events_observation_received_idx ON events (received_at)
+    WHERE event_class = 'observation';
 CREATE INDEX IF NOT EXISTS events_type_idx ON events (event_type, global_position);
 CREATE INDEX IF NOT EXISTS events_recorded_at_idx ON events (recorded_at);
-CREATE INDEX IF NOT EXISTS events_observation_idx ON events (stream_id, recorded_at)
-    WHERE event_class = 'observation';
 
 -- Lifecycle events are permanent: the database itself refuses to change or remove them.
 CREATE OR REPLACE FUNCTION mf_refuse_lifecycle_change() RETURNS trigger
@@ -168,9 +173,11 @@ BEGIN
             v_hash := NULL;
         END IF;
         INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class,
-                            schema_version, data, metadata, recorded_at, prev_hash, hash)
+                            schema_version, data, metadata, recorded_at, prev_hash, hash,
+                            received_at)
         VALUES (p_event_ids[i], p_stream_id, v_version, p_event_types[i], p_event_classes[i],
-                p_schema_versions[i], p_data[i], p_metadata[i], v_now, v_prev, v_hash)
+                p_schema_versions[i], p_data[i], p_metadata[i], v_now, v_prev, v_hash,
+                (p_metadata[i] ->> 'received_at')::timestamptz)
         RETURNING global_position INTO v_pos;
         out_global_position := v_pos;
         out_stream_version := v_version;
@@ -308,6 +315,60 @@ CREATE TABLE IF NOT EXISTS hw_inventory_runs (
     nvml_status  text,
     at           timestamptz,
     position     bigint NOT NULL
+);
+
+-- ---------------------------------------------------------------------------------------------
+-- Agent plane (issue 4, docs/NODE_AGENT_PROTOCOL.md): enrollment tokens and node credentials are
+-- read models like the ones above (derived from lifecycle events by projections/agent.py, rebuilt
+-- by `modelforge-hw rebuild`); they hold SHA-256 digests of 256-bit random secrets, never a secret.
+-- ---------------------------------------------------------------------------------------------
+
+CREATE TABLE IF NOT EXISTS hw_enrollment_tokens (
+    token_id        text PRIMARY KEY,
+    secret_sha256   text NOT NULL,
+    description     text NOT NULL,
+    uses            integer NOT NULL,
+    uses_left       integer NOT NULL,
+    created_at      timestamptz,
+    expires_at      timestamptz,
+    last_used_at    timestamptz,
+    revoked_at      timestamptz,
+    revoked_reason  text,
+    stream_version  bigint NOT NULL,
+    position        bigint NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS hw_node_credentials (
+    credential_id        text PRIMARY KEY,
+    node_id              text NOT NULL,
+    identity_key         text NOT NULL,
+    hostname             text NOT NULL,
+    secret_sha256        text NOT NULL,
+    enrollment_token_id  text NOT NULL,
+    issued_at            timestamptz NOT NULL,
+    revoked_at           timestamptz,
+    revoked_reason       text,
+    position             bigint NOT NULL
+);
+CREATE INDEX IF NOT EXISTS hw_node_credentials_node_idx ON hw_node_credentials (node_id);
+
+-- Write-side, not a read model: the last accepted sequence per (node, agent stream), checked and
+-- advanced in the transaction that appends the report's events, under the node's stream lock.
+-- Transport state (like a consumer offset): the events carry stream, sequence and body digest in
+-- their metadata for audit, but retention prunes old observation events, so a rebuild from the
+-- log could move a position backwards and reopen the replay window; `rebuild` never touches it.
+-- `recent`: {"<sequence>": "<sha256 of the accepted body>"} for the newest accepted sequences,
+-- so an unchanged retry of one of them is answered 200 without appending anything.
+CREATE TABLE IF NOT EXISTS agent_stream_positions (
+    node_id           text NOT NULL,
+    stream            text NOT NULL,
+    last_sequence     bigint NOT NULL,
+    reports           bigint NOT NULL,
+    skipped           bigint NOT NULL,
+    recent            jsonb NOT NULL,
+    last_observed_at  timestamptz,
+    last_received_at  timestamptz NOT NULL,
+    PRIMARY KEY (node_id, stream)
 );
 
 INSERT INTO schema_version (version) VALUES (1) ON CONFLICT (version) DO NOTHING;

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import asyncpg
@@ -17,9 +17,9 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import FromPath, FromQuery, QueryParameter
 
-from api import problems
+from api import observability, problems
 from api.config import tokens_match
-from api.repository import BadCursor, HardwareRepository
+from api.repository import AuditRepository, BadCursor, HardwareRepository, ObservabilityRepository
 from api.schemas import (
     AcceleratorBody,
     AcceleratorPage,
@@ -49,12 +49,17 @@ class AppContext:
         repository: HardwareRepository,
         admin_token_hash: str,
         local_refresh_enabled: bool = True,
+        enrollment: Any = None,
     ) -> None:
         self.pool = pool
         self.service = service
         self.repository = repository
+        self.audit = AuditRepository(pool, repository)
+        self.observability = ObservabilityRepository(pool)
         self.admin_token_hash = admin_token_hash
         self.local_refresh_enabled = local_refresh_enabled
+        # api.enrollment.EnrollmentService (agent routes); made on first use when None.
+        self.enrollment = enrollment
 
 
 def ctx(request: Request[Any, Any, Any] | ASGIConnection[Any, Any, Any, Any]) -> AppContext:
@@ -153,13 +158,24 @@ async def list_nodes(
     request: Request[Any, Any, Any],
     cursor: FromQuery[str | None] = None,
     limit: Limit = 100,
+    as_of: FromQuery[datetime | None] = None,
 ) -> NodePage:
+    if as_of is not None:
+        nodes, position = await ctx(request).audit.nodes_as_of(_aware(as_of))
+        return NodePage(items=nodes, next_cursor=None, as_of_position=position)
     items, next_cursor = await ctx(request).repository.list_nodes(cursor=cursor, limit=_limit(limit))
     return NodePage(items=items, next_cursor=next_cursor)
 
 
 @get("/hardware/nodes/{node_id:str}", summary="One compute node")
-async def get_node(request: Request[Any, Any, Any], node_id: FromPath[str]) -> NodeBody:
+async def get_node(
+    request: Request[Any, Any, Any], node_id: FromPath[str], as_of: FromQuery[datetime | None] = None
+) -> NodeBody:
+    if as_of is not None:
+        nodes, _ = await ctx(request).audit.nodes_as_of(_aware(as_of), node_id=node_id)
+        if not nodes:
+            raise problems.not_found("node", f"{node_id} (as of {as_of.isoformat()})")
+        return nodes[0]
     node = await ctx(request).repository.get_node(node_id)
     if node is None:
         raise problems.not_found("node", node_id)
@@ -173,6 +189,7 @@ async def list_accelerators(
     status: FromQuery[str | None] = None,
     cursor: FromQuery[str | None] = None,
     limit: Limit = 100,
+    as_of: FromQuery[datetime | None] = None,
 ) -> AcceleratorPage:
     if status is not None and status not in ("active", "missing", "decommissioned"):
         raise problems.ProblemError(
@@ -181,6 +198,11 @@ async def list_accelerators(
             "Invalid parameter",
             "status must be one of active, missing, decommissioned",
         )
+    if as_of is not None:
+        accs, position = await ctx(request).audit.accelerators_as_of(
+            _aware(as_of), node_id=node_id, status=status
+        )
+        return AcceleratorPage(items=accs, next_cursor=None, as_of_position=position)
     items, next_cursor = await ctx(request).repository.list_accelerators(
         node_id=node_id, status=status, cursor=cursor, limit=_limit(limit)
     )
@@ -228,6 +250,23 @@ async def list_events(
     return EventPage(items=items, next_cursor=next_cursor)
 
 
+@get(
+    "/metrics",
+    summary="Latest telemetry in the Prometheus text format (known values only)",
+    media_type=observability.CONTENT_TYPE,
+    guards=[operator_guard],
+    security=[{"bearer": []}],
+)
+async def metrics(request: Request[Any, Any, Any]) -> str:
+    c = ctx(request)
+    return observability.render(await c.observability.samples(), c.service.counters)
+
+
+def _aware(moment: datetime) -> datetime:
+    """A moment without an offset is taken as UTC (the ledger's clock), never as server-local."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
 HARDWARE_ROUTES: list[Any] = [refresh, list_nodes, get_node, list_accelerators, get_accelerator, list_events]
 
 
@@ -242,8 +281,10 @@ def create_app(
         path="/api/v1", route_handlers=HARDWARE_ROUTES, guards=[operator_guard], security=[{"bearer": []}]
     )
     public = Router(path="/api/v1", route_handlers=[health])
+    from api.agent_routes import agent_routers  # here: agent_routes imports this module
+
     app = Litestar(
-        route_handlers=[public, operator, *(extra_routers or [])],
+        route_handlers=[public, operator, metrics, *agent_routers(), *(extra_routers or [])],
         exception_handlers={
             problems.ProblemError: problems.handle_problem,
             BadCursor: problems.handle_bad_cursor,

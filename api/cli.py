@@ -11,6 +11,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,8 @@ def _config(args: argparse.Namespace) -> ServerConfig:
         "collector_timeout",
         "stale_after",
         "offline_after",
+        "retention_hours",
+        "retention_interval",
         "log_level",
     ):
         value = getattr(args, name, None)
@@ -166,6 +169,182 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     return _with_database(config, work)
 
 
+def _moment(text: str | None) -> datetime | None:
+    """An ISO 8601 time; without an offset it is UTC (the ledger's clock)."""
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise CliError(f"{text!r} is not an ISO 8601 time such as 2026-11-24T14:00:00Z") from exc
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
+
+
+def _short(value: object, width: int = 80) -> str:
+    text = msgspec.json.encode(value).decode()
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    config = _config(args)
+    fmt = args.format or ("table" if sys.stdout.isatty() else "jsonl")
+    as_of = _moment(args.as_of)
+
+    async def work(pool: Any) -> int:
+        from api.repository import AuditRepository, HardwareRepository
+
+        hardware = HardwareRepository(pool)
+        if as_of is not None:
+            audit = AuditRepository(pool, hardware)
+            nodes, position = await audit.nodes_as_of(as_of, node_id=args.node)
+            accs, _ = await audit.accelerators_as_of(as_of, node_id=args.node)
+            if fmt == "jsonl":
+                for node in nodes:
+                    _print_json({"kind": "node", "as_of": as_of, "position": position, "node": node})
+                for acc in accs:
+                    _print_json(
+                        {"kind": "accelerator", "as_of": as_of, "position": position, "accelerator": acc}
+                    )
+            else:
+                print(f"inventory as of {as_of.isoformat()} (folded to global position {position})")
+                print(
+                    _table(
+                        [
+                            [
+                                n.id,
+                                n.hostname or "",
+                                n.status,
+                                n.inventory_status,
+                                n.driver_version or "",
+                                (n.fingerprint or "")[:16],
+                            ]
+                            for n in nodes
+                        ],
+                        ["NODE", "HOSTNAME", "STATUS", "INVENTORY", "DRIVER", "FINGERPRINT"],
+                    )
+                )
+                print()
+                print(
+                    _table(
+                        [
+                            [a.node_id[:8], str(a.index), a.uuid, a.name or "", a.pci_bus_id or "", a.status]
+                            for a in accs
+                        ],
+                        ["NODE", "INDEX", "UUID", "NAME", "PCI", "STATUS"],
+                    )
+                )
+            return 0
+        cursor: str | None = None
+        rows: list[list[str]] = []
+        printed = 0
+        while True:
+            items, cursor = await hardware.list_events(
+                node_id=args.node,
+                types=args.type or None,
+                event_class=args.event_class,
+                accelerator_uuid=args.accelerator,
+                since=_moment(args.since),
+                until=_moment(args.until),
+                cursor=cursor,
+                limit=min(1000, args.limit - printed),
+            )
+            for e in items:
+                if fmt == "jsonl":
+                    _print_json(e)
+                else:
+                    m = e.metadata
+                    rows.append(
+                        [
+                            str(e.global_position),
+                            str(e.stream_version),
+                            e.event_type,
+                            m.observed_at.isoformat() if m and m.observed_at else "",
+                            m.received_at.isoformat() if m else "",
+                            e.recorded_at.isoformat() if e.recorded_at else "",
+                            m.source if m else "",
+                            _short(e.data),
+                        ]
+                    )
+            printed += len(items)
+            if cursor is None or printed >= args.limit:
+                break
+        if fmt == "table":
+            print(
+                _table(
+                    rows,
+                    ["POSITION", "VERSION", "TYPE", "OBSERVED", "RECEIVED", "RECORDED", "SOURCE", "DATA"],
+                )
+            )
+        return 0
+
+    return _with_database(config, work)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    config = _config(args)
+
+    async def work(pool: Any) -> int:
+        from ledger.verify import verify_chains
+        from projections.inventory import ALL_PROJECTIONS
+        from projections.rebuild import rebuild
+
+        async with pool.acquire() as conn:
+            chains = await verify_chains(conn)
+        report = await rebuild(pool, ALL_PROJECTIONS, verify=True, progress=_progress_printer())
+        if args.json:
+            _print_json({"chains": chains, "projections": report})
+        else:
+            print(
+                f"hash chains: {chains.streams} streams, {chains.lifecycle_events} lifecycle events, "
+                f"{len(chains.breaks)} breaks"
+            )
+            for b in chains.breaks:
+                where = (
+                    f" version {b.stream_version} position {b.global_position}" if b.global_position else ""
+                )
+                print(f"BREAK stream {b.stream_id}{where}: {b.kind}: {b.detail}")
+            print(f"projections: {report.events} events re-folded, {len(report.differences)} tables differ")
+            for d in report.differences:
+                print(
+                    f"DIFFERENCE in {d.table}: {d.only_live_count} rows only live, "
+                    f"{d.only_rebuilt_count} only in the rebuild"
+                )
+        if chains.breaks or report.differences:
+            print("the ledger failed verification: see the lines above", file=sys.stderr)
+            return 1
+        return 0
+
+    return _with_database(config, work)
+
+
+def cmd_retention(args: argparse.Namespace) -> int:
+    config = _config(args)
+
+    async def work(pool: Any) -> int:
+        from datetime import timedelta
+
+        from ledger.retention import prune_observations
+
+        report = await prune_observations(pool, keep=timedelta(hours=args.keep_hours))
+        if args.json:
+            _print_json(report)
+        else:
+            print(
+                f"pruned {report.deleted} observation events received before {report.cutoff.isoformat()} "
+                f"({report.batches} batches); lifecycle events are never pruned"
+            )
+        return 0
+
+    return _with_database(config, work)
+
+
 # --- parser ------------------------------------------------------------------------------------
 
 
@@ -194,6 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--collector-timeout", type=float, help="seconds per collector per refresh")
     p.add_argument("--stale-after", type=float, help="seconds without a report before `stale`")
     p.add_argument("--offline-after", type=float, help="seconds without a report before `offline`")
+    p.add_argument("--retention-hours", type=float, help="keep observation events this many hours")
+    p.add_argument("--retention-interval", type=float, help="seconds between retention passes (0: off)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("migrate", help="apply schema.sql (idempotent)")
@@ -216,6 +397,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_rebuild)
+    p = sub.add_parser("replay", help="the audit log, or the inventory as of a moment")
+    _common(p)
+    p.add_argument("--node", help="node id")
+    p.add_argument("--accelerator", help="GPU UUID")
+    p.add_argument("--type", action="append", help="event type (repeatable)")
+    p.add_argument("--class", dest="event_class", choices=["lifecycle", "observation"])
+    p.add_argument("--since", help="recorded at or after (ISO 8601)")
+    p.add_argument("--until", help="recorded before (ISO 8601)")
+    p.add_argument("--limit", type=int, default=1_000_000, help="at most this many events")
+    p.add_argument("--format", choices=["table", "jsonl"], help="default: table on a TTY, else jsonl")
+    p.add_argument("--as-of", help="reconstruct the inventory as it stood at this time (ISO 8601)")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("verify", help="walk every stream's hash chain and re-fold every projection")
+    _common(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("retention", help="bounded telemetry")
+    retention = p.add_subparsers(dest="retention_command", required=True)
+    p = retention.add_parser("run", help="prune observation events now")
+    _common(p)
+    p.add_argument(
+        "--keep-hours", type=float, default=24.0, help="keep observations this recent (default 24)"
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_retention)
+
+    # Agent plane (issue 4): `token ...`, `credential ...` (operator) and `agent enroll|run`.
+    from agent.cli import register as register_agent_commands
+    from api.enrollment_cli import register as register_enrollment_commands
+
+    register_enrollment_commands(sub, _common)
+    register_agent_commands(sub)
+    from api.completion import register as register_completion
+
+    register_completion(sub)
     return parser
 
 

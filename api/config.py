@@ -75,6 +75,18 @@ SETTINGS: tuple[Setting, ...] = (
         "300",
         "Seconds without a received report after which an agent node is `offline`.",
     ),
+    Setting(
+        "MODELFORGE_RETENTION_HOURS",
+        "--retention-hours",
+        "24",
+        "Observation events (telemetry) older than this are pruned; the newest per node and GPU stays.",
+    ),
+    Setting(
+        "MODELFORGE_RETENTION_INTERVAL",
+        "--retention-interval",
+        "300",
+        "Seconds between the server's background retention passes (0 disables them).",
+    ),
     Setting("MODELFORGE_LOG_LEVEL", "--log-level", "INFO", "structlog level."),
     Setting("MODELFORGE_LOG_JSON", None, "(JSON when stderr is not a TTY)", "Force JSON logs: 1 or 0."),
 )
@@ -91,6 +103,8 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     collector_timeout: float = 10.0
     stale_after: float = 60.0
     offline_after: float = 300.0
+    retention_hours: float = 24.0
+    retention_interval: float = 300.0
     log_level: str = "INFO"
 
     @classmethod
@@ -112,6 +126,8 @@ class ServerConfig(msgspec.Struct, kw_only=True):
             collector_timeout=float(e.get("MODELFORGE_COLLECTOR_TIMEOUT", "10")),
             stale_after=float(e.get("MODELFORGE_STALE_AFTER", "60")),
             offline_after=float(e.get("MODELFORGE_OFFLINE_AFTER", "300")),
+            retention_hours=float(e.get("MODELFORGE_RETENTION_HOURS", "24")),
+            retention_interval=float(e.get("MODELFORGE_RETENTION_INTERVAL", "300")),
             log_level=e.get("MODELFORGE_LOG_LEVEL", "INFO"),
         )
 

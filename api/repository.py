@@ -315,3 +315,166 @@ class HardwareRepository:
             f"{r['hostname'] or r['node_id']}: {reason}" for r in rows for reason in (r["reasons"] or [])
         ]
         return InventoryHealth(status=worst, reasons=reasons, nodes=len(rows))
+
+
+class MetricSample(msgspec.Struct, frozen=True):
+    name: str
+    help: str
+    labels: dict[str, str]
+    value: float
+
+
+_METRIC_HELP = {
+    "memory_used_bytes": "GPU memory in use, bytes",
+    "memory_total_bytes": "GPU memory total, bytes",
+    "utilization_gpu_percent": "GPU utilization, percent",
+    "utilization_memory_percent": "GPU memory-controller utilization, percent",
+    "temperature_celsius": "GPU temperature, degrees Celsius",
+    "power_watts": "GPU power draw, watts",
+    "clock_graphics_mhz": "graphics clock, MHz",
+    "clock_sm_mhz": "SM clock, MHz",
+    "clock_memory_mhz": "memory clock, MHz",
+    "fan_speed_percent": "fan speed, percent of maximum",
+    "performance_state": "performance state (0 = P0, maximum performance)",
+}
+
+
+def _number(value: Any) -> float | None:
+    """A known metric value as a Prometheus sample value; P-states become their number."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and value[:1] == "P" and value[1:].isdigit():
+        return float(value[1:])
+    return None
+
+
+class ObservabilityRepository:
+    """Reads for the Prometheus adapter: latest telemetry, known values only."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    async def samples(self) -> list[MetricSample]:
+        out: list[MetricSample] = []
+        async with self.pool.acquire() as conn:
+            accs = await conn.fetch(
+                "SELECT a.node_id, n.hostname, a.uuid, a.device_index, t.metrics "
+                "FROM hw_accelerator_telemetry t "
+                "JOIN hw_accelerators a ON a.accelerator_id = t.accelerator_id "
+                "JOIN hw_nodes n ON n.node_id = a.node_id "
+                "WHERE a.status = 'active' AND n.status = 'active' ORDER BY a.node_id, a.uuid"
+            )
+            hosts = await conn.fetch(
+                "SELECT n.node_id, n.hostname, t.metrics FROM hw_host_telemetry t "
+                "JOIN hw_nodes n ON n.node_id = t.node_id WHERE n.status = 'active' ORDER BY n.node_id"
+            )
+            storage = await conn.fetch(
+                "SELECT s.node_id, n.hostname, s.mount, s.used_bytes, s.total_bytes FROM hw_node_storage s "
+                "JOIN hw_nodes n ON n.node_id = s.node_id WHERE n.status = 'active' "
+                "ORDER BY s.node_id, s.mount"
+            )
+            counts = await conn.fetch(
+                "SELECT status, count(*) AS n FROM hw_accelerators GROUP BY status ORDER BY status"
+            )
+            head = await conn.fetchval("SELECT coalesce(max(global_position), 0) FROM events")
+            folded = await conn.fetchval("SELECT coalesce(max(position), 0) FROM projection_state")
+        for r in accs:
+            index = _fact(r["device_index"])
+            labels = {
+                "node_id": r["node_id"],
+                "hostname": r["hostname"] or "",
+                "gpu_uuid": r["uuid"],
+                "gpu_index": str(index.value) if isinstance(index, Known) else "",
+            }
+            for metric, raw in sorted((r["metrics"] or {}).items()):
+                fact = _fact(raw)
+                value = _number(fact.value) if isinstance(fact, Known) else None
+                if value is not None:  # unsupported / failed metrics are absent, never 0
+                    out.append(
+                        MetricSample(
+                            f"modelforge_accelerator_{metric}",
+                            _METRIC_HELP.get(metric, metric),
+                            labels,
+                            value,
+                        )
+                    )
+        for r in hosts:
+            labels = {"node_id": r["node_id"], "hostname": r["hostname"] or ""}
+            for metric, raw in sorted((r["metrics"] or {}).items()):
+                fact = _fact(raw)
+                value = _number(fact.value) if isinstance(fact, Known) else None
+                if value is not None:
+                    out.append(
+                        MetricSample(
+                            f"modelforge_host_{metric}", f"host {metric.replace('_', ' ')}", labels, value
+                        )
+                    )
+        for r in storage:
+            labels = {"node_id": r["node_id"], "hostname": r["hostname"] or "", "mount": r["mount"]}
+            for column in ("used_bytes", "total_bytes"):
+                fact = _fact(r[column])
+                value = _number(fact.value) if isinstance(fact, Known) else None
+                if value is not None:
+                    out.append(
+                        MetricSample(
+                            f"modelforge_host_storage_{column}", f"storage {column}, bytes", labels, value
+                        )
+                    )
+        for r in counts:
+            out.append(
+                MetricSample(
+                    "modelforge_accelerators",
+                    "accelerators by status",
+                    {"status": r["status"]},
+                    float(r["n"]),
+                )
+            )
+        out.append(
+            MetricSample(
+                "modelforge_log_head_position", "global position of the newest event", {}, float(head)
+            )
+        )
+        out.append(
+            MetricSample(
+                "modelforge_projection_lag_events",
+                "events in the log not yet folded into the read models (inline: 0)",
+                {},
+                float(max(0, head - folded)),
+            )
+        )
+        return out
+
+
+class AuditRepository:
+    """Point-in-time reads: the inventory folded from the log up to a moment."""
+
+    def __init__(self, pool: asyncpg.Pool, hardware: HardwareRepository) -> None:
+        self.pool = pool
+        self.hardware = hardware
+
+    async def nodes_as_of(self, as_of: datetime, *, node_id: str | None = None) -> tuple[list[NodeBody], int]:
+        from projections.pointintime import inventory_as_of, node_record
+
+        async with self.pool.acquire() as conn:
+            folded = await inventory_as_of(conn, as_of, node_id=node_id)
+        nodes = [self.hardware.node_body(node_record(s), as_of) for s in folded.nodes]
+        for n in nodes:
+            n.as_of_position = folded.position
+        return nodes, folded.position
+
+    async def accelerators_as_of(
+        self, as_of: datetime, *, node_id: str | None = None, status: str | None = None
+    ) -> tuple[list[AcceleratorBody], int]:
+        from projections.pointintime import accelerator_records, inventory_as_of
+
+        async with self.pool.acquire() as conn:
+            folded = await inventory_as_of(conn, as_of, node_id=node_id)
+        items = [
+            self.hardware.accelerator_body(r)
+            for s in folded.nodes
+            for r in accelerator_records(s)
+            if status is None or r["status"] == status
+        ]
+        return sorted(items, key=lambda a: a.id), folded.position

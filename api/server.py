@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,14 @@ from litestar import Litestar
 
 from api.app import AppContext, create_app
 from api.config import ServerConfig, load_or_create_admin_token
+from api.enrollment import EnrollmentService
 from api.repository import HardwareRepository, LivenessPolicy
 from api.service import HardwareInventoryService
 from collectors.identity import NodeIdentity, resolve_identity
 from collectors.nvml import NvidiaNvmlCollector
 from collectors.system import SystemHostCollector
 from ledger.db import Database, create_pool, migrate
+from ledger.retention import prune_observations
 from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS
 
@@ -48,7 +51,29 @@ def build_service(
 def build_context(pool: asyncpg.Pool, config: ServerConfig, admin_token_hash: str) -> AppContext:
     service = build_service(pool, config)
     repository = HardwareRepository(pool, LivenessPolicy(config.stale_after, config.offline_after))
-    return AppContext(pool=pool, service=service, repository=repository, admin_token_hash=admin_token_hash)
+    return AppContext(
+        pool=pool,
+        service=service,
+        repository=repository,
+        admin_token_hash=admin_token_hash,
+        enrollment=EnrollmentService(service),
+    )
+
+
+async def retention_loop(pool: asyncpg.Pool, config: ServerConfig) -> None:
+    """Bounded telemetry, applied continuously: small batches in short transactions, so ingest
+    never waits on it. A failed pass is logged and retried at the next interval."""
+    if config.retention_interval <= 0:
+        return
+    keep = timedelta(hours=config.retention_hours)
+    while True:
+        await asyncio.sleep(config.retention_interval)
+        try:
+            report = await prune_observations(pool, keep=keep)
+            if report.deleted:
+                log.info("retention.pruned", deleted=report.deleted, cutoff=report.cutoff.isoformat())
+        except (asyncpg.PostgresError, OSError) as exc:
+            log.warning("retention.failed", error=str(exc))
 
 
 def make_app(config: ServerConfig, dsn: str, admin_token_hash: str) -> Litestar:
@@ -61,6 +86,8 @@ def make_app(config: ServerConfig, dsn: str, admin_token_hash: str) -> Litestar:
             log.info("server.migrated", schema_version=version)
             context = build_context(pool, config, admin_token_hash)
             app.state.ctx = context
+            retention = asyncio.create_task(retention_loop(pool, config))
+            app.state.retention_task = retention
             if config.startup_refresh:
                 outcome = await context.service.refresh()
                 log.info(
@@ -70,6 +97,9 @@ def make_app(config: ServerConfig, dsn: str, admin_token_hash: str) -> Litestar:
                     inventory_status=outcome.inventory_status,
                 )
             yield
+            retention.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await retention
         finally:
             await pool.close()
 

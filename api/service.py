@@ -54,6 +54,15 @@ class RefreshOutcome(msgspec.Struct, frozen=True):
     nvml_status: str | None = None
 
 
+class IngestCounters:
+    """This process's ingest counters, exported on /metrics."""
+
+    def __init__(self) -> None:
+        self.refreshes = 0
+        self.failures = 0
+        self.events = 0
+
+
 class NodeTombstoned(Exception):
     """The node was permanently decommissioned; nothing may revive it."""
 
@@ -81,6 +90,7 @@ class HardwareInventoryService:
         self.nvml_collector = nvml_collector
         # The seed: refresh is process-serialized. The stream lock serializes across processes.
         self._refresh_lock = asyncio.Lock()
+        self.counters = IngestCounters()
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -143,6 +153,8 @@ class HardwareInventoryService:
             return await self.record_failure(
                 node_id, "reconcile", str(exc), metadata.received_at, source=metadata.source, started=t0
             )
+        self.counters.refreshes += 1
+        self.counters.events += len(recorded)
         outcome = RefreshOutcome(
             node_id=node_id,
             outcome="succeeded",
@@ -199,6 +211,8 @@ class HardwareInventoryService:
                 conn=conn,
                 locked=True,
             )
+        self.counters.failures += 1
+        self.counters.events += len(result.events)
         log.warning("refresh.failed", node_id=node_id, stage=stage, reason=reason)
         return RefreshOutcome(
             node_id=node_id,

@@ -101,6 +101,59 @@ class InventoryFailed(_Event, frozen=True, tag="INVENTORY_FAILED"):
     reason: str
 
 
+# --- lifecycle: enrollment and agent credentials (docs/NODE_AGENT_PROTOCOL.md) ----------------
+# Enrollment tokens live in streams of their own (one per token); a node's credentials live in the
+# node's stream. Events carry a credential's SHA-256 (of a 256-bit random secret), never a secret.
+
+ENROLLMENT_TOKEN_STREAM_PREFIX = "enrollment-token-"
+
+
+def enrollment_token_stream(token_id: str) -> str:
+    return ENROLLMENT_TOKEN_STREAM_PREFIX + token_id
+
+
+def is_enrollment_token_stream(stream_id: str) -> bool:
+    return stream_id.startswith(ENROLLMENT_TOKEN_STREAM_PREFIX)
+
+
+class EnrollmentTokenCreated(_Event, frozen=True, tag="ENROLLMENT_TOKEN_CREATED"):
+    token_id: str
+    secret_sha256: str
+    expires_at: datetime
+    uses: int
+    description: str = ""
+
+
+class EnrollmentTokenUsed(_Event, frozen=True, tag="ENROLLMENT_TOKEN_USED"):
+    """One use of a token: it was exchanged for the credential `credential_id` of `node_id`."""
+
+    token_id: str
+    node_id: str
+    credential_id: str
+
+
+class EnrollmentTokenRevoked(_Event, frozen=True, tag="ENROLLMENT_TOKEN_REVOKED"):
+    token_id: str
+    reason: str
+
+
+class CredentialIssued(_Event, frozen=True, tag="CREDENTIAL_ISSUED"):
+    """A node credential, bound to the node (and its identity key), issued at enrollment."""
+
+    credential_id: str
+    node_id: str
+    identity_key: str
+    identity_source: str
+    hostname: str
+    secret_sha256: str
+    enrollment_token_id: str
+
+
+class CredentialRevoked(_Event, frozen=True, tag="CREDENTIAL_REVOKED"):
+    credential_id: str
+    reason: str
+
+
 # --- observation: telemetry ------------------------------------------------------------------
 
 
@@ -125,6 +178,11 @@ EventPayload: TypeAlias = (
     | InventoryFailed
     | HostTelemetryObserved
     | AcceleratorTelemetryObserved
+    | EnrollmentTokenCreated
+    | EnrollmentTokenUsed
+    | EnrollmentTokenRevoked
+    | CredentialIssued
+    | CredentialRevoked
 )
 
 OBSERVATION_TYPES: frozenset[type[_Event]] = frozenset({HostTelemetryObserved, AcceleratorTelemetryObserved})
@@ -157,6 +215,12 @@ class EventMetadata(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omi
     observed_at: datetime | None = None  # the observer's clock (agent or local host)
     agent_stream: str | None = None
     agent_sequence: int | None = None
+    # Agent reports (docs/NODE_AGENT_PROTOCOL.md): the agent's clock when it sent the report (the
+    # clock skew is measured against it), the SHA-256 of the exact report body (replays of an
+    # accepted sequence are recognized by it), and how many sequences were skipped before it.
+    agent_sent_at: datetime | None = None
+    agent_report_sha256: str | None = None
+    agent_sequence_gap: int | None = None
     actor: str | None = None
     correlation_id: str | None = None
 

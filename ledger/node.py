@@ -20,6 +20,8 @@ from ledger.events import (
     AcceleratorDiscovered,
     AcceleratorMissing,
     AcceleratorTelemetryObserved,
+    CredentialIssued,
+    CredentialRevoked,
     HardwareChanged,
     HostTelemetryObserved,
     InventoryFailed,
@@ -87,6 +89,20 @@ class LastRun(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     position: int
 
 
+class CredentialState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A node credential (docs/NODE_AGENT_PROTOCOL.md): its secret's SHA-256, never the secret."""
+
+    credential_id: str
+    identity_key: str
+    hostname: str
+    secret_sha256: str
+    enrollment_token_id: str
+    issued_at: datetime
+    position: int
+    revoked_at: datetime | None = None
+    revoked_reason: str | None = None
+
+
 class NodeState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     node_id: str
     stream_version: int = 0
@@ -120,6 +136,7 @@ class NodeState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     last_received_at: datetime | None = None
     clock_skew_seconds: float | None = None
     decommissioned_at: datetime | None = None
+    credentials: dict[str, CredentialState] = {}  # by credential id
 
 
 def _value(fact: Fact) -> object:
@@ -176,7 +193,10 @@ def _seen(state: NodeState, event: RecordedEvent) -> NodeState:
     """Bookkeeping every event of the stream updates: versions, times, liveness by receive time."""
     meta = event.metadata
     skew = state.clock_skew_seconds
-    if meta.observed_at is not None:
+    if meta.agent_sent_at is not None:
+        # An agent's clock when it sent: a spooled report's age is not clock skew.
+        skew = (meta.agent_sent_at - meta.received_at).total_seconds()
+    elif meta.observed_at is not None:
         skew = (meta.observed_at - meta.received_at).total_seconds()
     lifecycle = state.lifecycle_version + (1 if event.event_class == "lifecycle" else 0)
     return msgspec.structs.replace(
@@ -191,9 +211,42 @@ def _seen(state: NodeState, event: RecordedEvent) -> NodeState:
     )
 
 
+def _credential(state: NodeState, event: RecordedEvent) -> NodeState:
+    """Credential events: versions move, but they are no sign of life of the node (liveness and
+    clock skew come from its own reports only)."""
+    p = event.payload
+    at = event.metadata.received_at
+    credentials = dict(state.credentials)
+    if isinstance(p, CredentialIssued):
+        credentials[p.credential_id] = CredentialState(
+            credential_id=p.credential_id,
+            identity_key=p.identity_key,
+            hostname=p.hostname,
+            secret_sha256=p.secret_sha256,
+            enrollment_token_id=p.enrollment_token_id,
+            issued_at=at,
+            position=event.global_position,
+        )
+    elif isinstance(p, CredentialRevoked) and p.credential_id in credentials:
+        old = credentials[p.credential_id]
+        if old.revoked_at is None:
+            credentials[p.credential_id] = msgspec.structs.replace(
+                old, revoked_at=at, revoked_reason=p.reason, position=event.global_position
+            )
+    return msgspec.structs.replace(
+        state,
+        stream_version=event.stream_version,
+        lifecycle_version=state.lifecycle_version + (1 if event.event_class == "lifecycle" else 0),
+        position=event.global_position,
+        credentials=credentials,
+    )
+
+
 def evolve(state: NodeState, event: RecordedEvent) -> NodeState:
     """Fold one event of the node's stream into its state. Pure."""
     p = event.payload
+    if isinstance(p, CredentialIssued | CredentialRevoked):
+        return _credential(state, event)
     at = event.metadata.received_at
     s = _seen(state, event)
     match p:

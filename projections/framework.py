@@ -63,6 +63,11 @@ class Projection(Generic[S]):
     def initial(self, stream_id: str) -> S:
         raise NotImplementedError
 
+    def handles(self, stream_id: str) -> bool:
+        """Whether this read model folds `stream_id` at all (default: every stream). A stream it
+        does not handle gets no state and no rows, inline and in `rebuild` alike."""
+        return True
+
     def fold(self, state: S, event: RecordedEvent) -> S:
         raise NotImplementedError
 
@@ -94,6 +99,8 @@ class Projection(Generic[S]):
         return self.initial(stream_id) if raw is None else self._decode_state(raw)
 
     async def apply(self, conn: asyncpg.Connection, stream_id: str, events: Sequence[RecordedEvent]) -> None:
+        if not self.handles(stream_id):
+            return
         before = await self.load_state(conn, stream_id)
         after = self.fold_all(before, events)
         await self.write_changes(conn, stream_id, before, after)

@@ -4,8 +4,11 @@ accelerator telemetry, fingerprints and inventory runs, all from one fold of the
 
 from __future__ import annotations
 
-from ledger.events import RecordedEvent
+from typing import Any
+
+from ledger.events import RecordedEvent, is_enrollment_token_stream
 from ledger.node import NodeState, evolve
+from projections.agent import CREDENTIALS, ENROLLMENT_TOKEN_PROJECTION, agent_rows
 from projections.framework import Projection, Row, Rows, TableSpec
 
 NODES = TableSpec(
@@ -99,8 +102,12 @@ class InventoryProjection(Projection[NodeState]):
         ACCELERATOR_TELEMETRY,
         FINGERPRINTS,
         INVENTORY_RUNS,
+        CREDENTIALS,
     )
     state_type = NodeState
+
+    def handles(self, stream_id: str) -> bool:
+        return not is_enrollment_token_stream(stream_id)  # token streams: projections.agent
 
     def initial(self, stream_id: str) -> NodeState:
         return NodeState(node_id=stream_id)
@@ -113,7 +120,7 @@ class InventoryProjection(Projection[NodeState]):
 
     def rows(self, state: NodeState) -> Rows:
         s = state
-        out: dict[str, list[Row]] = {}
+        out: dict[str, list[Row]] = agent_rows(s)  # credentials exist before the first report
         if s.last_run is not None:
             r = s.last_run
             out["hw_inventory_runs"] = [
@@ -197,4 +204,4 @@ class InventoryProjection(Projection[NodeState]):
 
 
 INVENTORY = InventoryProjection()
-ALL_PROJECTIONS: tuple[Projection[NodeState], ...] = (INVENTORY,)
+ALL_PROJECTIONS: tuple[Projection[Any], ...] = (INVENTORY, ENROLLMENT_TOKEN_PROJECTION)

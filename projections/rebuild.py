@@ -86,6 +86,8 @@ class _Writer:
         self.buffers: dict[str, list[tuple[Any, ...]]] = {name: [] for name in self.specs}
 
     async def add_stream(self, projection: Projection[Any], stream_id: str, state: Any) -> None:
+        if not projection.handles(stream_id):
+            return
         for table, rows in projection.rows(state).items():
             self.buffers[table].extend(rows)
         version, position = projection.checkpoint_of(state)
@@ -164,6 +166,8 @@ async def _catch_up(conn: asyncpg.Connection, projections: Sequence[Projection[A
             p.name,
         )
         for row in behind:
+            if not p.handles(row["stream_id"]):
+                continue
             events = [
                 event_from_row(r)
                 for r in await conn.fetch(

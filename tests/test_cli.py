@@ -12,8 +12,9 @@ from pathlib import Path
 def cli(*args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")}
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "api.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "api.cli", *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def test_migrate_twice_and_refresh_json(database_dsn: str, tmp_path: Path) -> None:

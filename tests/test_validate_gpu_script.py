@@ -23,8 +23,13 @@ def run_script(tmp_path: Path, smi_output: str) -> subprocess.CompletedProcess[s
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")}
     env.update(PATH=f"{stub}:{env['PATH']}", PYTHON=sys.executable, PORT=str(port))
-    return subprocess.run(["bash", str(ROOT / "deploy" / "validate-gpu.sh")], env=env, capture_output=True,
-                          text=True, timeout=180)
+    return subprocess.run(
+        ["bash", str(ROOT / "deploy" / "validate-gpu.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def test_validate_gpu_script_passes_when_api_and_nvidia_smi_agree(tmp_path: Path) -> None:

@@ -1,0 +1,154 @@
+"""What the agent keeps in its state directory (`MODELFORGE_STATE_DIR`), all written atomically
+(temporary file, fsync, rename, fsync of the directory) and readable by its owner only:
+
+    agent-credential.json   the node credential from enrollment (mode 0600; a secret)
+    agent-sequences.json    the last sequence used per stream, and the spool order counter
+    agent-spool/            reports not yet accepted by the server (see agent.spool)
+    node-id                 the identity file (containers; collectors.identity)
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+import msgspec
+
+CREDENTIAL_FILE = "agent-credential.json"
+SEQUENCES_FILE = "agent-sequences.json"
+SPOOL_DIR = "agent-spool"
+
+
+class StateError(Exception):
+    """The state directory cannot be used as it is; the message says what to do."""
+
+
+def fsync_directory(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Atomically replace `path` with `data`, mode 0600, durable when this returns."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_directory(path.parent)
+
+
+class Credential(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The agent's node credential. `credential` is the secret: never logged, never printed."""
+
+    server: str
+    node_id: str
+    identity_key: str
+    credential_id: str
+    credential: str
+    enrolled_at: datetime
+
+    def __repr__(self) -> str:  # keep the secret out of any accidental repr in a log or traceback
+        return f"Credential(node_id={self.node_id!r}, credential_id={self.credential_id!r})"
+
+
+def load_credential(state_dir: Path) -> Credential | None:
+    path = state_dir / CREDENTIAL_FILE
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StateError(f"cannot read {path}: {exc}") from exc
+    try:
+        return msgspec.json.decode(raw, type=Credential)
+    except msgspec.MsgspecError as exc:
+        raise StateError(f"{path} is damaged ({exc}); enroll again with --force") from exc
+
+
+def save_credential(state_dir: Path, credential: Credential) -> Path:
+    path = state_dir / CREDENTIAL_FILE
+    write_private(path, msgspec.json.encode(credential))
+    return path
+
+
+class _Counters(msgspec.Struct):
+    order: int = 0
+    streams: dict[str, int] = {}
+
+
+class Sequences:
+    """Per-stream sequence numbers that survive restarts and are never reused: a number is
+    persisted (fsync) before the report that carries it is written to the spool, so a crash in
+    between costs a gap (which the server accepts and records), never a reuse."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / SEQUENCES_FILE
+        self._counters = self._load()
+
+    def _load(self) -> _Counters:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return _Counters()
+        try:
+            return msgspec.json.decode(raw, type=_Counters)
+        except msgspec.MsgspecError as exc:
+            # Guessing would risk reusing numbers; the operator decides (see the deployment docs).
+            raise StateError(
+                f"{self.path} is damaged ({exc}); enroll again with --force to continue above the "
+                "server's last accepted sequences"
+            ) from exc
+
+    def last(self, stream: str) -> int:
+        return self._counters.streams.get(stream, 0)
+
+    def allocate(self, stream: str) -> tuple[int, int]:
+        """(spool order, sequence) for the next report of `stream`, persisted before returning."""
+        counters = _Counters(
+            order=self._counters.order + 1,
+            streams={**self._counters.streams, stream: self.last(stream) + 1},
+        )
+        write_private(self.path, msgspec.json.encode(counters))
+        self._counters = counters
+        return counters.order, counters.streams[stream]
+
+    def reset(self, streams: dict[str, int]) -> None:
+        """Start over at the server's positions: only for a different node than before (its
+        numbers were another node's)."""
+        counters = _Counters(order=self._counters.order, streams=dict(streams))
+        write_private(self.path, msgspec.json.encode(counters))
+        self._counters = counters
+
+    def raise_to(self, floors: dict[str, int]) -> bool:
+        """Continue above the server's last accepted sequences (after enrollment, or a 409 that
+        says our numbers fell behind, e.g. a restored backup of the state directory)."""
+        streams = dict(self._counters.streams)
+        changed = False
+        for stream, floor in floors.items():
+            if floor > streams.get(stream, 0):
+                streams[stream] = floor
+                changed = True
+        if changed:
+            counters = _Counters(order=self._counters.order, streams=streams)
+            write_private(self.path, msgspec.json.encode(counters))
+            self._counters = counters
+        return changed

@@ -1,0 +1,216 @@
+"""`modelforge-hw completion bash|zsh`: shell completion generated from the argparse parser.
+
+The script is derived from `api.cli.build_parser()` every time it is printed, so a new subcommand
+or flag completes as soon as it exists. It completes subcommands at every level (`retention run`,
+`token create`, `agent enroll`, ...), each command's flags, the values of flags with fixed
+choices (`replay --class lifecycle|observation`), directories for `--*-dir` and files for
+`--*-file` flags. zsh runs the same script through `bashcompinit`.
+
+    source <(modelforge-hw completion bash)                      # this shell
+    modelforge-hw completion bash | sudo tee /etc/bash_completion.d/modelforge-hw
+    source <(modelforge-hw completion zsh)                       # zsh, e.g. in ~/.zshrc
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+PROGRAM = "modelforge-hw"
+FUNCTION = "_modelforge_hw"
+SHELLS = ("bash", "zsh")
+
+
+@dataclass
+class Command:
+    """One (sub)command of the parser: what may follow it on the command line."""
+
+    path: tuple[str, ...]
+    subcommands: list[str] = field(default_factory=list)
+    choices: list[str] = field(default_factory=list)  # fixed words of positional arguments
+    options: list[str] = field(default_factory=list)
+    # option -> its fixed choices, or "dir" / "file" / "" (a value without completion)
+    values: dict[str, list[str] | str] = field(default_factory=dict)
+
+
+def _value_kind(action: argparse.Action) -> list[str] | str:
+    if action.choices is not None:
+        return [str(c) for c in action.choices]
+    name = f"{action.dest} {action.metavar or ''} {' '.join(action.option_strings)}".lower()
+    if "dir" in name:
+        return "dir"
+    if "file" in name:
+        return "file"
+    return ""
+
+
+def command_tree(parser: argparse.ArgumentParser) -> list[Command]:
+    """Every command of `parser`, depth first, the root (path ()) first."""
+    commands: list[Command] = []
+
+    def walk(p: argparse.ArgumentParser, path: tuple[str, ...]) -> None:
+        command = Command(path)
+        commands.append(command)
+        children: list[tuple[str, argparse.ArgumentParser]] = []
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    command.subcommands.append(name)
+                    children.append((name, child))
+            elif action.option_strings:
+                command.options.extend(action.option_strings)
+                if action.nargs != 0:
+                    for option in action.option_strings:
+                        command.values[option] = _value_kind(action)
+            elif action.choices is not None:
+                command.choices.extend(str(c) for c in action.choices)
+        for name, child in children:
+            walk(child, (*path, name))
+
+    walk(parser, ())
+    return commands
+
+
+def _q(text: str) -> str:
+    return shlex.quote(text)
+
+
+def _case(function: str, arms: list[tuple[str, str]], args: str) -> list[str]:
+    """A shell function `function ARGS` that echoes the word list of the matching arm."""
+    lines = [f"{function}() {{", f'    case "{args}" in']
+    for key, words in arms:
+        if words:
+            lines.append(f"        {_q(key)}) echo {_q(words)} ;;")
+    lines += ["    esac", "}"]
+    return lines
+
+
+def render_bash(parser: argparse.ArgumentParser) -> str:
+    commands = command_tree(parser)
+    words = [(" ".join(c.path), " ".join(c.subcommands + c.choices)) for c in commands]
+    subcommands = [(" ".join(c.path), " ".join(c.subcommands)) for c in commands]
+    options = [(" ".join(c.path), " ".join(c.options)) for c in commands]
+    takes_value: list[str] = []
+    choices: list[tuple[str, str]] = []
+    kinds: list[tuple[str, str]] = []
+    for c in commands:
+        for option, kind in c.values.items():
+            key = f"{' '.join(c.path)}:{option}"
+            takes_value.append(key)
+            if isinstance(kind, list):
+                choices.append((key, " ".join(kind)))
+            elif kind:
+                kinds.append((key, kind))
+
+    lines = [
+        f"# {PROGRAM} completion for bash (and zsh through bashcompinit).",
+        f"# Generated from the argparse parser by `{PROGRAM} completion bash`; regenerate after an upgrade.",
+        "",
+    ]
+    lines += _case(f"{FUNCTION}_words", words, "$1")
+    lines += _case(f"{FUNCTION}_subcommands", subcommands, "$1")
+    lines += _case(f"{FUNCTION}_options", options, "$1")
+    lines += _case(f"{FUNCTION}_choices", choices, "$1:$2")
+    lines += _case(f"{FUNCTION}_kind", kinds, "$1:$2")
+    lines += [f"{FUNCTION}_takes_value() {{", '    case "$1:$2" in']
+    if takes_value:
+        lines.append("        " + "|".join(_q(k) for k in takes_value) + ") return 0 ;;")
+    lines += ["    esac", "    return 1", "}", ""]
+    lines += f"""\
+{FUNCTION}() {{
+    local cur prev word path="" i skip=0
+    COMPREPLY=()
+    cur="${{COMP_WORDS[COMP_CWORD]}}"
+    prev="${{COMP_WORDS[COMP_CWORD-1]}}"
+    # `--flag=value`: bash splits at "=" (COMP_WORDBREAKS); complete the value after it.
+    if [[ "$cur" == "=" ]]; then
+        cur=""
+    elif [[ "$prev" == "=" && $COMP_CWORD -ge 2 ]]; then
+        prev="${{COMP_WORDS[COMP_CWORD-2]}}"
+    fi
+    # Walk the words before the cursor: a subcommand extends the path, a flag that takes a value
+    # skips that value.
+    for ((i = 1; i < COMP_CWORD; i++)); do
+        word="${{COMP_WORDS[i]}}"
+        [[ "$word" == "=" ]] && continue
+        if ((skip)); then
+            skip=0
+            continue
+        fi
+        case "$word" in
+            -*) {FUNCTION}_takes_value "$path" "$word" && skip=1 ;;
+            *)
+                if [[ " $({FUNCTION}_subcommands "$path") " == *" $word "* ]]; then
+                    path="${{path:+$path }}$word"
+                fi
+                ;;
+        esac
+    done
+    if ((skip)); then
+        local values
+        values="$({FUNCTION}_choices "$path" "$prev")"
+        if [[ -n "$values" ]]; then
+            COMPREPLY=($(compgen -W "$values" -- "$cur"))
+            return 0
+        fi
+        case "$({FUNCTION}_kind "$path" "$prev")" in
+            dir)
+                compopt -o filenames 2>/dev/null
+                COMPREPLY=($(compgen -d -- "$cur"))
+                ;;
+            file)
+                compopt -o filenames 2>/dev/null
+                COMPREPLY=($(compgen -f -- "$cur"))
+                ;;
+        esac
+        return 0
+    fi
+    if [[ "$cur" == -* ]]; then
+        COMPREPLY=($(compgen -W "$({FUNCTION}_options "$path")" -- "$cur"))
+    else
+        COMPREPLY=($(compgen -W "$({FUNCTION}_words "$path")" -- "$cur"))
+    fi
+    return 0
+}}
+
+complete -F {FUNCTION} {PROGRAM}
+""".splitlines()
+    return "\n".join(lines) + "\n"
+
+
+def render_zsh(parser: argparse.ArgumentParser) -> str:
+    return (
+        f"# {PROGRAM} completion for zsh: the bash completion, run through bashcompinit.\n"
+        f"# Source it (`source <({PROGRAM} completion zsh)`), e.g. from ~/.zshrc.\n"
+        "(( $+functions[compdef] )) || { autoload -U +X compinit && compinit; }\n"
+        "autoload -U +X bashcompinit && bashcompinit\n" + render_bash(parser)
+    )
+
+
+def render(shell: str, parser: argparse.ArgumentParser) -> str:
+    if shell == "bash":
+        return render_bash(parser)
+    if shell == "zsh":
+        return render_zsh(parser)
+    raise ValueError(f"no completion for {shell!r}; choose one of {', '.join(SHELLS)}")
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from api.cli import build_parser
+
+    sys.stdout.write(render(args.shell, build_parser()))
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add `completion bash|zsh` to the `modelforge-hw` parser."""
+    p = sub.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Print a completion script: `source <(modelforge-hw completion bash)`.",
+    )
+    p.add_argument("shell", choices=SHELLS, help="bash or zsh")
+    p.set_defaults(func=cmd_completion)

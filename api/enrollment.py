@@ -1,0 +1,689 @@
+"""The server side of the agent plane: enrollment tokens, node credentials, and agent reports
+(docs/NODE_AGENT_PROTOCOL.md).
+
+Secrets: an enrollment token is `mfe_<token id>_<secret>`, a node credential `mfc_<credential
+id>_<secret>`, each secret 256 random bits. Only the secret's SHA-256 is stored (in the event that
+creates it, and in its read model); a presented secret is looked up by its id and compared in
+constant time. Nothing here logs a secret.
+
+Every write is events in the log (lifecycle, audited, immutable) appended under the stream lock,
+with the read models updated in the same transaction:
+- token created/revoked: the token's own stream `enrollment-token-<id>`;
+- enrollment: ENROLLMENT_TOKEN_USED on the token's stream (locked first, so uses are counted
+  exactly, across API processes) and CREDENTIAL_ISSUED on the node's stream (locked second);
+- a report: the node's stream, where the sequence check and the reconciliation happen in one
+  transaction under the node's lock (`HardwareInventoryService.reconcile_observation`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+import asyncpg
+import msgspec
+import structlog
+
+from agent.protocol import (
+    CREDENTIAL_PREFIX,
+    ENROLLMENT_TOKEN_PREFIX,
+    PROTOCOL_VERSION,
+    STREAMS,
+    EnrollRequest,
+    EnrollResponse,
+    ReportAck,
+    decode_report,
+    validate_observation,
+)
+from api.service import HardwareInventoryService, NodeTombstoned
+from collectors.identity import IdentityError, NodeIdentity, validate_identity_key
+from ledger.events import (
+    CredentialIssued,
+    CredentialRevoked,
+    EnrollmentTokenCreated,
+    EnrollmentTokenRevoked,
+    EnrollmentTokenUsed,
+    EventMetadata,
+    EventPayload,
+    NewEvent,
+    Source,
+    enrollment_token_stream,
+)
+from ledger.node import node_id_for
+
+log = structlog.get_logger(__name__)
+
+MAX_TOKEN_TTL = timedelta(days=30)
+MAX_TOKEN_USES = 100_000
+
+
+class AgentPlaneError(Exception):
+    """An RFC 9457 problem: status, stable type, title, detail, and extension members."""
+
+    def __init__(self, status: int, type_: str, title: str, detail: str, **extensions: Any) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.type = type_
+        self.title = title
+        self.detail = detail
+        self.extensions = extensions
+
+
+def _unauthorized(type_: str, detail: str) -> AgentPlaneError:
+    return AgentPlaneError(401, type_, "Authentication failed", detail)
+
+
+# --- bodies ----------------------------------------------------------------------------------------
+
+
+class TokenCreateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    ttl_seconds: float = 3600.0
+    uses: int = 1
+    description: str = ""
+
+
+class TokenCreated(msgspec.Struct, frozen=True):
+    """The token itself is shown once, here."""
+
+    token_id: str
+    token: str
+    expires_at: datetime
+    uses: int
+    description: str
+
+
+TokenStatus = Literal["active", "expired", "used_up", "revoked"]
+
+
+class TokenBody(msgspec.Struct, frozen=True):
+    token_id: str
+    description: str
+    status: TokenStatus
+    uses: int
+    uses_left: int
+    created_at: datetime | None
+    expires_at: datetime | None
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+    revoked_reason: str | None
+
+
+class RevokeRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    reason: str = "revoked by an operator"
+
+
+class CredentialBody(msgspec.Struct, frozen=True):
+    credential_id: str
+    node_id: str
+    identity_key: str
+    hostname: str
+    enrollment_token_id: str
+    status: Literal["active", "revoked"]
+    issued_at: datetime
+    revoked_at: datetime | None
+    revoked_reason: str | None
+
+
+class AgentStreamBody(msgspec.Struct, frozen=True):
+    node_id: str
+    stream: str
+    last_sequence: int
+    reports: int
+    skipped: int
+    last_observed_at: datetime | None
+    last_received_at: datetime | None
+
+
+class Principal(msgspec.Struct, frozen=True):
+    """An authenticated agent: the credential and the node it is bound to."""
+
+    credential_id: str
+    node_id: str
+    identity_key: str
+
+
+# --- secrets ---------------------------------------------------------------------------------------
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def _mint(prefix: str) -> tuple[str, str, str]:
+    """(id, full token, sha256 of its secret): 256 random bits."""
+    ident = uuid.uuid4().hex
+    secret = secrets.token_urlsafe(32)
+    return ident, f"{prefix}_{ident}_{secret}", _digest(secret)
+
+
+def parse_secret(presented: str | None, prefix: str) -> tuple[str, str] | None:
+    """(id, secret) of a token of the given kind, or None when it cannot be one."""
+    if not presented:
+        return None
+    kind, _, rest = presented.partition("_")
+    ident, _, secret = rest.partition("_")
+    if kind != prefix or len(ident) != 32 or not secret or len(secret) > 128:
+        return None
+    try:
+        int(ident, 16)
+    except ValueError:
+        return None
+    return ident, secret
+
+
+def _matches(secret: str, stored_sha256: str) -> bool:
+    return hmac.compare_digest(_digest(secret), stored_sha256)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+# How many digests of accepted reports per stream are kept to recognize an unchanged retry.
+RECENT_REPORT_DIGESTS = 32
+
+# Under the node's stream lock: the credential's revocation (it may have been revoked since the
+# request was authenticated) and the stream's position, row-locked.
+_CHECK_REPORT_SQL = """
+WITH pos AS (
+    SELECT last_sequence, recent FROM agent_stream_positions
+    WHERE node_id = $2 AND stream = $3 FOR UPDATE
+)
+SELECT c.revoked_at, pos.last_sequence, pos.recent
+FROM hw_node_credentials c LEFT JOIN pos ON true
+WHERE c.credential_id = $1
+"""
+
+_ADVANCE_SQL = """
+INSERT INTO agent_stream_positions AS p
+    (node_id, stream, last_sequence, reports, skipped, recent, last_observed_at, last_received_at)
+VALUES ($1, $2, $3, 1, $4, $5, $6, $7)
+ON CONFLICT (node_id, stream) DO UPDATE SET
+    last_sequence = EXCLUDED.last_sequence, reports = p.reports + 1, skipped = p.skipped + EXCLUDED.skipped,
+    recent = EXCLUDED.recent, last_observed_at = EXCLUDED.last_observed_at,
+    last_received_at = EXCLUDED.last_received_at
+"""
+
+
+class EnrollmentService:
+    def __init__(
+        self,
+        inventory: HardwareInventoryService,
+        *,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        self.inventory = inventory
+        self.store = inventory.store
+        self.clock = clock
+        # credential id -> (secret digest, principal): immutable facts of a credential, cached so a
+        # report costs no lookup. Revocation is never cached: it is checked inside the report's
+        # transaction, under the node's lock.
+        self._principals: dict[str, tuple[str, Principal]] = {}
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        return self.store.pool
+
+    def _meta(self, source: Source, actor: str, now: datetime) -> EventMetadata:
+        return EventMetadata(received_at=now, source=source, actor=actor)
+
+    # --- enrollment tokens ---------------------------------------------------------------------
+
+    async def create_token(
+        self, ttl_seconds: float, uses: int, description: str = "", *, actor: str = "operator"
+    ) -> TokenCreated:
+        if not 1 <= ttl_seconds <= MAX_TOKEN_TTL.total_seconds():
+            raise AgentPlaneError(
+                400,
+                "invalid-parameter",
+                "Invalid parameter",
+                f"ttl must be between 1 second and {MAX_TOKEN_TTL.days} days",
+            )
+        if not 1 <= uses <= MAX_TOKEN_USES:
+            raise AgentPlaneError(
+                400, "invalid-parameter", "Invalid parameter", f"uses must be between 1 and {MAX_TOKEN_USES}"
+            )
+        if len(description) > 200:
+            raise AgentPlaneError(
+                400, "invalid-parameter", "Invalid parameter", "description is longer than 200 characters"
+            )
+        token_id, token, digest = _mint(ENROLLMENT_TOKEN_PREFIX)
+        now = self.clock()
+        expires_at = now + timedelta(seconds=ttl_seconds)
+        event = EnrollmentTokenCreated(
+            token_id=token_id, secret_sha256=digest, expires_at=expires_at, uses=uses, description=description
+        )
+        await self.store.append(
+            enrollment_token_stream(token_id),
+            0,
+            [NewEvent(payload=event, metadata=self._meta("operator", actor, now))],
+        )
+        log.info(
+            "enrollment_token.created", enrollment_id=token_id, uses=uses, expires_at=expires_at.isoformat()
+        )
+        return TokenCreated(
+            token_id=token_id, token=token, expires_at=expires_at, uses=uses, description=description
+        )
+
+    def _token_body(self, r: asyncpg.Record, now: datetime) -> TokenBody:
+        status: TokenStatus
+        if r["revoked_at"] is not None:
+            status = "revoked"
+        elif r["uses_left"] <= 0:
+            status = "used_up"
+        elif r["expires_at"] is not None and now >= r["expires_at"]:
+            status = "expired"
+        else:
+            status = "active"
+        return TokenBody(
+            token_id=r["token_id"],
+            description=r["description"],
+            status=status,
+            uses=r["uses"],
+            uses_left=r["uses_left"],
+            created_at=r["created_at"],
+            expires_at=r["expires_at"],
+            last_used_at=r["last_used_at"],
+            revoked_at=r["revoked_at"],
+            revoked_reason=r["revoked_reason"],
+        )
+
+    async def list_tokens(self) -> list[TokenBody]:
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch("SELECT * FROM hw_enrollment_tokens ORDER BY created_at, token_id")
+        now = self.clock()
+        return [self._token_body(r, now) for r in rows]
+
+    async def revoke_token(self, token_id: str, reason: str, *, actor: str = "operator") -> TokenBody:
+        stream = enrollment_token_stream(token_id)
+        async with self.pool.acquire() as conn, conn.transaction():
+            info = await self.store.lock_stream(conn, stream)
+            row = await conn.fetchrow("SELECT * FROM hw_enrollment_tokens WHERE token_id = $1", token_id)
+            if row is None:
+                raise AgentPlaneError(
+                    404, "enrollment-token-not-found", "Unknown enrollment token", f"no token {token_id!r}"
+                )
+            now = self.clock()
+            if row["revoked_at"] is None:
+                await self.store.append(
+                    stream,
+                    info.version,
+                    [
+                        NewEvent(
+                            payload=EnrollmentTokenRevoked(token_id=token_id, reason=reason[:200]),
+                            metadata=self._meta("operator", actor, now),
+                        )
+                    ],
+                    conn=conn,
+                    locked=True,
+                )
+                row = await conn.fetchrow("SELECT * FROM hw_enrollment_tokens WHERE token_id = $1", token_id)
+        log.info("enrollment_token.revoked", enrollment_id=token_id)
+        return self._token_body(row, now)
+
+    # --- enrollment ------------------------------------------------------------------------------
+
+    async def enroll(self, presented: str | None, request: EnrollRequest) -> EnrollResponse:
+        parsed = parse_secret(presented, ENROLLMENT_TOKEN_PREFIX)
+        if parsed is None:
+            raise _unauthorized(
+                "enrollment-token-invalid", "an enrollment token is required (Bearer mfe_...)"
+            )
+        token_id, secret = parsed
+        try:
+            key = validate_identity_key(request.identity_key, what="identity_key")
+        except IdentityError as exc:
+            raise AgentPlaneError(400, "invalid-identity", "Invalid node identity", str(exc)) from exc
+        if not request.hostname.strip():
+            raise AgentPlaneError(400, "invalid-parameter", "Invalid parameter", "hostname is empty")
+        identity = NodeIdentity(key=key, source=request.identity_source)
+        node_id = node_id_for(identity.key)
+        stream = enrollment_token_stream(token_id)
+        async with self.pool.acquire() as conn:
+            # The secret is checked before any lock: an unauthenticated caller serializes nothing.
+            digest = await conn.fetchval(
+                "SELECT secret_sha256 FROM hw_enrollment_tokens WHERE token_id = $1", token_id
+            )
+            if digest is None or not _matches(secret, digest):
+                raise _unauthorized("enrollment-token-invalid", "the enrollment token is not valid")
+            async with conn.transaction():
+                # Token stream first, node stream second (the only order anything takes both).
+                token_info = await self.store.lock_stream(conn, stream)
+                row = await conn.fetchrow("SELECT * FROM hw_enrollment_tokens WHERE token_id = $1", token_id)
+                now = self.clock()
+                if row["revoked_at"] is not None:
+                    raise _unauthorized("enrollment-token-revoked", "the enrollment token was revoked")
+                if now >= row["expires_at"]:
+                    raise _unauthorized(
+                        "enrollment-token-expired",
+                        f"the enrollment token expired at {row['expires_at'].isoformat()}",
+                    )
+                if row["uses_left"] <= 0:
+                    raise _unauthorized(
+                        "enrollment-token-used-up", f"the enrollment token's {row['uses']} use(s) are spent"
+                    )
+                node_info = await self.store.lock_stream(conn, node_id)
+                if node_info.tombstoned_at is not None:
+                    raise AgentPlaneError(
+                        410,
+                        "node-decommissioned",
+                        "Node is decommissioned",
+                        f"node {node_id} is decommissioned",
+                    )
+                credential_id, credential, credential_digest = _mint(CREDENTIAL_PREFIX)
+                superseded = [
+                    r["credential_id"]
+                    for r in await conn.fetch(
+                        "SELECT credential_id FROM hw_node_credentials "
+                        "WHERE node_id = $1 AND revoked_at IS NULL ORDER BY credential_id",
+                        node_id,
+                    )
+                ]
+                meta = self._meta("agent", f"enrollment-token:{token_id}", now)
+                await self.store.append(
+                    stream,
+                    token_info.version,
+                    [
+                        NewEvent(
+                            payload=EnrollmentTokenUsed(
+                                token_id=token_id, node_id=node_id, credential_id=credential_id
+                            ),
+                            metadata=meta,
+                        )
+                    ],
+                    conn=conn,
+                    locked=True,
+                )
+                node_events: list[EventPayload] = [
+                    CredentialRevoked(credential_id=c, reason=f"superseded by credential {credential_id}")
+                    for c in superseded
+                ]
+                node_events.append(
+                    CredentialIssued(
+                        credential_id=credential_id,
+                        node_id=node_id,
+                        identity_key=identity.key,
+                        identity_source=identity.source,
+                        hostname=request.hostname.strip(),
+                        secret_sha256=credential_digest,
+                        enrollment_token_id=token_id,
+                    )
+                )
+                await self.store.append(
+                    node_id,
+                    node_info.version,
+                    [NewEvent(payload=p, metadata=meta) for p in node_events],
+                    conn=conn,
+                    locked=True,
+                )
+                streams = {
+                    r["stream"]: r["last_sequence"]
+                    for r in await conn.fetch(
+                        "SELECT stream, last_sequence FROM agent_stream_positions WHERE node_id = $1", node_id
+                    )
+                }
+        log.info(
+            "agent.enrolled",
+            node_id=node_id,
+            key_id=credential_id,
+            enrollment_id=token_id,
+            hostname=request.hostname,
+            superseded=superseded,
+        )
+        return EnrollResponse(
+            node_id=node_id,
+            identity_key=identity.key,
+            credential_id=credential_id,
+            credential=credential,
+            streams=streams,
+            superseded_credentials=superseded,
+        )
+
+    # --- credentials -----------------------------------------------------------------------------
+
+    async def authenticate(self, presented: str | None) -> Principal:
+        parsed = parse_secret(presented, CREDENTIAL_PREFIX)
+        if parsed is None:
+            raise _unauthorized("credential-invalid", "a node credential is required (Bearer mfc_...)")
+        credential_id, secret = parsed
+        cached = self._principals.get(credential_id)
+        if cached is not None:
+            if not _matches(secret, cached[0]):
+                raise _unauthorized("credential-invalid", "the node credential is not valid")
+            return cached[1]
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "SELECT node_id, identity_key, secret_sha256, revoked_at FROM hw_node_credentials "
+                "WHERE credential_id = $1",
+                credential_id,
+            )
+        if row is None or not _matches(secret, row["secret_sha256"]):
+            raise _unauthorized("credential-invalid", "the node credential is not valid")
+        if row["revoked_at"] is not None:
+            raise _unauthorized("credential-revoked", "the node credential was revoked")
+        principal = Principal(
+            credential_id=credential_id, node_id=row["node_id"], identity_key=row["identity_key"]
+        )
+        if len(self._principals) >= 100_000:
+            self._principals.clear()
+        self._principals[credential_id] = (row["secret_sha256"], principal)
+        return principal
+
+    def _credential_body(self, r: asyncpg.Record) -> CredentialBody:
+        return CredentialBody(
+            credential_id=r["credential_id"],
+            node_id=r["node_id"],
+            identity_key=r["identity_key"],
+            hostname=r["hostname"],
+            enrollment_token_id=r["enrollment_token_id"],
+            status="revoked" if r["revoked_at"] is not None else "active",
+            issued_at=r["issued_at"],
+            revoked_at=r["revoked_at"],
+            revoked_reason=r["revoked_reason"],
+        )
+
+    async def list_credentials(self, node_id: str | None = None) -> list[CredentialBody]:
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT * FROM hw_node_credentials WHERE $1::text IS NULL OR node_id = $1 "
+                "ORDER BY node_id, issued_at, credential_id",
+                node_id,
+            )
+        return [self._credential_body(r) for r in rows]
+
+    async def revoke_credential(
+        self, credential_id: str, reason: str, *, actor: str = "operator"
+    ) -> CredentialBody:
+        async with self.pool.acquire() as conn:
+            node_id = await conn.fetchval(
+                "SELECT node_id FROM hw_node_credentials WHERE credential_id = $1", credential_id
+            )
+            if node_id is None:
+                raise AgentPlaneError(
+                    404, "credential-not-found", "Unknown credential", f"no credential {credential_id!r}"
+                )
+            async with conn.transaction():
+                info = await self.store.lock_stream(conn, node_id)
+                revoked = await conn.fetchval(
+                    "SELECT revoked_at FROM hw_node_credentials WHERE credential_id = $1", credential_id
+                )
+                if revoked is None:
+                    await self.store.append(
+                        node_id,
+                        info.version,
+                        [
+                            NewEvent(
+                                payload=CredentialRevoked(credential_id=credential_id, reason=reason[:200]),
+                                metadata=self._meta("operator", actor, self.clock()),
+                            )
+                        ],
+                        conn=conn,
+                        locked=True,
+                    )
+            row = await conn.fetchrow(
+                "SELECT * FROM hw_node_credentials WHERE credential_id = $1", credential_id
+            )
+        log.info("credential.revoked", node_id=node_id, key_id=credential_id)
+        return self._credential_body(row)
+
+    async def list_streams(self, node_id: str | None = None) -> list[AgentStreamBody]:
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT * FROM agent_stream_positions WHERE $1::text IS NULL OR node_id = $1 "
+                "ORDER BY node_id, stream",
+                node_id,
+            )
+        return [
+            AgentStreamBody(
+                node_id=r["node_id"],
+                stream=r["stream"],
+                last_sequence=r["last_sequence"],
+                reports=r["reports"],
+                skipped=r["skipped"],
+                last_observed_at=r["last_observed_at"],
+                last_received_at=r["last_received_at"],
+            )
+            for r in rows
+        ]
+
+    # --- reports ---------------------------------------------------------------------------------
+
+    async def accept_report(self, principal: Principal, raw: bytes, sent_at: datetime | None) -> ReportAck:
+        """Validate, check the sequence, and reconcile one report, all in one transaction under the
+        node's stream lock. Nothing is appended unless the report is accepted."""
+        received_at = self.clock()
+        try:
+            report = decode_report(raw)
+        except msgspec.ValidationError as exc:  # a DecodeError too: catch it first
+            raise AgentPlaneError(
+                400,
+                "validation-failed",
+                "Request validation failed",
+                "the report does not match the schema",
+                errors=[str(exc)],
+            ) from exc
+        except msgspec.DecodeError as exc:
+            raise AgentPlaneError(400, "malformed-json", "Malformed JSON", str(exc)) from exc
+        if report.protocol != PROTOCOL_VERSION:
+            raise AgentPlaneError(
+                400,
+                "unsupported-protocol",
+                "Unsupported protocol version",
+                f"this server speaks protocol {PROTOCOL_VERSION}, the report says {report.protocol}",
+            )
+        if report.stream not in STREAMS:
+            raise AgentPlaneError(
+                400,
+                "unknown-stream",
+                "Unknown report stream",
+                f"stream must be one of {', '.join(STREAMS)}; got {report.stream[:64]!r}",
+            )
+        if node_id_for(report.identity_key) != report.node_id:
+            raise AgentPlaneError(
+                400, "node-id-mismatch", "Inconsistent node identity", "node_id is not the id of identity_key"
+            )
+        if report.node_id != principal.node_id or report.identity_key != principal.identity_key:
+            raise AgentPlaneError(
+                403,
+                "credential-node-mismatch",
+                "Credential of another node",
+                "this credential may publish only for the node it was issued to",
+            )
+        errors = validate_observation(report.observation)
+        if errors:
+            raise AgentPlaneError(
+                400,
+                "invalid-observation",
+                "Invalid observation",
+                f"{len(errors)} value(s) of the observation are not acceptable",
+                errors=errors[:50],
+            )
+        digest = hashlib.sha256(raw).hexdigest()
+        node_id, stream, seq = report.node_id, report.stream, report.sequence
+        async with self.pool.acquire() as conn, conn.transaction():
+            info = await self.store.lock_stream(conn, node_id)
+            if info.tombstoned_at is not None:
+                raise AgentPlaneError(
+                    410, "node-decommissioned", "Node is decommissioned", f"node {node_id} is decommissioned"
+                )
+            row = await conn.fetchrow(_CHECK_REPORT_SQL, principal.credential_id, node_id, stream)
+            if row is None or row["revoked_at"] is not None:
+                raise _unauthorized("credential-revoked", "the node credential was revoked")
+            last = row["last_sequence"]
+            if last is not None and seq <= last:
+                recent = row["recent"] or {}
+                if recent.get(str(seq)) == digest:
+                    return ReportAck(
+                        status="duplicate",
+                        node_id=node_id,
+                        stream=stream,
+                        sequence=seq,
+                        previous_sequence=last,
+                        gap=0,
+                        received_at=received_at,
+                        events=0,
+                    )
+                if seq == last:
+                    detail = f"sequence {seq} of stream {stream} was already accepted with other content"
+                else:
+                    detail = f"sequence {seq} of stream {stream} is older than the last accepted ({last})"
+                    if str(seq) in recent:
+                        detail += " and was accepted with other content"
+                raise AgentPlaneError(
+                    409,
+                    "sequence-conflict",
+                    "Sequence already used",
+                    detail,
+                    stream=stream,
+                    sequence=seq,
+                    last_sequence=last,
+                )
+            gap = seq - (last or 0) - 1
+            metadata = EventMetadata(
+                received_at=received_at,
+                source="agent",
+                observed_at=report.observed_at,
+                agent_stream=stream,
+                agent_sequence=seq,
+                agent_sent_at=sent_at,
+                agent_report_sha256=digest,
+                agent_sequence_gap=gap if gap > 0 else None,
+                actor=f"credential:{principal.credential_id}",
+            )
+            identity = NodeIdentity(key=report.identity_key, source=report.identity_source)
+            try:
+                outcome = await self.inventory.reconcile_observation(
+                    identity, report.observation, metadata, conn=conn
+                )
+            except NodeTombstoned as exc:
+                raise AgentPlaneError(410, "node-decommissioned", "Node is decommissioned", str(exc)) from exc
+            recent = {k: v for k, v in (row["recent"] or {}).items() if int(k) > seq - RECENT_REPORT_DIGESTS}
+            recent[str(seq)] = digest
+            await conn.execute(
+                _ADVANCE_SQL,
+                node_id,
+                stream,
+                seq,
+                max(0, gap),
+                recent,
+                report.observed_at,
+                received_at,
+            )
+        if gap > 0:
+            log.warning("agent.report_gap", node_id=node_id, stream=stream, sequence=seq, skipped=gap)
+        return ReportAck(
+            status="accepted",
+            node_id=node_id,
+            stream=stream,
+            sequence=seq,
+            previous_sequence=last,
+            gap=max(0, gap),
+            received_at=received_at,
+            events=len(outcome.events),
+            lifecycle_events=[e.event_type for e in outcome.events if e.event_class == "lifecycle"],
+        )

@@ -1,0 +1,162 @@
+"""`modelforge-hw token ...` and `modelforge-hw credential ...`: enrollment tokens and node
+credentials from the server host, straight against the database (as `refresh` and `rebuild` are).
+The same operations are operator routes of the HTTP API (api/agent_routes.py).
+
+    modelforge-hw token create --ttl 1h --uses 3 [--description TEXT] [--json]
+    modelforge-hw token list [--json]
+    modelforge-hw token revoke TOKEN_ID [--reason TEXT]
+    modelforge-hw credential list [--node-id NODE] [--json]
+    modelforge-hw credential revoke CREDENTIAL_ID [--reason TEXT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '15m', '1h', '7d' -> seconds."""
+    m = _DURATION.match(text.lower())
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (examples: 90s, 15m, 1h, 7d)")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _service(pool: Any) -> Any:
+    from api.enrollment import EnrollmentService
+    from api.service import HardwareInventoryService
+    from ledger.store import EventStore
+    from projections.inventory import ALL_PROJECTIONS
+
+    return EnrollmentService(HardwareInventoryService(EventStore(pool, ALL_PROJECTIONS)))
+
+
+def _run(args: argparse.Namespace, work: Callable[[Any], Any]) -> int:
+    from api.cli import CliError, _config, _with_database
+    from api.enrollment import AgentPlaneError
+
+    async def wrapped(pool: Any) -> int:
+        try:
+            return int(await work(_service(pool)))
+        except AgentPlaneError as exc:
+            raise CliError(exc.detail) from exc
+
+    return _with_database(_config(args), wrapped)
+
+
+def _print_json(value: Any) -> None:
+    import msgspec
+
+    sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
+
+
+def cmd_token_create(args: argparse.Namespace) -> int:
+    async def work(service: Any) -> int:
+        created = await service.create_token(args.ttl, args.uses, args.description or "", actor="cli")
+        if args.json:
+            _print_json(created)
+        else:
+            print(created.token)
+            print(
+                f"enrollment token {created.token_id}: {created.uses} use(s), expires "
+                f"{created.expires_at.isoformat()} (shown once; give it to `modelforge-hw agent enroll`)",
+                file=sys.stderr,
+            )
+        return 0
+
+    return _run(args, work)
+
+
+def cmd_token_list(args: argparse.Namespace) -> int:
+    async def work(service: Any) -> int:
+        tokens = await service.list_tokens()
+        if args.json:
+            _print_json(tokens)
+        else:
+            for t in tokens:
+                expires = t.expires_at.isoformat() if t.expires_at else "-"
+                print(
+                    f"{t.token_id}  {t.status:8}  {t.uses_left}/{t.uses} left  "
+                    f"expires {expires}  {t.description}"
+                )
+        return 0
+
+    return _run(args, work)
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> int:
+    async def work(service: Any) -> int:
+        token = await service.revoke_token(args.token_id, args.reason, actor="cli")
+        print(f"enrollment token {token.token_id}: {token.status}")
+        return 0
+
+    return _run(args, work)
+
+
+def cmd_credential_list(args: argparse.Namespace) -> int:
+    async def work(service: Any) -> int:
+        credentials = await service.list_credentials(args.node_id)
+        if args.json:
+            _print_json(credentials)
+        else:
+            for c in credentials:
+                print(
+                    f"{c.credential_id}  {c.status:7}  node {c.node_id}  {c.hostname}  "
+                    f"issued {c.issued_at.isoformat()}"
+                )
+        return 0
+
+    return _run(args, work)
+
+
+def cmd_credential_revoke(args: argparse.Namespace) -> int:
+    async def work(service: Any) -> int:
+        credential = await service.revoke_credential(args.credential_id, args.reason, actor="cli")
+        print(f"credential {credential.credential_id} of node {credential.node_id}: {credential.status}")
+        return 0
+
+    return _run(args, work)
+
+
+def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Add `token ...` and `credential ...` to the `modelforge-hw` parser."""
+    token = sub.add_parser("token", help="enrollment tokens for agents")
+    token_sub = token.add_subparsers(dest="token_command", required=True)
+    p = token_sub.add_parser("create", help="create an enrollment token (printed once)")
+    common(p)
+    p.add_argument(
+        "--ttl", type=parse_duration, default=3600.0, help="lifetime: 90s, 15m, 1h, 7d (default 1h)"
+    )
+    p.add_argument("--uses", type=int, default=1, help="how many agents may enroll with it (default 1)")
+    p.add_argument("--description", help="what the token is for (shown in `token list`)")
+    p.add_argument("--json", action="store_true", help="print the token and its details as JSON")
+    p.set_defaults(func=cmd_token_create)
+    p = token_sub.add_parser("list", help="enrollment tokens (never their secrets)")
+    common(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_token_list)
+    p = token_sub.add_parser("revoke", help="revoke an enrollment token")
+    common(p)
+    p.add_argument("token_id")
+    p.add_argument("--reason", default="revoked by an operator")
+    p.set_defaults(func=cmd_token_revoke)
+
+    cred = sub.add_parser("credential", help="node credentials of enrolled agents")
+    cred_sub = cred.add_subparsers(dest="credential_command", required=True)
+    p = cred_sub.add_parser("list", help="node credentials (never their secrets)")
+    common(p)
+    p.add_argument("--node-id", help="only this node's credentials")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_credential_list)
+    p = cred_sub.add_parser("revoke", help="revoke a node credential (its agent gets 401 and stops)")
+    common(p)
+    p.add_argument("credential_id")
+    p.add_argument("--reason", default="revoked by an operator")
+    p.set_defaults(func=cmd_credential_revoke)

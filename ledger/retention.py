@@ -1,0 +1,56 @@
+"""Bounded telemetry: prune observation events by policy; lifecycle events are never pruned.
+
+Policy: keep every observation received within `keep` of `now`, and always the newest observation
+per node and kind (host telemetry) and per accelerator, however old, so the latest-telemetry read
+models rebuild to the same rows after pruning. Storage under steady polling is then
+O(nodes x reports per window), not O(time).
+
+Pruning runs in small batches, each its own short transaction, so ingest is never blocked behind
+it (DELETE takes no lock that an INSERT waits for).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import msgspec
+
+DEFAULT_KEEP = timedelta(hours=24)
+_BATCH = 20_000
+
+# An old observation goes only if a newer one of the same kind (same stream, type and accelerator;
+# `data->>'accelerator_id'` is null for host telemetry) exists: the newest always stays.
+_PRUNE = """
+DELETE FROM events WHERE global_position IN (
+    SELECT e.global_position FROM events e
+    WHERE e.event_class = 'observation' AND e.received_at < $1
+      AND EXISTS (
+          SELECT 1 FROM events n
+          WHERE n.stream_id = e.stream_id AND n.stream_version > e.stream_version
+            AND n.event_class = 'observation' AND n.event_type = e.event_type
+            AND (n.data->>'accelerator_id') IS NOT DISTINCT FROM (e.data->>'accelerator_id'))
+    LIMIT $2)
+"""
+
+
+class RetentionReport(msgspec.Struct, frozen=True):
+    deleted: int
+    batches: int
+    cutoff: datetime
+
+
+async def prune_observations(
+    pool: asyncpg.Pool, *, keep: timedelta = DEFAULT_KEEP, now: datetime | None = None, batch: int = _BATCH
+) -> RetentionReport:
+    cutoff = (now or datetime.now(UTC)) - keep
+    deleted = batches = 0
+    while True:
+        async with pool.acquire() as conn:
+            status = await conn.execute(_PRUNE, cutoff, batch)
+        n = int(status.split()[-1])
+        batches += 1
+        deleted += n
+        if n < batch:
+            break
+    return RetentionReport(deleted=deleted, batches=batches, cutoff=cutoff)

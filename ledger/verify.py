@@ -1,0 +1,106 @@
+"""Tamper evidence: walk every stream's hash chain of lifecycle events.
+
+Each lifecycle event stores `hash = sha256(prev_hash || canonical bytes)` (schema.sql
+`mf_event_hash`) and each stream keeps its newest lifecycle hash as `head_hash`. An edit to an
+event's data or metadata breaks its own hash; an edit that also rewrites that hash breaks the
+next event's link; an edit to the newest event, hash and all, no longer matches the stream head;
+a removed event breaks a link or the head and the lifecycle count.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import asyncpg
+import msgspec
+
+BreakKind = Literal["hash_mismatch", "broken_link", "head_mismatch", "count_mismatch"]
+
+
+class ChainBreak(msgspec.Struct, frozen=True):
+    stream_id: str
+    kind: BreakKind
+    detail: str
+    stream_version: int | None = None
+    global_position: int | None = None
+
+
+class ChainReport(msgspec.Struct, frozen=True):
+    streams: int
+    lifecycle_events: int
+    breaks: list[ChainBreak]
+
+    @property
+    def ok(self) -> bool:
+        return not self.breaks
+
+
+_EVENT_CHECK = """
+SELECT stream_id, stream_version, global_position,
+       hash IS NOT DISTINCT FROM mf_event_hash(prev_hash, stream_id, stream_version, event_id, event_type,
+                                               schema_version, data, metadata, recorded_at) AS hash_ok,
+       prev_hash IS NOT DISTINCT FROM lag(hash) OVER w AS link_ok,
+       hash, row_number() OVER w AS n
+FROM events WHERE event_class = 'lifecycle'
+WINDOW w AS (PARTITION BY stream_id ORDER BY stream_version)
+"""
+
+_HEAD_CHECK = f"""
+WITH checked AS ({_EVENT_CHECK}),
+last AS (SELECT DISTINCT ON (stream_id) stream_id, hash, n FROM checked ORDER BY stream_id, n DESC)
+SELECT s.stream_id, s.head_hash IS NOT DISTINCT FROM l.hash AS head_ok,
+       s.lifecycle_version = coalesce(l.n, 0) AS count_ok, s.lifecycle_version, coalesce(l.n, 0) AS found
+FROM streams s LEFT JOIN last l ON l.stream_id = s.stream_id
+"""
+
+
+async def verify_chains(conn: asyncpg.Connection) -> ChainReport:
+    """Recompute every lifecycle event's hash and link, and every stream's head."""
+    breaks: list[ChainBreak] = []
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        rows = await conn.fetch(
+            f"SELECT * FROM ({_EVENT_CHECK}) c WHERE NOT hash_ok OR NOT link_ok "
+            "ORDER BY stream_id, stream_version"
+        )
+        for r in rows:
+            if not r["hash_ok"]:
+                breaks.append(
+                    ChainBreak(
+                        r["stream_id"],
+                        "hash_mismatch",
+                        "the event's bytes no longer match its hash (data or metadata edited)",
+                        r["stream_version"],
+                        r["global_position"],
+                    )
+                )
+            if not r["link_ok"]:
+                breaks.append(
+                    ChainBreak(
+                        r["stream_id"],
+                        "broken_link",
+                        "prev_hash does not match the previous lifecycle event (edited or removed)",
+                        r["stream_version"],
+                        r["global_position"],
+                    )
+                )
+        for r in await conn.fetch(f"SELECT * FROM ({_HEAD_CHECK}) h WHERE NOT head_ok OR NOT count_ok"):
+            if not r["head_ok"]:
+                breaks.append(
+                    ChainBreak(
+                        r["stream_id"],
+                        "head_mismatch",
+                        "the stream's head hash does not match its newest lifecycle event",
+                    )
+                )
+            if not r["count_ok"]:
+                breaks.append(
+                    ChainBreak(
+                        r["stream_id"],
+                        "count_mismatch",
+                        f"the stream records {r['lifecycle_version']} lifecycle events, "
+                        f"the log holds {r['found']}",
+                    )
+                )
+        streams = await conn.fetchval("SELECT count(*) FROM streams")
+        lifecycle = await conn.fetchval("SELECT count(*) FROM events WHERE event_class = 'lifecycle'")
+    return ChainReport(streams=streams, lifecycle_events=lifecycle, breaks=breaks)
