@@ -100,6 +100,21 @@ LANGUAGE sql IMMUTABLE AS $$
             'UTF8'))
 $$;
 
+-- Serialize work on one stream for the rest of the caller's transaction and say where it stands.
+-- A function, so the stream row is read with a snapshot taken after the lock is granted (a single
+-- SELECT would read with the snapshot of its start, before a wait for the lock).
+CREATE OR REPLACE FUNCTION mf_lock_stream(p_stream_id text)
+RETURNS TABLE (out_version bigint, out_lifecycle_version bigint, out_tombstoned_at timestamptz)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(7305820111);  -- the rebuild gate
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_stream_id, 0));
+    RETURN QUERY SELECT coalesce(max(s.version), 0), coalesce(max(s.lifecycle_version), 0),
+                        max(s.tombstoned_at)
+                 FROM streams s WHERE s.stream_id = p_stream_id;
+END;
+$$;
+
 -- Append events to one stream: one round trip, one serialized unit per stream.
 --   * per-stream pg_advisory_xact_lock (appends to different streams run in parallel), plus a
 --     shared lock on the rebuild gate so `rebuild` can briefly hold every writer at its swap;
@@ -122,10 +137,10 @@ DECLARE
     v_tombstone  timestamptz;
     v_existing   integer;
     v_n          integer := coalesce(array_length(p_event_ids, 1), 0);
-    v_hash       bytea;
-    v_prev       bytea;
+    v_prevs      bytea[];
+    v_hashes     bytea[];
+    v_first      bigint;
     v_now        timestamptz;
-    v_pos        bigint;
     i            integer;
 BEGIN
     IF NOT p_locked THEN
@@ -133,7 +148,11 @@ BEGIN
         PERFORM pg_advisory_xact_lock(hashtextextended(p_stream_id, 0));
     END IF;
 
-    SELECT count(*) INTO v_existing FROM events WHERE event_id = ANY (p_event_ids);
+    -- One index probe per id. (`event_id = ANY($ids)` let a plan cached while the log was small
+    -- keep scanning the whole table as it grew.)
+    SELECT count(*) INTO v_existing
+        FROM unnest(p_event_ids) AS i(id)
+        WHERE EXISTS (SELECT 1 FROM events e WHERE e.event_id = i.id);
     IF v_existing > 0 THEN
         IF v_existing = v_n THEN
             RETURN QUERY SELECT e.global_position, e.stream_version, true, e.recorded_at FROM events e
@@ -159,32 +178,37 @@ BEGIN
             p_expected_version USING ERRCODE = 'MF409', DETAIL = v_version::text;
     END IF;
 
+    -- Versions and the hash chain are sequential; the rows then go in with one INSERT.
     v_now := clock_timestamp();
+    v_first := v_version + 1;
+    v_prevs := array_fill(NULL::bytea, ARRAY[v_n]);
+    v_hashes := array_fill(NULL::bytea, ARRAY[v_n]);
     FOR i IN 1 .. v_n LOOP
-        v_version := v_version + 1;
         IF p_event_classes[i] = 'lifecycle' THEN
-            v_prev := v_head;
-            v_hash := mf_event_hash(v_prev, p_stream_id, v_version, p_event_ids[i], p_event_types[i],
-                                    p_schema_versions[i], p_data[i], p_metadata[i], v_now);
-            v_head := v_hash;
+            v_prevs[i] := v_head;
+            v_head := mf_event_hash(v_head, p_stream_id, v_first + i - 1, p_event_ids[i],
+                                    p_event_types[i], p_schema_versions[i], p_data[i], p_metadata[i],
+                                    v_now);
+            v_hashes[i] := v_head;
             v_lifecycle := v_lifecycle + 1;
-        ELSE
-            v_prev := NULL;
-            v_hash := NULL;
         END IF;
+    END LOOP;
+    v_version := v_version + v_n;
+
+    RETURN QUERY
+    WITH inserted AS (
         INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class,
                             schema_version, data, metadata, recorded_at, prev_hash, hash,
                             received_at)
-        VALUES (p_event_ids[i], p_stream_id, v_version, p_event_types[i], p_event_classes[i],
-                p_schema_versions[i], p_data[i], p_metadata[i], v_now, v_prev, v_hash,
-                (p_metadata[i] ->> 'received_at')::timestamptz)
-        RETURNING global_position INTO v_pos;
-        out_global_position := v_pos;
-        out_stream_version := v_version;
-        out_already_stored := false;
-        out_recorded_at := v_now;
-        RETURN NEXT;
-    END LOOP;
+        SELECT u.id, p_stream_id, v_first + u.n - 1, u.t, u.c, u.sv, u.d, u.m, v_now, u.ph, u.h,
+               (u.m ->> 'received_at')::timestamptz
+        FROM unnest(p_event_ids, p_event_types, p_event_classes, p_schema_versions, p_data,
+                    p_metadata, v_prevs, v_hashes) WITH ORDINALITY AS u(id, t, c, sv, d, m, ph, h, n)
+        ORDER BY u.n
+        RETURNING events.global_position, events.stream_version
+    )
+    SELECT ins.global_position, ins.stream_version, false, v_now FROM inserted ins
+    ORDER BY ins.stream_version;
 
     IF p_event_types @> ARRAY['NODE_DECOMMISSIONED'] THEN
         v_tombstone := v_now;
@@ -215,6 +239,14 @@ CREATE TABLE IF NOT EXISTS projection_state (
     state           jsonb NOT NULL,
     PRIMARY KEY (projection, stream_id)
 );
+-- The folded state is rewritten on every append; lz4 compresses it several times faster than the
+-- default pglz (ignored where the server was built without lz4).
+DO $$
+BEGIN
+    ALTER TABLE projection_state ALTER COLUMN state SET COMPRESSION lz4;
+EXCEPTION WHEN feature_not_supported OR invalid_parameter_value THEN NULL;
+END;
+$$;
 
 -- Where each projection was last rebuilt to (a global catch-up checkpoint).
 CREATE TABLE IF NOT EXISTS projection_checkpoints (
@@ -243,14 +275,8 @@ CREATE TABLE IF NOT EXISTS hw_nodes (
     cuda_driver_version     jsonb,
     source                  text,
     first_seen_at           timestamptz,
-    last_seen_at            timestamptz,
-    last_observed_at        timestamptz,
-    last_received_at        timestamptz,
-    clock_skew_seconds      double precision,
     decommissioned_at       timestamptz,
-    stream_version          bigint NOT NULL,
-    lifecycle_version       bigint NOT NULL,
-    position                bigint NOT NULL
+    lifecycle_version       bigint NOT NULL
 );
 CREATE INDEX IF NOT EXISTS hw_nodes_identity_idx ON hw_nodes (identity_key);
 
@@ -280,16 +306,17 @@ CREATE TABLE IF NOT EXISTS hw_node_storage (
     mount        text NOT NULL,
     used_bytes   jsonb NOT NULL,
     total_bytes  jsonb NOT NULL,
-    observed_at  timestamptz,
     PRIMARY KEY (node_id, mount)
 );
 
+-- Also the node's liveness: the central receive time of its newest report, and its clock skew.
 CREATE TABLE IF NOT EXISTS hw_host_telemetry (
-    node_id      text PRIMARY KEY,
-    metrics      jsonb NOT NULL,
-    observed_at  timestamptz,
-    received_at  timestamptz,
-    position     bigint NOT NULL
+    node_id             text PRIMARY KEY,
+    metrics             jsonb NOT NULL,
+    observed_at         timestamptz,
+    received_at         timestamptz,
+    clock_skew_seconds  double precision,
+    position            bigint NOT NULL
 );
 
 CREATE TABLE IF NOT EXISTS hw_accelerator_telemetry (

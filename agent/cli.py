@@ -90,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         backoff_initial=args.backoff_initial or _env_float("MODELFORGE_AGENT_BACKOFF_INITIAL", 1.0),
         backoff_max=args.backoff_max or _env_float("MODELFORGE_AGENT_BACKOFF_MAX", 60.0),
         request_timeout=args.request_timeout or _env_float("MODELFORGE_AGENT_REQUEST_TIMEOUT", 10.0),
-        collector_timeout=args.collector_timeout or _env_float("MODELFORGE_COLLECTOR_TIMEOUT", 5.0),
+        collector_timeout=args.collector_timeout or _env_float("MODELFORGE_COLLECTOR_TIMEOUT", 10.0),
         ca_file=args.ca_file or os.environ.get("MODELFORGE_CA_FILE") or None,
         once=args.once,
     )

@@ -75,7 +75,8 @@ def bearer(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
     return token.strip()
 
 
-def operator_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+async def operator_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    # async: a sync guard would be run in a worker thread on every request, for no I/O at all.
     token = bearer(connection)
     if token is None:
         raise NotAuthorizedException("an operator bearer token is required (Authorization: Bearer ...)")

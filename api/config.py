@@ -88,6 +88,51 @@ SETTINGS: tuple[Setting, ...] = (
         "Seconds between the server's background retention passes (0 disables them).",
     ),
     Setting("MODELFORGE_LOG_LEVEL", "--log-level", "INFO", "structlog level."),
+    # The agent (`modelforge-hw agent enroll|run`).
+    Setting(
+        "MODELFORGE_SERVER_URL",
+        "--server",
+        "(required)",
+        "Agent: central API base URL; comma-separate or repeat --server for failover.",
+    ),
+    Setting(
+        "MODELFORGE_ENROLLMENT_TOKEN",
+        "--token",
+        "(none; prefer --token-file)",
+        "Agent: the one-time enrollment token exchanged for a node credential.",
+    ),
+    Setting(
+        "MODELFORGE_CA_FILE",
+        "--ca-file",
+        "(system trust store)",
+        "Agent: PEM bundle to trust for the server's TLS certificate.",
+    ),
+    Setting("MODELFORGE_AGENT_INTERVAL", "--interval", "10", "Agent: seconds between reports."),
+    Setting(
+        "MODELFORGE_AGENT_INVENTORY_EVERY",
+        "--inventory-every",
+        "30",
+        "Agent: an inventory report at least every N reports (telemetry in between).",
+    ),
+    Setting(
+        "MODELFORGE_AGENT_SPOOL_MAX",
+        "--spool-max",
+        "1000",
+        "Agent: reports kept in the durable spool while the server is unreachable.",
+    ),
+    Setting(
+        "MODELFORGE_AGENT_BACKOFF_INITIAL",
+        "--backoff-initial",
+        "1",
+        "Agent: first retry delay in seconds (exponential, with jitter).",
+    ),
+    Setting("MODELFORGE_AGENT_BACKOFF_MAX", "--backoff-max", "60", "Agent: longest retry delay in seconds."),
+    Setting(
+        "MODELFORGE_AGENT_REQUEST_TIMEOUT",
+        "--request-timeout",
+        "10",
+        "Agent: seconds one HTTP request to the server may take.",
+    ),
     Setting("MODELFORGE_LOG_JSON", None, "(JSON when stderr is not a TTY)", "Force JSON logs: 1 or 0."),
 )
 

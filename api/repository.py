@@ -18,10 +18,8 @@ from api.schemas import (
     OsBody,
     StorageBody,
 )
-from collectors.facts import Fact, Known
+from collectors.facts import Fact, Known, TemporarilyFailed, Unavailable, Unknown, Unsupported
 from ledger.store import event_from_row
-
-_fact_dict = msgspec.convert
 
 
 class BadCursor(ValueError):
@@ -43,8 +41,21 @@ def decode_cursor(cursor: str, n: int) -> list[Any]:
     return parts
 
 
+_FACT_CLASSES: dict[str, type[Any]] = {
+    cls.__struct_config__.tag: cls  # type: ignore[misc]
+    for cls in (Known, Unknown, Unsupported, Unavailable, TemporarilyFailed)
+}
+
+
 def _fact(value: Any) -> Fact:
-    return msgspec.convert(value, Fact)  # type: ignore[arg-type]
+    # Converting into the concrete class: converting into the `Fact` union costs ~20x more, since
+    # msgspec rebuilds the union's type information on every call.
+    try:
+        cls = _FACT_CLASSES[value["state"]]
+    except (KeyError, TypeError) as exc:
+        raise msgspec.ValidationError(f"not an availability-typed fact: {value!r}") from exc
+    fact: Fact = msgspec.convert(value, cls)
+    return fact
 
 
 def _plain(fact: Fact) -> Any:
@@ -52,7 +63,7 @@ def _plain(fact: Fact) -> Any:
 
 
 def _facts(value: Any) -> dict[str, Fact]:
-    return msgspec.convert(value or {}, dict[str, Fact])
+    return {k: _fact(v) for k, v in (value or {}).items()}
 
 
 class LivenessPolicy(msgspec.Struct, frozen=True):
@@ -75,15 +86,26 @@ class LivenessPolicy(msgspec.Struct, frozen=True):
 
 _NODE_SELECT = """
 SELECT n.*, t.metrics AS host_metrics, t.observed_at AS telemetry_observed_at,
+       t.received_at AS last_received_at, t.observed_at AS last_observed_at, t.clock_skew_seconds,
+       greatest(n.first_seen_at, t.received_at) AS last_seen_at,
        coalesce((SELECT jsonb_agg(jsonb_build_object('mount', s.mount, 'used_bytes', s.used_bytes,
                                                      'total_bytes', s.total_bytes) ORDER BY s.mount)
                  FROM hw_node_storage s WHERE s.node_id = n.node_id), '[]'::jsonb) AS storage
 FROM hw_nodes n LEFT JOIN hw_host_telemetry t ON t.node_id = n.node_id
 """
 
+# The telemetry row is joined per accelerator (LATERAL ... OFFSET 0 keeps the planner from a merge
+# join that reads the telemetry index from its start up to the page's cursor on every page).
 _ACCELERATOR_SELECT = """
-SELECT a.*, t.metrics AS metrics, t.observed_at AS telemetry_observed_at
-FROM hw_accelerators a LEFT JOIN hw_accelerator_telemetry t ON t.accelerator_id = a.accelerator_id
+SELECT a.accelerator_id, a.node_id, a.uuid, a.status, a.device_index, a.pci_bus_id, a.name,
+       a.memory_total_bytes, a.compute_capability, a.mig_mode, a.driver_version, a.cuda_driver_version,
+       a.first_seen_at, greatest(a.last_seen_at, t.received_at) AS last_seen_at, a.missing_since,
+       t.metrics AS metrics, t.observed_at AS telemetry_observed_at
+FROM hw_accelerators a
+LEFT JOIN LATERAL (
+    SELECT x.metrics, x.observed_at, x.received_at FROM hw_accelerator_telemetry x
+    WHERE x.accelerator_id = a.accelerator_id OFFSET 0
+) t ON true
 """
 
 
@@ -146,7 +168,6 @@ class HardwareRepository:
             clock_skew_seconds=r["clock_skew_seconds"],
             decommissioned_at=r["decommissioned_at"],
             generation=r["lifecycle_version"],
-            stream_version=r["stream_version"],
         )
 
     async def list_nodes(self, *, cursor: str | None, limit: int) -> tuple[list[NodeBody], str | None]:

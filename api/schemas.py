@@ -74,7 +74,6 @@ class NodeBody(msgspec.Struct):
     clock_skew_seconds: float | None
     decommissioned_at: datetime | None
     generation: int
-    stream_version: int
     as_of_position: int | None = None
 
 

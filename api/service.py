@@ -124,7 +124,6 @@ class HardwareInventoryService:
         *,
         started: float | None = None,
         conn: asyncpg.Connection | None = None,
-        event_ids: Sequence[object] | None = None,
     ) -> RefreshOutcome:
         """Reconcile one observation of a node: lock its stream, fold its state, decide, append.
 
@@ -165,7 +164,8 @@ class HardwareInventoryService:
             nvml_status=observation.nvml.status,
         )
         lifecycle = [e.event_type for e in recorded if e.event_class == "lifecycle"]
-        log.info(
+        # Telemetry-only runs are the steady state of a fleet: debug, not a log line per report.
+        (log.info if lifecycle else log.debug)(
             "refresh.succeeded", node_id=node_id, lifecycle_events=lifecycle, status=state.inventory_status
         )
         return outcome
@@ -184,7 +184,9 @@ class HardwareInventoryService:
         state = await INVENTORY.load_state(conn, node_id)
         payloads = reconcile(observation, state, identity)
         events = [NewEvent(payload=p, metadata=metadata) for p in payloads]
-        result = await self.store.append(node_id, info.version, events, conn=conn, locked=True)
+        result = await self.store.append(
+            node_id, info.version, events, conn=conn, locked=True, prior_states={INVENTORY.name: state}
+        )
         return result.events, INVENTORY.fold_all(state, result.events)
 
     async def record_failure(

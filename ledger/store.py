@@ -9,7 +9,7 @@ and a crash never leaves events without their projections (or the reverse).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -87,8 +87,15 @@ class InlineProjection(Protocol):
     name: str
 
     async def apply(
-        self, conn: asyncpg.Connection, stream_id: str, events: Sequence[RecordedEvent]
-    ) -> None: ...
+        self,
+        conn: asyncpg.Connection,
+        stream_id: str,
+        events: Sequence[RecordedEvent],
+        prior: Any = None,
+    ) -> None:
+        """Fold `events` into the read model. `prior`: the stream's folded state as the caller
+        already loaded it under the stream lock (saves reading it twice), else None."""
+        ...
 
 
 _EVENT_COLUMNS = (
@@ -137,6 +144,7 @@ class EventStore:
         *,
         conn: asyncpg.Connection | None = None,
         locked: bool = False,
+        prior_states: Mapping[str, Any] | None = None,
     ) -> AppendResult:
         """Append `events` to `stream_id` if it is at `expected_version` (None: any version).
 
@@ -151,8 +159,10 @@ class EventStore:
         encoded = [(validate_payload(e.payload), validate_metadata(e.metadata)) for e in events]
         if conn is None:
             async with self.pool.acquire() as own, own.transaction():
-                return await self._append(own, stream_id, expected_version, events, encoded, locked)
-        return await self._append(conn, stream_id, expected_version, events, encoded, locked)
+                return await self._append(
+                    own, stream_id, expected_version, events, encoded, locked, prior_states
+                )
+        return await self._append(conn, stream_id, expected_version, events, encoded, locked, prior_states)
 
     async def _append(
         self,
@@ -162,6 +172,7 @@ class EventStore:
         events: Sequence[NewEvent],
         encoded: list[tuple[bytes, bytes]],
         locked: bool,
+        prior_states: Mapping[str, Any] | None = None,
     ) -> AppendResult:
         classes: list[EventClass] = [e.event_class for e in events]
         try:
@@ -208,19 +219,18 @@ class EventStore:
             )
             for row, event, cls, (data, meta) in zip(rows, events, classes, encoded, strict=True)
         ]
+        priors = prior_states or {}
         for projection in self.projections:
-            await projection.apply(conn, stream_id, recorded)
+            await projection.apply(conn, stream_id, recorded, priors.get(projection.name))
         return AppendResult(stream_id, recorded[-1].stream_version, recorded, already_stored=False)
 
     async def lock_stream(self, conn: asyncpg.Connection, stream_id: str) -> StreamInfo:
         """Serialize work on one stream for the rest of the caller's transaction (other streams
         proceed in parallel) and return where the stream stands."""
-        await conn.execute(
-            "SELECT pg_advisory_xact_lock_shared($1), pg_advisory_xact_lock(hashtextextended($2, 0))",
-            REBUILD_GATE_KEY,
-            stream_id,
+        row = await conn.fetchrow("SELECT * FROM mf_lock_stream($1)", stream_id)
+        return StreamInfo(
+            stream_id, row["out_version"], row["out_lifecycle_version"], row["out_tombstoned_at"]
         )
-        return await self.stream_info(conn, stream_id)
 
     async def stream_info(self, conn: asyncpg.Connection, stream_id: str) -> StreamInfo:
         row = await conn.fetchrow(

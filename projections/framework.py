@@ -98,10 +98,16 @@ class Projection(Generic[S]):
         )
         return self.initial(stream_id) if raw is None else self._decode_state(raw)
 
-    async def apply(self, conn: asyncpg.Connection, stream_id: str, events: Sequence[RecordedEvent]) -> None:
+    async def apply(
+        self,
+        conn: asyncpg.Connection,
+        stream_id: str,
+        events: Sequence[RecordedEvent],
+        prior: S | None = None,
+    ) -> None:
         if not self.handles(stream_id):
             return
-        before = await self.load_state(conn, stream_id)
+        before = prior if prior is not None else await self.load_state(conn, stream_id)
         after = self.fold_all(before, events)
         await self.write_changes(conn, stream_id, before, after)
 

@@ -32,14 +32,8 @@ NODES = TableSpec(
         "cuda_driver_version",
         "source",
         "first_seen_at",
-        "last_seen_at",
-        "last_observed_at",
-        "last_received_at",
-        "clock_skew_seconds",
         "decommissioned_at",
-        "stream_version",
         "lifecycle_version",
-        "position",
     ),
     key=("node_id",),
 )
@@ -67,12 +61,12 @@ ACCELERATORS = TableSpec(
 )
 NODE_STORAGE = TableSpec(
     name="hw_node_storage",
-    columns=("node_id", "mount", "used_bytes", "total_bytes", "observed_at"),
+    columns=("node_id", "mount", "used_bytes", "total_bytes"),
     key=("node_id", "mount"),
 )
 HOST_TELEMETRY = TableSpec(
     name="hw_host_telemetry",
-    columns=("node_id", "metrics", "observed_at", "received_at", "position"),
+    columns=("node_id", "metrics", "observed_at", "received_at", "clock_skew_seconds", "position"),
     key=("node_id",),
 )
 ACCELERATOR_TELEMETRY = TableSpec(
@@ -148,14 +142,8 @@ class InventoryProjection(Projection[NodeState]):
                 s.cuda_driver_version,
                 s.source,
                 s.first_seen_at,
-                s.last_seen_at,
-                s.last_observed_at,
-                s.last_received_at,
-                s.clock_skew_seconds,
                 s.decommissioned_at,
-                s.stream_version,
                 s.lifecycle_version,
-                s.position,
             )
         ]
         out["hw_accelerators"] = [
@@ -179,13 +167,14 @@ class InventoryProjection(Projection[NodeState]):
             )
             for a in s.accelerators.values()
         ]
-        observed = s.host_telemetry.observed_at if s.host_telemetry else None
-        out["hw_node_storage"] = [
-            (s.node_id, m.mount, m.used_bytes, m.total_bytes, observed) for m in s.storage
-        ]
+        # Rows that change with every report are kept to the telemetry tables, so a steady report
+        # rewrites two tables (plus the folded state) and never the inventory rows.
+        out["hw_node_storage"] = [(s.node_id, m.mount, m.used_bytes, m.total_bytes) for m in s.storage]
         if s.host_telemetry is not None:
             t = s.host_telemetry
-            out["hw_host_telemetry"] = [(s.node_id, t.metrics, t.observed_at, t.received_at, t.position)]
+            out["hw_host_telemetry"] = [
+                (s.node_id, t.metrics, t.observed_at, t.received_at, s.clock_skew_seconds, t.position)
+            ]
         out["hw_accelerator_telemetry"] = [
             (
                 a.accelerator_id,

@@ -83,13 +83,25 @@ def _as_dicts(rows: Mapping[str, Any], table: str) -> list[dict[str, Any]]:
     return out
 
 
+def _later(a: datetime | None, b: datetime | None) -> datetime | None:
+    """SQL's greatest(): the later of two times, ignoring a null."""
+    if a is None or b is None:
+        return a or b
+    return max(a, b)
+
+
 def node_record(state: NodeState) -> dict[str, Any]:
     """The node's row as `GET /nodes` reads it (hw_nodes joined with its telemetry and storage)."""
     rows = INVENTORY.rows(state)
     record = _as_dicts(rows, "hw_nodes")[0]
     telemetry = _as_dicts(rows, "hw_host_telemetry")
-    record["host_metrics"] = telemetry[0]["metrics"] if telemetry else None
-    record["telemetry_observed_at"] = telemetry[0]["observed_at"] if telemetry else None
+    t = telemetry[0] if telemetry else None
+    record["host_metrics"] = t["metrics"] if t else None
+    record["telemetry_observed_at"] = t["observed_at"] if t else None
+    record["last_received_at"] = t["received_at"] if t else None
+    record["last_observed_at"] = t["observed_at"] if t else None
+    record["clock_skew_seconds"] = t["clock_skew_seconds"] if t else None
+    record["last_seen_at"] = _later(record["first_seen_at"], t["received_at"] if t else None)
     record["storage"] = [
         {"mount": s["mount"], "used_bytes": s["used_bytes"], "total_bytes": s["total_bytes"]}
         for s in sorted(_as_dicts(rows, "hw_node_storage"), key=lambda s: s["mount"])
@@ -106,5 +118,6 @@ def accelerator_records(state: NodeState) -> list[dict[str, Any]]:
         t = telemetry.get(acc["accelerator_id"])
         acc["metrics"] = t["metrics"] if t else None
         acc["telemetry_observed_at"] = t["observed_at"] if t else None
+        acc["last_seen_at"] = _later(acc["last_seen_at"], t["received_at"] if t else None)
         out.append(acc)
     return sorted(out, key=lambda a: a["accelerator_id"])

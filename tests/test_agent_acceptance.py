@@ -666,7 +666,7 @@ async def test_server_down_then_up_every_spooled_report_arrives_in_order_none_tw
     # The backlog arrived late, but the skew is measured at send time: no phantom skew.
     async with db.acquire() as conn:
         skew = await conn.fetchval(
-            "SELECT clock_skew_seconds FROM hw_nodes WHERE node_id = $1", agent.expected_node_id
+            "SELECT clock_skew_seconds FROM hw_host_telemetry WHERE node_id = $1", agent.expected_node_id
         )
     assert abs(skew) < 2.0, skew
 
