@@ -12,8 +12,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import asyncpg
@@ -106,6 +107,13 @@ class _Writer:
                 rows.clear()
 
 
+_SCAN = (
+    "SELECT global_position, stream_id, stream_version, event_id, event_type, event_class, "
+    "schema_version, data::text AS data, metadata::text AS metadata, recorded_at FROM events "
+    "WHERE (stream_id, stream_version) > ($1, $2) ORDER BY stream_id, stream_version LIMIT $3"
+)
+
+
 async def _bulk(
     pool: asyncpg.Pool, projections: Sequence[Projection[Any]], progress: Progress | None
 ) -> tuple[int, int]:
@@ -119,19 +127,22 @@ async def _bulk(
             async with write.transaction():
                 current: str | None = None
                 states: list[Any] = []
-                last_key: tuple[str, int] = ("", 0)
-                while True:
-                    rows = await read.fetch(
-                        "SELECT global_position, stream_id, stream_version, event_id, event_type, "
-                        "event_class, schema_version, data::text AS data, metadata::text AS metadata, "
-                        "recorded_at FROM events WHERE (stream_id, stream_version) > ($1, $2) "
-                        "ORDER BY stream_id, stream_version LIMIT $3",
-                        last_key[0],
-                        last_key[1],
-                        _BATCH,
+
+                def fetch(after: tuple[str, int]) -> asyncio.Task[list[asyncpg.Record]]:
+                    query: Coroutine[Any, Any, list[asyncpg.Record]] = read.fetch(
+                        _SCAN, after[0], after[1], _BATCH
                     )
+                    return asyncio.ensure_future(query)
+
+                # The next batch is read while this one is folded: the server scans while Python
+                # decodes and folds, instead of each waiting for the other.
+                pending = fetch(("", 0))
+                while True:
+                    rows = await pending
                     if not rows:
                         break
+                    pending = fetch((rows[-1]["stream_id"], rows[-1]["stream_version"]))
+                    await asyncio.sleep(0)  # let the prefetch go out before the CPU-bound fold
                     for row in rows:
                         event = event_from_row(row)
                         if event.stream_id != current:
@@ -143,7 +154,6 @@ async def _bulk(
                             states = [p.initial(current) for p in projections]
                         states = [p.fold(st, event) for p, st in zip(projections, states, strict=True)]
                     done += len(rows)
-                    last_key = (rows[-1]["stream_id"], rows[-1]["stream_version"])
                     if progress is not None:
                         elapsed = time.perf_counter() - started
                         progress(done, max(total, done), done / elapsed if elapsed else 0.0)
