@@ -379,6 +379,22 @@ CREATE TABLE IF NOT EXISTS hw_node_credentials (
 );
 CREATE INDEX IF NOT EXISTS hw_node_credentials_node_idx ON hw_node_credentials (node_id);
 
+-- Work leases (docs/NODE_DECOMMISSION.md): work that depends on a node, held in the node's stream
+-- (WORK_LEASE_ACQUIRED / WORK_LEASE_RELEASED) and shown here while unreleased. An active one (not
+-- released, `expires_at` null or in the future) blocks the node's decommission. A read model of
+-- the inventory projection, rebuilt like the tables above.
+CREATE TABLE IF NOT EXISTS hw_work_leases (
+    lease_id     text PRIMARY KEY,
+    node_id      text NOT NULL,
+    owner        text NOT NULL,
+    reason       text NOT NULL,
+    acquired_at  timestamptz NOT NULL,
+    expires_at   timestamptz,
+    actor        text,
+    position     bigint NOT NULL
+);
+CREATE INDEX IF NOT EXISTS hw_work_leases_node_idx ON hw_work_leases (node_id);
+
 -- Write-side, not a read model: the last accepted sequence per (node, agent stream), checked and
 -- advanced in the transaction that appends the report's events, under the node's stream lock.
 -- Transport state (like a consumer offset): the events carry stream, sequence and body digest in

@@ -283,9 +283,17 @@ def create_app(
     )
     public = Router(path="/api/v1", route_handlers=[health])
     from api.agent_routes import agent_routers  # here: agent_routes imports this module
+    from api.decommission_routes import decommission_routers  # likewise
 
     app = Litestar(
-        route_handlers=[public, operator, metrics, *agent_routers(), *(extra_routers or [])],
+        route_handlers=[
+            public,
+            operator,
+            metrics,
+            *agent_routers(),
+            *decommission_routers(),
+            *(extra_routers or []),
+        ],
         exception_handlers={
             problems.ProblemError: problems.handle_problem,
             BadCursor: problems.handle_bad_cursor,

@@ -100,8 +100,15 @@ def cmd_refresh(args: argparse.Namespace) -> int:
 
     async def work(pool: Any) -> int:
         from api.server import build_service
+        from api.service import NodeTombstoned
 
-        outcome = await build_service(pool, config).refresh()
+        try:
+            outcome = await build_service(pool, config).refresh()
+        except NodeTombstoned as exc:
+            raise CliError(
+                f"{exc}; a decommissioned identity cannot come back: re-provision this host under a "
+                "new identity (docs/operations/RUNBOOK_NODE_DECOMMISSION.md)"
+            ) from exc
         if args.json or not sys.stdout.isatty():
             _print_json(outcome)
         else:
@@ -431,6 +438,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_enrollment_commands(sub, _common)
     register_agent_commands(sub)
+    # Work leases and permanent decommission (issue 5): `lease ...`, `decommission ...`.
+    from api.decommission_cli import register as register_decommission_commands
+
+    register_decommission_commands(sub, _common)
     from api.completion import register as register_completion
 
     register_completion(sub)

@@ -329,6 +329,21 @@ class EnrollmentService:
     # --- enrollment ------------------------------------------------------------------------------
 
     async def enroll(self, presented: str | None, request: EnrollRequest) -> EnrollResponse:
+        try:
+            return await self._enroll(presented, request)
+        except AgentPlaneError as exc:
+            if exc.status == 410:
+                # Refused: the whole transaction rolled back, so the token's use is not spent.
+                token_id = (parse_secret(presented, ENROLLMENT_TOKEN_PREFIX) or ("?", ""))[0]
+                await self.inventory.record_revival_refused(
+                    node_id_for(request.identity_key.strip()),
+                    "enrollment",
+                    f"enrollment-token:{token_id}",
+                    exc.detail,
+                )
+            raise
+
+    async def _enroll(self, presented: str | None, request: EnrollRequest) -> EnrollResponse:
         parsed = parse_secret(presented, ENROLLMENT_TOKEN_PREFIX)
         if parsed is None:
             raise _unauthorized(
@@ -458,13 +473,21 @@ class EnrollmentService:
             return cached[1]
         async with self.pool.acquire() as conn:
             row = await conn.fetchrow(
-                "SELECT node_id, identity_key, secret_sha256, revoked_at FROM hw_node_credentials "
-                "WHERE credential_id = $1",
+                "SELECT c.node_id, c.identity_key, c.secret_sha256, c.revoked_at, s.tombstoned_at "
+                "FROM hw_node_credentials c LEFT JOIN streams s ON s.stream_id = c.node_id "
+                "WHERE c.credential_id = $1",
                 credential_id,
             )
         if row is None or not _matches(secret, row["secret_sha256"]):
             raise _unauthorized("credential-invalid", "the node credential is not valid")
         if row["revoked_at"] is not None:
+            if row["tombstoned_at"] is not None:
+                # Revoked by the node's decommission: say so (410), so the agent stops for good.
+                detail = f"node {row['node_id']} is decommissioned"
+                await self.inventory.record_revival_refused(
+                    row["node_id"], "agent_report", f"credential:{credential_id}", detail
+                )
+                raise AgentPlaneError(410, "node-decommissioned", "Node is decommissioned", detail)
             raise _unauthorized("credential-revoked", "the node credential was revoked")
         principal = Principal(
             credential_id=credential_id, node_id=row["node_id"], identity_key=row["identity_key"]
@@ -555,7 +578,18 @@ class EnrollmentService:
 
     async def accept_report(self, principal: Principal, raw: bytes, sent_at: datetime | None) -> ReportAck:
         """Validate, check the sequence, and reconcile one report, all in one transaction under the
-        node's stream lock. Nothing is appended unless the report is accepted."""
+        node's stream lock. Nothing is appended unless the report is accepted (a report for a
+        decommissioned node is refused with 410 and audited in a stream of its own)."""
+        try:
+            return await self._accept_report(principal, raw, sent_at)
+        except AgentPlaneError as exc:
+            if exc.status == 410:
+                await self.inventory.record_revival_refused(
+                    principal.node_id, "agent_report", f"credential:{principal.credential_id}", exc.detail
+                )
+            raise
+
+    async def _accept_report(self, principal: Principal, raw: bytes, sent_at: datetime | None) -> ReportAck:
         received_at = self.clock()
         try:
             report = decode_report(raw)

@@ -18,10 +18,18 @@ import msgspec
 import structlog
 
 from collectors.observations import HardwareObservation, HostCollectionError, HostObservation, NvmlScan
-from ledger.events import EventMetadata, InventoryFailed, NewEvent, RecordedEvent, Source
+from ledger.events import (
+    EventMetadata,
+    InventoryFailed,
+    NewEvent,
+    NodeRevivalRefused,
+    RecordedEvent,
+    Source,
+    decommission_audit_stream,
+)
 from ledger.node import NodeState, node_id_for
 from ledger.reconcile import NodeIdentity, reconcile
-from ledger.store import EventStore, StreamTombstoned, StreamVersionConflict
+from ledger.store import EventStore, StreamTombstoned, StreamVersionConflict, deterministic_event_id
 from projections.inventory import INVENTORY
 
 log = structlog.get_logger(__name__)
@@ -105,16 +113,20 @@ class HardwareInventoryService:
             received_at = datetime.now(UTC)
             node_id = node_id_for(self.identity.key)
             try:
-                host, nvml = await asyncio.gather(
-                    self.host_collector.collect_async(), self.nvml_collector.collect_async()
-                )
-            except HostCollectionError as exc:
-                return await self.record_failure(
-                    node_id, "host", str(exc), received_at, source="local", started=started
-                )
-            observation = HardwareObservation(observed_at=received_at, host=host, nvml=nvml)
-            metadata = EventMetadata(received_at=received_at, source="local", observed_at=received_at)
-            return await self.reconcile_observation(self.identity, observation, metadata, started=started)
+                try:
+                    host, nvml = await asyncio.gather(
+                        self.host_collector.collect_async(), self.nvml_collector.collect_async()
+                    )
+                except HostCollectionError as exc:
+                    return await self.record_failure(
+                        node_id, "host", str(exc), received_at, source="local", started=started
+                    )
+                observation = HardwareObservation(observed_at=received_at, host=host, nvml=nvml)
+                metadata = EventMetadata(received_at=received_at, source="local", observed_at=received_at)
+                return await self.reconcile_observation(self.identity, observation, metadata, started=started)
+            except NodeTombstoned as exc:
+                await self.record_revival_refused(node_id, "local_refresh", "local-refresh", str(exc))
+                raise
 
     async def reconcile_observation(
         self,
@@ -188,6 +200,31 @@ class HardwareInventoryService:
             node_id, info.version, events, conn=conn, locked=True, prior_states={INVENTORY.name: state}
         )
         return result.events, INVENTORY.fold_all(state, result.events)
+
+    async def record_revival_refused(
+        self,
+        node_id: str,
+        attempt: Literal["local_refresh", "agent_report", "enrollment"],
+        actor: str,
+        detail: str,
+    ) -> None:
+        """Audit a refused attempt to bring a decommissioned node back (docs/NODE_DECOMMISSION.md):
+        NODE_REVIVAL_REFUSED in the stream `decommission-audit-<node id>` (the node's own stream
+        takes no event after its tombstone). At most one per node, attempt and actor per hour (the
+        event id is derived from them, so a repeat is an idempotent no-op); every attempt is logged.
+        Best effort: a failure to record is logged and never changes the refusal."""
+        now = datetime.now(UTC)
+        log.warning("node.revival_refused", node_id=node_id, attempt=attempt, actor=actor)
+        hour = now.strftime("%Y-%m-%dT%H")
+        event = NewEvent(
+            payload=NodeRevivalRefused(node_id=node_id, attempt=attempt, detail=detail[:500]),
+            metadata=EventMetadata(received_at=now, source="system", actor=actor),
+            event_id=deterministic_event_id("node-revival-refused", node_id, attempt, actor, hour),
+        )
+        try:
+            await self.store.append(decommission_audit_stream(node_id), None, [event])
+        except (asyncpg.PostgresError, OSError) as exc:
+            log.error("node.revival_refused_not_recorded", node_id=node_id, error=str(exc))
 
     async def record_failure(
         self,

@@ -154,6 +154,59 @@ class CredentialRevoked(_Event, frozen=True, tag="CREDENTIAL_REVOKED"):
     reason: str
 
 
+# --- lifecycle: work leases and permanent decommission (docs/NODE_DECOMMISSION.md) -------------
+# Leases and the tombstone live in the node's stream; a refused attempt to revive a decommissioned
+# node is recorded in a stream of its own (the node's stream takes no event after its tombstone).
+
+DECOMMISSION_AUDIT_STREAM_PREFIX = "decommission-audit-"
+
+
+def decommission_audit_stream(node_id: str) -> str:
+    return DECOMMISSION_AUDIT_STREAM_PREFIX + node_id
+
+
+def is_decommission_audit_stream(stream_id: str) -> bool:
+    return stream_id.startswith(DECOMMISSION_AUDIT_STREAM_PREFIX)
+
+
+class WorkLeaseAcquired(_Event, frozen=True, tag="WORK_LEASE_ACQUIRED"):
+    """Work that depends on the node (recorded by an operator or another component); while the lease
+    is active (not released, not expired) the node cannot be decommissioned."""
+
+    lease_id: str
+    owner: str
+    reason: str
+    expires_at: datetime | None = None
+
+
+class WorkLeaseReleased(_Event, frozen=True, tag="WORK_LEASE_RELEASED"):
+    lease_id: str
+    reason: str = ""
+
+
+class NodeDecommissioned(_Event, frozen=True, tag="NODE_DECOMMISSIONED"):
+    """The terminal tombstone of a node's stream: the stream takes no event after it. `generation`
+    and `digest` are those of the preview the operator executed; `actor` is who, `reason` why."""
+
+    node_id: str
+    actor: str
+    reason: str
+    decommissioned_at: datetime
+    generation: int
+    digest: str
+    revoked_credentials: list[str] = []
+
+
+class NodeRevivalRefused(_Event, frozen=True, tag="NODE_REVIVAL_REFUSED"):
+    """An attempt to bring a decommissioned node back (a local refresh, an agent report, an
+    enrollment) was refused. Stored in the stream `decommission-audit-<node id>`, at most one per
+    node, attempt and actor per hour."""
+
+    node_id: str
+    attempt: Literal["local_refresh", "agent_report", "enrollment"]
+    detail: str
+
+
 # --- observation: telemetry ------------------------------------------------------------------
 
 
@@ -183,6 +236,10 @@ EventPayload: TypeAlias = (
     | EnrollmentTokenRevoked
     | CredentialIssued
     | CredentialRevoked
+    | WorkLeaseAcquired
+    | WorkLeaseReleased
+    | NodeDecommissioned
+    | NodeRevivalRefused
 )
 
 OBSERVATION_TYPES: frozenset[type[_Event]] = frozenset({HostTelemetryObserved, AcceleratorTelemetryObserved})

@@ -26,9 +26,12 @@ from ledger.events import (
     HostTelemetryObserved,
     InventoryFailed,
     InventoryStatusChanged,
+    NodeDecommissioned,
     NodeDiscovered,
     NodeMetadataChanged,
     RecordedEvent,
+    WorkLeaseAcquired,
+    WorkLeaseReleased,
 )
 
 # Fixed namespaces: the same identity key gives the same node id on any machine, in any process.
@@ -103,6 +106,23 @@ class CredentialState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     revoked_reason: str | None = None
 
 
+class LeaseState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A work lease on the node (docs/NODE_DECOMMISSION.md): held until released; one with an
+    `expires_at` stops counting at that moment (and is dropped from the state at the node's next
+    lease event or its tombstone)."""
+
+    lease_id: str
+    owner: str
+    reason: str
+    acquired_at: datetime
+    position: int
+    expires_at: datetime | None = None
+    actor: str | None = None
+
+    def active_at(self, moment: datetime) -> bool:
+        return self.expires_at is None or self.expires_at > moment
+
+
 class NodeState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     node_id: str
     stream_version: int = 0
@@ -137,6 +157,7 @@ class NodeState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     clock_skew_seconds: float | None = None
     decommissioned_at: datetime | None = None
     credentials: dict[str, CredentialState] = {}  # by credential id
+    leases: dict[str, LeaseState] = {}  # unreleased work leases, by lease id
 
 
 def _value(fact: Fact) -> object:
@@ -216,13 +237,25 @@ def _seen(state: NodeState, event: RecordedEvent) -> NodeState:
     )
 
 
-def _credential(state: NodeState, event: RecordedEvent) -> NodeState:
-    """Credential events: versions move, but they are no sign of life of the node (liveness and
-    clock skew come from its own reports only)."""
+_ADMINISTRATIVE = (
+    CredentialIssued,
+    CredentialRevoked,
+    WorkLeaseAcquired,
+    WorkLeaseReleased,
+    NodeDecommissioned,
+)
+
+
+def _administrative(state: NodeState, event: RecordedEvent) -> NodeState:
+    """Credential, lease and decommission events: versions move, but they are no sign of life of
+    the node (liveness and clock skew come from its own reports only)."""
     p = event.payload
     at = event.metadata.received_at
-    credentials = dict(state.credentials)
+    credentials = state.credentials
+    leases = state.leases
+    updates: dict[str, object] = {}
     if isinstance(p, CredentialIssued):
+        credentials = dict(credentials)
         credentials[p.credential_id] = CredentialState(
             credential_id=p.credential_id,
             identity_key=p.identity_key,
@@ -235,23 +268,71 @@ def _credential(state: NodeState, event: RecordedEvent) -> NodeState:
     elif isinstance(p, CredentialRevoked) and p.credential_id in credentials:
         old = credentials[p.credential_id]
         if old.revoked_at is None:
+            credentials = dict(credentials)
             credentials[p.credential_id] = msgspec.structs.replace(
                 old, revoked_at=at, revoked_reason=p.reason, position=event.global_position
             )
+    elif isinstance(p, WorkLeaseAcquired | WorkLeaseReleased):
+        # Leases that expired by this event's time are dropped, so the state stays bounded.
+        leases = {k: v for k, v in leases.items() if v.active_at(at)}
+        if isinstance(p, WorkLeaseAcquired):
+            leases[p.lease_id] = LeaseState(
+                lease_id=p.lease_id,
+                owner=p.owner,
+                reason=p.reason,
+                acquired_at=at,
+                position=event.global_position,
+                expires_at=p.expires_at,
+                actor=event.metadata.actor,
+            )
+        else:
+            leases.pop(p.lease_id, None)
+    elif isinstance(p, NodeDecommissioned):
+        # The tombstone: the node stays (status `decommissioned`, its facts and history), but
+        # nothing of its current truth does: no live telemetry, no storage figures, no schedulable
+        # accelerator, no usable credential (revoked by their own events just before this one; any
+        # left is revoked here), no lease.
+        credentials = {
+            k: c
+            if c.revoked_at is not None
+            else msgspec.structs.replace(
+                c, revoked_at=at, revoked_reason="node decommissioned", position=event.global_position
+            )
+            for k, c in credentials.items()
+        }
+        leases = {}
+        updates = {
+            "status": "decommissioned",
+            "decommissioned_at": p.decommissioned_at,
+            "accelerators": {
+                u: msgspec.structs.replace(
+                    a,
+                    status="decommissioned",
+                    telemetry=None,
+                    last_seen_at=a.telemetry.received_at if a.telemetry else a.last_seen_at,
+                    position=event.global_position,
+                )
+                for u, a in state.accelerators.items()
+            },
+            "host_telemetry": None,
+            "storage": [],
+        }
     return msgspec.structs.replace(
         state,
         stream_version=event.stream_version,
         lifecycle_version=state.lifecycle_version + (1 if event.event_class == "lifecycle" else 0),
         position=event.global_position,
         credentials=credentials,
+        leases=leases,
+        **updates,
     )
 
 
 def evolve(state: NodeState, event: RecordedEvent) -> NodeState:
     """Fold one event of the node's stream into its state. Pure."""
     p = event.payload
-    if isinstance(p, CredentialIssued | CredentialRevoked):
-        return _credential(state, event)
+    if isinstance(p, _ADMINISTRATIVE):
+        return _administrative(state, event)
     at = event.metadata.received_at
     s = _seen(state, event)
     match p:

@@ -1,12 +1,12 @@
 """The hardware inventory read models: compute nodes, accelerators, node storage, latest host and
-accelerator telemetry, fingerprints and inventory runs, all from one fold of the node's stream
-(`ledger.node.evolve`)."""
+accelerator telemetry, fingerprints, inventory runs and work leases, all from one fold of the node's
+stream (`ledger.node.evolve`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ledger.events import RecordedEvent, is_enrollment_token_stream
+from ledger.events import RecordedEvent, is_decommission_audit_stream, is_enrollment_token_stream
 from ledger.node import NodeState, evolve
 from projections.agent import CREDENTIALS, ENROLLMENT_TOKEN_PROJECTION, agent_rows
 from projections.framework import Projection, Row, Rows, TableSpec
@@ -85,6 +85,14 @@ INVENTORY_RUNS = TableSpec(
     key=("node_id",),
 )
 
+# Unreleased work leases (docs/NODE_DECOMMISSION.md); whether one is still active (not expired) is
+# judged when read, by the reader's clock.
+WORK_LEASES = TableSpec(
+    name="hw_work_leases",
+    columns=("lease_id", "node_id", "owner", "reason", "acquired_at", "expires_at", "actor", "position"),
+    key=("lease_id",),
+)
+
 
 class InventoryProjection(Projection[NodeState]):
     name = "inventory"
@@ -97,11 +105,13 @@ class InventoryProjection(Projection[NodeState]):
         FINGERPRINTS,
         INVENTORY_RUNS,
         CREDENTIALS,
+        WORK_LEASES,
     )
     state_type = NodeState
 
     def handles(self, stream_id: str) -> bool:
-        return not is_enrollment_token_stream(stream_id)  # token streams: projections.agent
+        # Token streams: projections.agent. Refused-revival audit streams: events only, no read model.
+        return not (is_enrollment_token_stream(stream_id) or is_decommission_audit_stream(stream_id))
 
     def initial(self, stream_id: str) -> NodeState:
         return NodeState(node_id=stream_id)
@@ -115,6 +125,11 @@ class InventoryProjection(Projection[NodeState]):
     def rows(self, state: NodeState) -> Rows:
         s = state
         out: dict[str, list[Row]] = agent_rows(s)  # credentials exist before the first report
+        if s.leases:
+            out["hw_work_leases"] = [
+                (x.lease_id, s.node_id, x.owner, x.reason, x.acquired_at, x.expires_at, x.actor, x.position)
+                for x in s.leases.values()
+            ]
         if s.last_run is not None:
             r = s.last_run
             out["hw_inventory_runs"] = [

@@ -1,0 +1,124 @@
+"""Operator routes for work leases and permanent decommission (docs/NODE_DECOMMISSION.md), all
+under /api/v1 and the operator bearer token:
+
+    GET  /hardware/nodes/{node_id}/leases                       unreleased leases (active | expired)
+    POST /hardware/nodes/{node_id}/leases                       acquire (201)  {owner, reason, ttl_seconds?}
+    POST /hardware/nodes/{node_id}/leases/{lease_id}/release    release        {reason?}
+    POST /hardware/nodes/{node_id}/decommission/preview         generation, dependencies, blockers, digest
+    POST /hardware/nodes/{node_id}/decommission                 execute        {generation, digest, reason}
+
+Routes do no SQL: they call the DecommissionService.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, Response, Router, get, post
+from litestar.params import FromPath, JSONBody
+
+from api.app import ctx, operator_guard
+from api.decommission import (
+    DecommissionBody,
+    DecommissionError,
+    DecommissionService,
+    ExecuteRequest,
+    LeaseBody,
+    LeaseReleaseRequest,
+    LeaseRequest,
+    PreviewBody,
+)
+from api.problems import MEDIA_TYPE, PROBLEM_BASE
+
+
+def decommission_service(request: Request[Any, Any, Any]) -> DecommissionService:
+    """The context's DecommissionService (made on first use)."""
+    context = ctx(request)
+    service: DecommissionService | None = getattr(context, "decommission", None)
+    if service is None:
+        service = DecommissionService(context.service)
+        context.decommission = service  # type: ignore[attr-defined]
+    return service
+
+
+def handle_decommission_error(_: Request[Any, Any, Any], exc: DecommissionError) -> Response[Any]:
+    body: dict[str, Any] = {
+        "type": PROBLEM_BASE + exc.type,
+        "title": exc.title,
+        "status": exc.status,
+        "detail": exc.detail,
+        **exc.extensions,
+    }
+    return Response(content=body, status_code=exc.status, media_type=MEDIA_TYPE)
+
+
+def _actor(given: str | None) -> str:
+    """Who, as the request says (the operator token is shared; the name is the caller's word)."""
+    name = (given or "").strip()[:100]
+    return f"operator:{name}" if name else "operator"
+
+
+@get("/hardware/nodes/{node_id:str}/leases", summary="A node's unreleased work leases")
+async def list_leases(request: Request[Any, Any, Any], node_id: FromPath[str]) -> dict[str, list[LeaseBody]]:
+    return {"items": await decommission_service(request).list_leases(node_id)}
+
+
+@post("/hardware/nodes/{node_id:str}/leases", status_code=201, summary="Acquire a work lease on a node")
+async def acquire_lease(
+    request: Request[Any, Any, Any], node_id: FromPath[str], data: JSONBody[LeaseRequest]
+) -> LeaseBody:
+    return await decommission_service(request).acquire_lease(
+        node_id, data.owner, data.reason, data.ttl_seconds, actor=_actor(data.actor)
+    )
+
+
+@post(
+    "/hardware/nodes/{node_id:str}/leases/{lease_id:str}/release",
+    status_code=200,
+    summary="Release a work lease",
+)
+async def release_lease(
+    request: Request[Any, Any, Any],
+    node_id: FromPath[str],
+    lease_id: FromPath[str],
+    data: JSONBody[LeaseReleaseRequest | None] = None,
+) -> LeaseBody:
+    body = data or LeaseReleaseRequest()
+    return await decommission_service(request).release_lease(
+        node_id, lease_id, body.reason, actor=_actor(body.actor)
+    )
+
+
+@post(
+    "/hardware/nodes/{node_id:str}/decommission/preview",
+    status_code=200,
+    summary="Preview a node's decommission: generation, dependencies, blockers, digest",
+)
+async def preview(request: Request[Any, Any, Any], node_id: FromPath[str]) -> PreviewBody:
+    return await decommission_service(request).preview(node_id)
+
+
+@post(
+    "/hardware/nodes/{node_id:str}/decommission",
+    status_code=200,
+    summary="Decommission a node for good (the preview's generation and digest)",
+)
+async def execute(
+    request: Request[Any, Any, Any], node_id: FromPath[str], data: JSONBody[ExecuteRequest]
+) -> DecommissionBody:
+    return await decommission_service(request).execute(
+        node_id, data.generation, data.digest, data.reason, actor=_actor(data.actor)
+    )
+
+
+def decommission_routers() -> list[Router]:
+    """A fresh router for one app (create_app registers it)."""
+    return [
+        Router(
+            path="/api/v1",
+            route_handlers=[list_leases, acquire_lease, release_lease, preview, execute],
+            guards=[operator_guard],
+            security=[{"bearer": []}],
+            exception_handlers={DecommissionError: handle_decommission_error},
+        )
+    ]
