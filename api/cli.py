@@ -85,6 +85,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     config = _config(args)
+    if sys.stderr.isatty():
+        where = "the embedded PostgreSQL" if not config.database_url else "MODELFORGE_DATABASE_URL"
+        sys.stderr.write(f"  applying schema.sql to {where} (idempotent)...\n")
 
     async def work(pool: Any) -> int:
         async with pool.acquire() as conn:
@@ -280,6 +283,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
                         ]
                     )
             printed += len(items)
+            if fmt == "table" and sys.stderr.isatty():
+                sys.stderr.write(f"\r  {printed:,} events read   ")
+                sys.stderr.flush()
             if cursor is None or printed >= args.limit:
                 break
         if fmt == "table":
@@ -339,7 +345,15 @@ def cmd_retention(args: argparse.Namespace) -> int:
 
         from ledger.retention import prune_observations
 
-        report = await prune_observations(pool, keep=timedelta(hours=args.keep_hours))
+        def show(deleted: int, batches: int) -> None:
+            sys.stderr.write(f"\r  {deleted:,} observation events pruned ({batches} batches)   ")
+            sys.stderr.flush()
+
+        report = await prune_observations(
+            pool, keep=timedelta(hours=args.keep_hours), progress=show if sys.stderr.isatty() else None
+        )
+        if sys.stderr.isatty():
+            sys.stderr.write("\n")
         if args.json:
             _print_json(report)
         else:

@@ -11,6 +11,7 @@ it (DELETE takes no lock that an INSERT waits for).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -41,8 +42,14 @@ class RetentionReport(msgspec.Struct, frozen=True):
 
 
 async def prune_observations(
-    pool: asyncpg.Pool, *, keep: timedelta = DEFAULT_KEEP, now: datetime | None = None, batch: int = _BATCH
+    pool: asyncpg.Pool,
+    *,
+    keep: timedelta = DEFAULT_KEEP,
+    now: datetime | None = None,
+    batch: int = _BATCH,
+    progress: Callable[[int, int], None] | None = None,
 ) -> RetentionReport:
+    """Prune in batches; `progress(deleted so far, batches)` after each one."""
     cutoff = (now or datetime.now(UTC)) - keep
     deleted = batches = 0
     while True:
@@ -51,6 +58,8 @@ async def prune_observations(
         n = int(status.split()[-1])
         batches += 1
         deleted += n
+        if progress is not None:
+            progress(deleted, batches)
         if n < batch:
             break
     return RetentionReport(deleted=deleted, batches=batches, cutoff=cutoff)
