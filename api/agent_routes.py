@@ -20,7 +20,7 @@ import contextlib
 from datetime import datetime
 from typing import Any
 
-from litestar import Request, Response, Router, get, post
+from litestar import Request, Router, get, post
 from litestar.params import FromPath, FromQuery, JSONBody
 
 from agent.protocol import SENT_AT_HEADER, EnrollRequest, EnrollResponse, ReportAck
@@ -35,7 +35,7 @@ from api.enrollment import (
     TokenCreated,
     TokenCreateRequest,
 )
-from api.problems import MEDIA_TYPE, PROBLEM_BASE
+from api.problems import handle_domain_problem
 
 
 def enrollment_service(request: Request[Any, Any, Any]) -> EnrollmentService:
@@ -46,18 +46,6 @@ def enrollment_service(request: Request[Any, Any, Any]) -> EnrollmentService:
         service = EnrollmentService(context.service)
         context.enrollment = service
     return service
-
-
-def handle_agent_plane_error(_: Request[Any, Any, Any], exc: AgentPlaneError) -> Response[Any]:
-    body: dict[str, Any] = {
-        "type": PROBLEM_BASE + exc.type,
-        "title": exc.title,
-        "status": exc.status,
-        "detail": exc.detail,
-        **exc.extensions,
-    }
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    return Response(content=body, status_code=exc.status, media_type=MEDIA_TYPE, headers=headers)
 
 
 def _sent_at(request: Request[Any, Any, Any]) -> datetime | None:
@@ -132,7 +120,7 @@ async def list_streams(
 
 def agent_routers() -> list[Router]:
     """Fresh routers for one app (create_app registers them)."""
-    handlers: dict[int | type[Exception], Any] = {AgentPlaneError: handle_agent_plane_error}
+    handlers: dict[int | type[Exception], Any] = {AgentPlaneError: handle_domain_problem}
     return [
         Router(path="/api/v1", route_handlers=[enroll, report], exception_handlers=handlers),
         Router(

@@ -32,6 +32,7 @@ import asyncpg
 import msgspec
 import structlog
 
+from api.problems import DomainProblem
 from api.service import EventSummary, HardwareInventoryService
 from ledger.events import (
     CredentialRevoked,
@@ -55,16 +56,8 @@ REVOKED_REASON = "decommissioned"
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
-class DecommissionError(Exception):
-    """An RFC 9457 problem: status, stable type, title, detail, and extension members."""
-
-    def __init__(self, status: int, type_: str, title: str, detail: str, **extensions: Any) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.type = type_
-        self.title = title
-        self.detail = detail
-        self.extensions = extensions
+class DecommissionError(DomainProblem):
+    """A problem of leases or decommission."""
 
 
 def _invalid(detail: str) -> DecommissionError:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Request, Response, Router, get, post
+from litestar import Request, Router, get, post
 from litestar.params import FromPath, JSONBody
 
 from api.app import ctx, operator_guard
@@ -28,7 +28,7 @@ from api.decommission import (
     LeaseRequest,
     PreviewBody,
 )
-from api.problems import MEDIA_TYPE, PROBLEM_BASE
+from api.problems import handle_domain_problem
 
 
 def decommission_service(request: Request[Any, Any, Any]) -> DecommissionService:
@@ -39,17 +39,6 @@ def decommission_service(request: Request[Any, Any, Any]) -> DecommissionService
         service = DecommissionService(context.service)
         context.decommission = service  # type: ignore[attr-defined]
     return service
-
-
-def handle_decommission_error(_: Request[Any, Any, Any], exc: DecommissionError) -> Response[Any]:
-    body: dict[str, Any] = {
-        "type": PROBLEM_BASE + exc.type,
-        "title": exc.title,
-        "status": exc.status,
-        "detail": exc.detail,
-        **exc.extensions,
-    }
-    return Response(content=body, status_code=exc.status, media_type=MEDIA_TYPE)
 
 
 def _actor(given: str | None) -> str:
@@ -119,6 +108,6 @@ def decommission_routers() -> list[Router]:
             route_handlers=[list_leases, acquire_lease, release_lease, preview, execute],
             guards=[operator_guard],
             security=[{"bearer": []}],
-            exception_handlers={DecommissionError: handle_decommission_error},
+            exception_handlers={DecommissionError: handle_domain_problem},
         )
     ]

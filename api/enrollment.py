@@ -23,7 +23,7 @@ import secrets
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Literal
 
 import asyncpg
 import msgspec
@@ -40,6 +40,7 @@ from agent.protocol import (
     decode_report,
     validate_observation,
 )
+from api.problems import DomainProblem
 from api.service import HardwareInventoryService, NodeTombstoned
 from collectors.identity import IdentityError, NodeIdentity, validate_identity_key
 from ledger.events import (
@@ -62,16 +63,8 @@ MAX_TOKEN_TTL = timedelta(days=30)
 MAX_TOKEN_USES = 100_000
 
 
-class AgentPlaneError(Exception):
-    """An RFC 9457 problem: status, stable type, title, detail, and extension members."""
-
-    def __init__(self, status: int, type_: str, title: str, detail: str, **extensions: Any) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.type = type_
-        self.title = title
-        self.detail = detail
-        self.extensions = extensions
+class AgentPlaneError(DomainProblem):
+    """A problem of enrollment, credentials or reports."""
 
 
 def _unauthorized(type_: str, detail: str) -> AgentPlaneError:

@@ -50,6 +50,31 @@ class ProblemError(Exception):
         self.headers = headers or {}
 
 
+class DomainProblem(Exception):
+    """A service's RFC 9457 problem: status, stable type, title, detail, and extension members
+    (e.g. the sequence a 409 conflicts with). Services raise subclasses; one handler renders them."""
+
+    def __init__(self, status: int, type_: str, title: str, detail: str, **extensions: Any) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.type = type_
+        self.title = title
+        self.detail = detail
+        self.extensions = extensions
+
+
+def handle_domain_problem(_: Request[Any, Any, Any], exc: DomainProblem) -> Response[Any]:
+    body: dict[str, Any] = {
+        "type": PROBLEM_BASE + exc.type,
+        "title": exc.title,
+        "status": exc.status,
+        "detail": exc.detail,
+        **exc.extensions,
+    }
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return Response(content=body, status_code=exc.status, media_type=MEDIA_TYPE, headers=headers)
+
+
 def not_found(what: str, ident: str) -> ProblemError:
     return ProblemError(404, f"{what}-not-found", f"Unknown {what}", f"no {what} with id {ident!r}")
 
