@@ -18,7 +18,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from agent.state import fsync_directory
+from collectors.statefiles import fsync_directory
 
 log = structlog.get_logger(__name__)
 

@@ -9,12 +9,12 @@
 
 from __future__ import annotations
 
-import os
-import uuid
 from datetime import datetime
 from pathlib import Path
 
 import msgspec
+
+from collectors.statefiles import write_private
 
 CREDENTIAL_FILE = "agent-credential.json"
 SEQUENCES_FILE = "agent-sequences.json"
@@ -23,37 +23,6 @@ SPOOL_DIR = "agent-spool"
 
 class StateError(Exception):
     """The state directory cannot be used as it is; the message says what to do."""
-
-
-def fsync_directory(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_private(path: Path, data: bytes) -> None:
-    """Atomically replace `path` with `data`, mode 0600, durable when this returns."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_directory(path.parent)
 
 
 class Credential(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

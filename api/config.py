@@ -14,6 +14,7 @@ from pathlib import Path
 
 import msgspec
 
+from collectors.statefiles import write_private
 from ledger.db import default_state_dir
 
 
@@ -194,11 +195,6 @@ def load_or_create_admin_token(config: ServerConfig) -> tuple[str, Path | None]:
     path = config.state_dir / "admin-token"
     if path.exists():
         return token_hash(path.read_text(encoding="utf-8").strip()), path
-    config.state_dir.mkdir(parents=True, exist_ok=True)
     token = "mfop_" + secrets.token_urlsafe(32)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(token + "\n")
-    os.replace(tmp, path)
+    write_private(path, (token + "\n").encode("utf-8"))
     return token_hash(token), path

@@ -15,6 +15,8 @@ from typing import Literal, TypeAlias
 
 import msgspec
 
+from collectors.statefiles import fsync_directory
+
 IdentitySource: TypeAlias = Literal["configured", "state_file", "machine_id"]
 
 # uuid5(NAMESPACE_URL, "https://modelforge.dev/hardware-plane/node"), written out so that no
@@ -154,23 +156,10 @@ def _create_state_file(path: Path, key: str) -> str:
         except OSError:
             # Some volume drivers do not support hard links; rename is still atomic.
             os.replace(temporary, path)
-        _fsync_directory(path.parent)
+        fsync_directory(path.parent)
         return key
     finally:
         try:
             os.unlink(temporary)
         except FileNotFoundError:
             pass
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
