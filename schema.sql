@@ -105,7 +105,9 @@ $$;
 -- SELECT would read with the snapshot of its start, before a wait for the lock).
 CREATE OR REPLACE FUNCTION mf_lock_stream(p_stream_id text)
 RETURNS TABLE (out_version bigint, out_lifecycle_version bigint, out_tombstoned_at timestamptz)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_custom_plan
+AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(7305820111);  -- the rebuild gate
     PERFORM pg_advisory_xact_lock(hashtextextended(p_stream_id, 0));
@@ -129,7 +131,11 @@ CREATE OR REPLACE FUNCTION mf_append(
     p_locked boolean DEFAULT false
 ) RETURNS TABLE (out_global_position bigint, out_stream_version bigint, out_already_stored boolean,
                out_recorded_at timestamptz)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Plan each statement for the log as it is now: a generic plan cached while the log was small
+-- (a sequential scan of a nearly empty table) would otherwise be kept as the log grows.
+SET plan_cache_mode = force_custom_plan
+AS $$
 DECLARE
     v_version    bigint;
     v_lifecycle  bigint;
