@@ -105,9 +105,7 @@ $$;
 -- SELECT would read with the snapshot of its start, before a wait for the lock).
 CREATE OR REPLACE FUNCTION mf_lock_stream(p_stream_id text)
 RETURNS TABLE (out_version bigint, out_lifecycle_version bigint, out_tombstoned_at timestamptz)
-LANGUAGE plpgsql
-SET plan_cache_mode = force_custom_plan
-AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(7305820111);  -- the rebuild gate
     PERFORM pg_advisory_xact_lock(hashtextextended(p_stream_id, 0));
