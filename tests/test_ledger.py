@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import uuid
 
 import asyncpg
@@ -68,7 +69,16 @@ async def test_catch_up_reader_sees_every_committed_event_exactly_once(pool: asy
         done.set()
         await reading
         assert len(written) == per_round
-        assert len(seen) == len(set(seen)), f"round {round_no}: an event was delivered twice"
+        if len(seen) != len(set(seen)):  # say which rows, so a failure can be diagnosed
+            twice = [k for k, n in collections.Counter(seen).items() if n > 1]
+            async with pool.acquire() as conn:
+                rows = await conn.fetch(
+                    "SELECT event_id, tx_id::text AS tx, global_position, stream_id, ctid::text AS ctid "
+                    "FROM events WHERE event_id = ANY($1) ORDER BY global_position",
+                    twice[:20],
+                )
+            detail = [dict(r) for r in rows]
+            raise AssertionError(f"round {round_no}: {len(twice)} events delivered twice: {detail}")
         assert set(seen) == written, f"round {round_no}: {len(written - set(seen))} events skipped"
 
 
