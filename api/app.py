@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -84,14 +84,6 @@ async def operator_guard(connection: ASGIConnection[Any, Any, Any, Any], _: Base
         raise NotAuthorizedException("the bearer token is not a valid operator token")
 
 
-def _limit(limit: int) -> int:
-    if limit < 1 or limit > MAX_LIMIT:
-        raise problems.ProblemError(
-            400, "invalid-parameter", "Invalid parameter", f"limit must be between 1 and {MAX_LIMIT}"
-        )
-    return limit
-
-
 # --- health ------------------------------------------------------------------------------------
 
 
@@ -164,7 +156,7 @@ async def list_nodes(
     if as_of is not None:
         nodes, position = await ctx(request).audit.nodes_as_of(_aware(as_of))
         return NodePage(items=nodes, next_cursor=None, as_of_position=position)
-    items, next_cursor = await ctx(request).repository.list_nodes(cursor=cursor, limit=_limit(limit))
+    items, next_cursor = await ctx(request).repository.list_nodes(cursor=cursor, limit=limit)
     return NodePage(items=items, next_cursor=next_cursor)
 
 
@@ -205,7 +197,7 @@ async def list_accelerators(
         )
         return AcceleratorPage(items=accs, next_cursor=None, as_of_position=position)
     items, next_cursor = await ctx(request).repository.list_accelerators(
-        node_id=node_id, status=status, cursor=cursor, limit=_limit(limit)
+        node_id=node_id, status=status, cursor=cursor, limit=limit
     )
     return AcceleratorPage(items=items, next_cursor=next_cursor)
 
@@ -246,7 +238,7 @@ async def list_events(
         since=since,
         until=until,
         cursor=cursor,
-        limit=_limit(limit),
+        limit=limit,
     )
     return EventPage(items=items, next_cursor=next_cursor)
 
@@ -314,8 +306,3 @@ def create_app(
     if context is not None:
         app.state.ctx = context
     return app
-
-
-@contextlib.asynccontextmanager
-async def no_lifespan(_: Litestar) -> AsyncIterator[None]:
-    yield

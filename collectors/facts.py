@@ -38,12 +38,3 @@ Fact: TypeAlias = Known | Unknown | Unsupported | Unavailable | TemporarilyFaile
 
 UNKNOWN = Unknown()
 UNSUPPORTED = Unsupported()
-
-
-def known(value: FactValue) -> Known:
-    return Known(value)
-
-
-def value_of(fact: Fact) -> FactValue | None:
-    """The value of a known fact, else None (never a substitute such as 0)."""
-    return fact.value if isinstance(fact, Known) else None

@@ -232,15 +232,6 @@ class EventStore:
             stream_id, row["out_version"], row["out_lifecycle_version"], row["out_tombstoned_at"]
         )
 
-    async def stream_info(self, conn: asyncpg.Connection, stream_id: str) -> StreamInfo:
-        row = await conn.fetchrow(
-            "SELECT version, lifecycle_version, tombstoned_at FROM streams WHERE stream_id = $1",
-            stream_id,
-        )
-        if row is None:
-            return StreamInfo(stream_id, 0, 0, None)
-        return StreamInfo(stream_id, row["version"], row["lifecycle_version"], row["tombstoned_at"])
-
     async def read_stream(
         self, stream_id: str, *, after_version: int = 0, conn: asyncpg.Connection | None = None
     ) -> list[RecordedEvent]:
@@ -280,10 +271,6 @@ class EventStore:
             return [], after
         last = rows[-1]
         return [event_from_row(r) for r in rows], Checkpoint(int(last["tx_id"]), last["global_position"])
-
-
-def new_event_id() -> uuid.UUID:
-    return uuid.uuid4()
 
 
 def deterministic_event_id(*parts: Any) -> uuid.UUID:
