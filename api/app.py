@@ -230,17 +230,16 @@ async def list_events(
             400, "invalid-parameter", "Invalid parameter", "class must be lifecycle or observation"
         )
     types = [t for v in (event_type or []) for t in v.split(",") if t] or None
-    items, next_cursor = await ctx(request).repository.list_events(
+    return await ctx(request).repository.list_events(
         node_id=node_id,
         types=types,
-        event_class=event_class,
+        event_class=event_class,  # type: ignore[arg-type]  # checked just above
         accelerator_uuid=accelerator_uuid,
         since=since,
         until=until,
         cursor=cursor,
         limit=limit,
     )
-    return EventPage(items=items, next_cursor=next_cursor)
 
 
 @get(

@@ -145,10 +145,15 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     config = _config(args)
 
     async def work(pool: Any) -> int:
+        from ledger.reading import UndecodableEvent
         from projections.inventory import ALL_PROJECTIONS
         from projections.rebuild import rebuild
 
-        report = await rebuild(pool, ALL_PROJECTIONS, verify=args.verify, progress=_progress_printer())
+        try:
+            report = await rebuild(pool, ALL_PROJECTIONS, verify=args.verify, progress=_progress_printer())
+        except UndecodableEvent as exc:
+            print(f"modelforge-hw: rebuild refused, nothing was swapped: {exc}", file=sys.stderr)
+            return 1
         if sys.stderr.isatty():
             sys.stderr.write("\n")
         if args.json:
@@ -200,6 +205,16 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 def _short(value: object, width: int = 80) -> str:
     text = msgspec.json.encode(value).decode()
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _page_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 1000, not {text!r}")
+    return value
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -255,7 +270,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         rows: list[list[str]] = []
         printed = 0
         while True:
-            items, cursor = await hardware.list_events(
+            page = await hardware.list_events(
                 node_id=args.node,
                 types=args.type or None,
                 event_class=args.event_class,
@@ -263,9 +278,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 since=_moment(args.since),
                 until=_moment(args.until),
                 cursor=cursor,
-                limit=min(1000, args.limit - printed),
+                limit=min(args.page_size, args.limit - printed),
             )
-            for e in items:
+            cursor = page.next_cursor
+            for e in page.items:
                 if fmt == "jsonl":
                     _print_json(e)
                 else:
@@ -279,14 +295,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
                             m.received_at.isoformat() if m else "",
                             e.recorded_at.isoformat() if e.recorded_at else "",
                             m.source if m else "",
-                            _short(e.data),
+                            _short(e.data)
+                            if e.undecodable is None
+                            else "UNDECODABLE " + _short(e.undecodable.stored_data),
                         ]
                     )
-            printed += len(items)
+            printed += len(page.items)
             if fmt == "table" and sys.stderr.isatty():
                 sys.stderr.write(f"\r  {printed:,} events read   ")
                 sys.stderr.flush()
-            if cursor is None or printed >= args.limit:
+            if not page.has_more or printed >= args.limit:
                 break
         if fmt == "table":
             print(
@@ -304,15 +322,26 @@ def cmd_verify(args: argparse.Namespace) -> int:
     config = _config(args)
 
     async def work(pool: Any) -> int:
-        from ledger.verify import verify_chains
+        from ledger.reading import UndecodableEvent
+        from ledger.verify import find_undecodable, verify_chains
         from projections.inventory import ALL_PROJECTIONS
-        from projections.rebuild import rebuild
+        from projections.rebuild import RebuildReport, rebuild
 
         async with pool.acquire() as conn:
             chains = await verify_chains(conn)
-        report = await rebuild(pool, ALL_PROJECTIONS, verify=True, progress=_progress_printer())
+            undecodable = await find_undecodable(conn)
+        # Every check runs to the end: an event the catalog refuses makes the re-fold impossible,
+        # which is itself reported, beside the findings that name the events.
+        report: RebuildReport | None = None
+        refused: str | None = None
+        try:
+            report = await rebuild(pool, ALL_PROJECTIONS, verify=True, progress=_progress_printer())
+        except UndecodableEvent as exc:
+            refused = str(exc)
         if args.json:
-            _print_json({"chains": chains, "projections": report})
+            _print_json(
+                {"chains": chains, "undecodable": undecodable, "projections": report, "refused": refused}
+            )
         else:
             print(
                 f"hash chains: {chains.streams} streams, {chains.lifecycle_events} lifecycle events, "
@@ -323,13 +352,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
                     f" version {b.stream_version} position {b.global_position}" if b.global_position else ""
                 )
                 print(f"BREAK stream {b.stream_id}{where}: {b.kind}: {b.detail}")
-            print(f"projections: {report.events} events re-folded, {len(report.differences)} tables differ")
-            for d in report.differences:
+            print(f"event catalog: {len(undecodable)} events cannot be decoded")
+            for u in undecodable:
                 print(
-                    f"DIFFERENCE in {d.table}: {d.only_live_count} rows only live, "
-                    f"{d.only_rebuilt_count} only in the rebuild"
+                    f"UNDECODABLE stream {u.stream_id} version {u.stream_version} "
+                    f"position {u.global_position}: {u.error}"
                 )
-        if chains.breaks or report.differences:
+            if report is not None:
+                print(
+                    f"projections: {report.events} events re-folded, {len(report.differences)} tables differ"
+                )
+                for d in report.differences:
+                    print(
+                        f"DIFFERENCE in {d.table}: {d.only_live_count} rows only live, "
+                        f"{d.only_rebuilt_count} only in the rebuild"
+                    )
+            else:
+                print(f"projections: not compared, the log cannot be re-folded: {refused}")
+        if chains.breaks or undecodable or refused or (report is not None and report.differences):
             print("the ledger failed verification: see the lines above", file=sys.stderr)
             return 1
         return 0
@@ -427,6 +467,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--since", help="recorded at or after (ISO 8601)")
     p.add_argument("--until", help="recorded before (ISO 8601)")
     p.add_argument("--limit", type=int, default=1_000_000, help="at most this many events")
+    p.add_argument(
+        "--page-size",
+        type=_page_size,
+        default=1000,
+        help="events read per round trip (1-1000)",
+    )
     p.add_argument("--format", choices=["table", "jsonl"], help="default: table on a TTY, else jsonl")
     p.add_argument("--as-of", help="reconstruct the inventory as it stood at this time (ISO 8601)")
     p.set_defaults(func=cmd_replay)

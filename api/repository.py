@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import asyncpg
 import msgspec
@@ -13,32 +13,94 @@ from api.schemas import (
     AcceleratorBody,
     CpuBody,
     EventBody,
+    EventPage,
     InventoryHealth,
     NodeBody,
     OsBody,
     StorageBody,
+    UndecodableBody,
 )
 from collectors.facts import Fact, Known, TemporarilyFailed, Unavailable, Unknown, Unsupported
-from ledger.store import event_from_row
+from ledger.events import EventClass, RecordedEvent
+from ledger.reading import (
+    MAX_POSITION,
+    MAX_TX_ID,
+    Checkpoint,
+    LogEntry,
+    LogFilter,
+    read_log,
+)
 
 
 class BadCursor(ValueError):
     pass
 
 
-def encode_cursor(*parts: object) -> str:
-    return base64.urlsafe_b64encode(msgspec.json.encode(list(parts))).decode().rstrip("=")
+# Cursors are opaque to clients: base64url of a JSON array whose first element names the list it
+# pages, so a cursor from one list handed to another is refused (400), not misread.
+_Id = Annotated[str, msgspec.Meta(max_length=256, pattern="^[^\\x00]*$")]
+_TxId = Annotated[int, msgspec.Meta(ge=0, le=MAX_TX_ID)]
+_Position = Annotated[int, msgspec.Meta(ge=0, le=MAX_POSITION)]
+_IdCursor = tuple[Literal["id"], _Id]
+_LogCursor = tuple[Literal["log"], _TxId, _Position]
 
 
-def decode_cursor(cursor: str, n: int) -> list[Any]:
+def _encode(parts: tuple[Any, ...]) -> str:
+    return base64.urlsafe_b64encode(msgspec.json.encode(parts)).decode().rstrip("=")
+
+
+def _decode(cursor: str, shape: Any) -> Any:
     try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        parts = msgspec.json.decode(raw)
+        raw = base64.urlsafe_b64decode(cursor.encode("ascii") + b"=" * (-len(cursor) % 4))
+        return msgspec.json.decode(raw, type=shape, strict=True)
     except (ValueError, msgspec.DecodeError) as exc:
-        raise BadCursor("cursor is not one this API issued") from exc
-    if not isinstance(parts, list) or len(parts) != n:
-        raise BadCursor("cursor is not one this API issued")
-    return parts
+        raise BadCursor("cursor is not one this list issued") from exc
+
+
+def encode_id_cursor(last_id: str) -> str:
+    return _encode(("id", last_id))
+
+
+def decode_id_cursor(cursor: str) -> str:
+    _, last_id = _decode(cursor, _IdCursor)
+    return str(last_id)
+
+
+def encode_log_cursor(checkpoint: Checkpoint) -> str:
+    return _encode(("log", checkpoint.tx_id, checkpoint.position))
+
+
+def decode_log_cursor(cursor: str) -> Checkpoint:
+    _, tx_id, position = _decode(cursor, _LogCursor)
+    return Checkpoint(tx_id, position)
+
+
+def event_body(entry: LogEntry) -> EventBody:
+    """An event as the API shows it; one the catalog cannot decode is shown as stored, marked."""
+    if isinstance(entry, RecordedEvent):
+        return EventBody(
+            global_position=entry.global_position,
+            stream_id=entry.stream_id,
+            stream_version=entry.stream_version,
+            event_type=entry.event_type,
+            event_class=entry.event_class,
+            node_id=entry.stream_id,
+            data=entry.payload,
+            metadata=entry.metadata,
+            recorded_at=entry.recorded_at,
+        )
+    return EventBody(
+        global_position=entry.global_position,
+        stream_id=entry.stream_id,
+        stream_version=entry.stream_version,
+        event_type=entry.event_type,
+        event_class=entry.event_class,
+        node_id=entry.stream_id,
+        recorded_at=entry.recorded_at,
+        undecodable=UndecodableBody(
+            error=entry.error, stored_data=entry.raw_data(), stored_metadata=entry.raw_metadata()
+        ),
+    )
 
 
 _FACT_CLASSES: dict[str, type[Any]] = {
@@ -171,14 +233,14 @@ class HardwareRepository:
         )
 
     async def list_nodes(self, *, cursor: str | None, limit: int) -> tuple[list[NodeBody], str | None]:
-        after = decode_cursor(cursor, 1)[0] if cursor else ""
+        after = decode_id_cursor(cursor) if cursor else ""
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(
                 _NODE_SELECT + " WHERE n.node_id > $1 ORDER BY n.node_id LIMIT $2", after, limit + 1
             )
         now = datetime.now(UTC)
         items = [self.node_body(r, now) for r in rows[:limit]]
-        next_cursor = encode_cursor(items[-1].id) if len(rows) > limit and items else None
+        next_cursor = encode_id_cursor(items[-1].id) if len(rows) > limit and items else None
         return items, next_cursor
 
     async def get_node(self, node_id: str) -> NodeBody | None:
@@ -223,7 +285,7 @@ class HardwareRepository:
     async def list_accelerators(
         self, *, node_id: str | None, status: str | None, cursor: str | None, limit: int
     ) -> tuple[list[AcceleratorBody], str | None]:
-        after = decode_cursor(cursor, 1)[0] if cursor else ""
+        after = decode_id_cursor(cursor) if cursor else ""
         where = ["a.accelerator_id > $1"]
         args: list[Any] = [after]
         if node_id is not None:
@@ -239,7 +301,7 @@ class HardwareRepository:
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(query, *args)
         items = [self.accelerator_body(r) for r in rows[:limit]]
-        next_cursor = encode_cursor(items[-1].id) if len(rows) > limit and items else None
+        next_cursor = encode_id_cursor(items[-1].id) if len(rows) > limit and items else None
         return items, next_cursor
 
     async def get_accelerator(self, accelerator_id: str) -> AcceleratorBody | None:
@@ -254,69 +316,31 @@ class HardwareRepository:
         *,
         node_id: str | None = None,
         types: list[str] | None = None,
-        event_class: str | None = None,
+        event_class: EventClass | None = None,
         accelerator_uuid: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
         cursor: str | None = None,
         limit: int = 100,
-    ) -> tuple[list[EventBody], str | None]:
-        """The audit log in gap-safe (tx_id, position) order: a cursor never passes an event whose
-        transaction commits late (the same rule as the ledger's catch-up read)."""
-        tx, pos = decode_cursor(cursor, 2) if cursor else ("0", 0)
-        args: list[Any] = [str(tx), int(pos)]
-        where = [
-            "(tx_id, global_position) > ($1::text::xid8, $2)",
-            "tx_id < pg_snapshot_xmin(pg_current_snapshot())",
-        ]
-        if node_id is not None:
-            args.append(node_id)
-            where.append(f"stream_id = ${len(args)}")
-        if types:
-            args.append(types)
-            where.append(f"event_type = ANY(${len(args)})")
-        if event_class is not None:
-            args.append(event_class)
-            where.append(f"event_class = ${len(args)}")
-        if accelerator_uuid is not None:
-            args.append(accelerator_uuid)
-            where.append(f"(data->>'uuid' = ${len(args)} OR data->>'accelerator_uuid' = ${len(args)})")
-        if since is not None:
-            args.append(since)
-            where.append(f"recorded_at >= ${len(args)}")
-        if until is not None:
-            args.append(until)
-            where.append(f"recorded_at < ${len(args)}")
-        args.append(limit + 1)
-        query = (
-            "SELECT global_position, stream_id, stream_version, event_id, event_type, event_class, "
-            "schema_version, data::text AS data, metadata::text AS metadata, recorded_at, "
-            f"tx_id::text AS tx_id FROM events WHERE {' AND '.join(where)} "
-            f"ORDER BY tx_id, global_position LIMIT ${len(args)}"
+    ) -> EventPage:
+        """The audit log in commit order through the ledger's one gap-safe read. Every page carries
+        the cursor to resume from, so a poller continues exactly where it stopped."""
+        after = decode_log_cursor(cursor) if cursor else Checkpoint()
+        where = LogFilter(
+            stream_id=node_id,
+            event_types=tuple(types or ()),
+            event_class=event_class,
+            accelerator_uuid=accelerator_uuid,
+            recorded_since=since,
+            recorded_until=until,
         )
         async with self.pool.acquire() as conn:
-            rows = await conn.fetch(query, *args)
-        items = []
-        for r in rows[:limit]:
-            e = event_from_row(r)
-            items.append(
-                EventBody(
-                    global_position=e.global_position,
-                    stream_id=e.stream_id,
-                    stream_version=e.stream_version,
-                    event_type=e.event_type,
-                    event_class=e.event_class,
-                    node_id=e.stream_id,
-                    data=e.payload,
-                    metadata=e.metadata,
-                    recorded_at=e.recorded_at,
-                )
-            )
-        next_cursor = None
-        if len(rows) > limit and items:
-            last = rows[limit - 1]
-            next_cursor = encode_cursor(last["tx_id"], last["global_position"])
-        return items, next_cursor
+            page = await read_log(conn, after, limit=limit, where=where)
+        return EventPage(
+            items=[event_body(e) for e in page.entries],
+            next_cursor=encode_log_cursor(page.resume),
+            has_more=page.more,
+        )
 
     # --- health ----------------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -110,6 +110,15 @@ class AcceleratorPage(msgspec.Struct):
     as_of_position: int | None = None
 
 
+class UndecodableBody(msgspec.Struct):
+    """An event the catalog no longer accepts (edited in the database, or schema drift), shown as
+    stored so an audit read never fails a whole page for it."""
+
+    error: str
+    stored_data: Any
+    stored_metadata: Any
+
+
 class EventBody(msgspec.Struct):
     global_position: int
     stream_id: str
@@ -120,11 +129,17 @@ class EventBody(msgspec.Struct):
     data: EventPayload | None = None
     metadata: EventMetadata | None = None
     recorded_at: datetime | None = None
+    # Set only for an event that cannot be decoded; then `data` and `metadata` are null.
+    undecodable: UndecodableBody | None = None
 
 
 class EventPage(msgspec.Struct):
     items: list[EventBody]
-    next_cursor: str | None
+    # Where to resume: after the last event of this page, or the cursor given when the page is
+    # empty. Polling with it later delivers exactly the events committed since, once each.
+    next_cursor: str
+    # The page was cut by its limit: read again at once for more.
+    has_more: bool = False
 
 
 class RefreshBody(msgspec.Struct):

@@ -95,7 +95,7 @@ EVENTS_PER_REPORT = 10
 # The SELECT of projections/rebuild.py's bulk phase, verbatim.
 SCAN_SQL = (
     "SELECT global_position, stream_id, stream_version, event_id, event_type, "
-    "event_class, schema_version, data::text AS data, metadata::text AS metadata, "
+    "event_class, schema_version, data::text AS data_json, metadata::text AS metadata_json, "
     "recorded_at FROM events WHERE (stream_id, stream_version) > ($1, $2) "
     "ORDER BY stream_id, stream_version LIMIT $3"
 )
@@ -669,8 +669,8 @@ async def bare_scan(pool: asyncpg.Pool) -> tuple[int, float, float]:
             if not rows:
                 break
             for row in rows:
-                decode_payload(row["data"])
-                decode_metadata(row["metadata"])
+                decode_payload(row["data_json"])
+                decode_metadata(row["metadata_json"])
             n += len(rows)
             last = (rows[-1]["stream_id"], rows[-1]["stream_version"])
     return n, time.perf_counter() - t0, time.process_time() - c0

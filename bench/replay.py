@@ -102,7 +102,7 @@ COPY_COLUMNS = [
 # inventory_as_of's own SELECT (projections/pointintime.py), without the fold.
 AS_OF_SQL = (
     "SELECT global_position, stream_id, stream_version, event_id, event_type, event_class, "
-    "schema_version, data::text AS data, metadata::text AS metadata, recorded_at FROM events "
+    "schema_version, data::text AS data_json, metadata::text AS metadata_json, recorded_at FROM events "
     "WHERE (stream_id, stream_version) > ($1, $2) AND recorded_at <= $3 {node} "
     "ORDER BY stream_id, stream_version LIMIT $4"
 )
@@ -458,8 +458,8 @@ async def scan(conn: asyncpg.Connection, as_of: datetime | None, node_id: str | 
             if not rows:
                 break
             for row in rows:
-                decode_payload(row["data"])
-                decode_metadata(row["metadata"])
+                decode_payload(row["data_json"])
+                decode_metadata(row["metadata_json"])
             n += len(rows)
             last = (rows[-1]["stream_id"], rows[-1]["stream_version"])
     return n

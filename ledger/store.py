@@ -27,6 +27,16 @@ from ledger.events import (
     validate_metadata,
     validate_payload,
 )
+from ledger.reading import (
+    EVENT_COLUMNS,
+    Checkpoint,
+    StoredEvent,
+    UndecodableEvent,
+    event_from_row,
+    read_log,
+)
+
+__all__ = ["Checkpoint", "EventStore", "UndecodableEvent", "event_from_row"]
 
 log = structlog.get_logger(__name__)
 
@@ -67,13 +77,6 @@ class StreamInfo(msgspec.Struct, frozen=True):
     tombstoned_at: datetime | None
 
 
-class Checkpoint(msgspec.Struct, frozen=True, order=True):
-    """A position in the global catch-up order: (transaction id, global position)."""
-
-    tx_id: int = 0
-    position: int = 0
-
-
 class AppendResult(msgspec.Struct, frozen=True):
     stream_id: str
     stream_version: int
@@ -96,27 +99,6 @@ class InlineProjection(Protocol):
         """Fold `events` into the read model. `prior`: the stream's folded state as the caller
         already loaded it under the stream lock (saves reading it twice), else None."""
         ...
-
-
-_EVENT_COLUMNS = (
-    "global_position, stream_id, stream_version, event_id, event_type, event_class, "
-    "schema_version, data::text AS data, metadata::text AS metadata, recorded_at"
-)
-
-
-def event_from_row(row: asyncpg.Record) -> RecordedEvent:
-    return RecordedEvent(
-        global_position=row["global_position"],
-        stream_id=row["stream_id"],
-        stream_version=row["stream_version"],
-        event_id=row["event_id"],
-        event_type=row["event_type"],
-        event_class=row["event_class"],
-        schema_version=row["schema_version"],
-        payload=decode_payload(row["data"]),
-        metadata=decode_metadata(row["metadata"]),
-        recorded_at=row["recorded_at"],
-    )
 
 
 def _translate(exc: asyncpg.PostgresError, stream_id: str, expected: int | None) -> LedgerError | None:
@@ -196,7 +178,7 @@ class EventStore:
             raise
         if rows and rows[0]["out_already_stored"]:
             stored = await conn.fetch(
-                f"SELECT {_EVENT_COLUMNS} FROM events WHERE event_id = ANY($1) ORDER BY global_position",
+                f"SELECT {EVENT_COLUMNS} FROM events WHERE event_id = ANY($1) ORDER BY global_position",
                 [e.event_id for e in events],
             )
             recorded = [event_from_row(r) for r in stored]
@@ -236,7 +218,7 @@ class EventStore:
         self, stream_id: str, *, after_version: int = 0, conn: asyncpg.Connection | None = None
     ) -> list[RecordedEvent]:
         query = (
-            f"SELECT {_EVENT_COLUMNS} FROM events WHERE stream_id = $1 AND stream_version > $2 "
+            f"SELECT {EVENT_COLUMNS} FROM events WHERE stream_id = $1 AND stream_version > $2 "
             "ORDER BY stream_version"
         )
         if conn is None:
@@ -249,28 +231,22 @@ class EventStore:
     async def read_all(
         self, after: Checkpoint, *, limit: int = 1000, conn: asyncpg.Connection | None = None
     ) -> tuple[list[RecordedEvent], Checkpoint]:
-        """The gap-safe global catch-up read (NOTES.md section 2).
-
-        Global positions are taken at insert but become visible at commit, so they appear out of
-        order. Reading only below the oldest running transaction (`pg_snapshot_xmin`) and in
-        (tx_id, position) order means an event is never passed by: a late-committing transaction
-        has a smaller tx_id than the horizon, and is read once the horizon moves past it.
-        """
-        query = (
-            f"SELECT {_EVENT_COLUMNS}, tx_id::text AS tx_id FROM events "
-            "WHERE (tx_id, global_position) > ($1::text::xid8, $2) "
-            "AND tx_id < pg_snapshot_xmin(pg_current_snapshot()) "
-            "ORDER BY tx_id, global_position LIMIT $3"
-        )
+        """The catch-up read for consumers that fold (ledger.reading.read_log, gap-safe): every
+        committed event after `after` exactly once. An event the catalog cannot decode stops the
+        consumer with UndecodableEvent naming it, rather than being folded past."""
         if conn is None:
             async with self.pool.acquire() as own:
-                rows = await own.fetch(query, str(after.tx_id), after.position, limit)
+                page = await read_log(own, after, limit=limit)
         else:
-            rows = await conn.fetch(query, str(after.tx_id), after.position, limit)
-        if not rows:
-            return [], after
-        last = rows[-1]
-        return [event_from_row(r) for r in rows], Checkpoint(int(last["tx_id"]), last["global_position"])
+            page = await read_log(conn, after, limit=limit)
+        events: list[RecordedEvent] = []
+        for entry in page.entries:
+            if isinstance(entry, StoredEvent):
+                raise UndecodableEvent(
+                    entry.stream_id, entry.stream_version, entry.global_position, entry.error
+                )
+            events.append(entry)
+        return events, page.resume
 
 
 def deterministic_event_id(*parts: Any) -> uuid.UUID:

@@ -14,6 +14,8 @@ from typing import Literal
 import asyncpg
 import msgspec
 
+from ledger.reading import EVENT_COLUMNS, StoredEvent, entry_from_row
+
 BreakKind = Literal["hash_mismatch", "broken_link", "head_mismatch", "count_mismatch"]
 
 
@@ -104,3 +106,38 @@ async def verify_chains(conn: asyncpg.Connection) -> ChainReport:
         streams = await conn.fetchval("SELECT count(*) FROM streams")
         lifecycle = await conn.fetchval("SELECT count(*) FROM events WHERE event_class = 'lifecycle'")
     return ChainReport(streams=streams, lifecycle_events=lifecycle, breaks=breaks)
+
+
+class DecodeFinding(msgspec.Struct, frozen=True):
+    """A stored event the event catalog refuses: named so an operator can find it."""
+
+    stream_id: str
+    stream_version: int
+    global_position: int
+    error: str
+
+
+async def find_undecodable(conn: asyncpg.Connection, *, batch: int = 5000) -> list[DecodeFinding]:
+    """Decode every stored event with the catalog and name each one it refuses (a rebuild would
+    stop at the first; verification lists them all)."""
+    findings: list[DecodeFinding] = []
+    after = 0
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        while True:
+            rows = await conn.fetch(
+                f"SELECT {EVENT_COLUMNS} FROM events WHERE events.global_position > $1 "
+                "ORDER BY events.global_position LIMIT $2",
+                after,
+                batch,
+            )
+            if not rows:
+                return findings
+            for row in rows:
+                entry = entry_from_row(row)
+                if isinstance(entry, StoredEvent):
+                    findings.append(
+                        DecodeFinding(
+                            entry.stream_id, entry.stream_version, entry.global_position, entry.error
+                        )
+                    )
+            after = rows[-1]["global_position"]

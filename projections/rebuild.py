@@ -20,7 +20,8 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from ledger.store import REBUILD_GATE_KEY, event_from_row
+from ledger.reading import EVENT_COLUMNS, event_from_row
+from ledger.store import REBUILD_GATE_KEY
 from projections.framework import STATE_TABLE, Projection, TableSpec
 
 SHADOW = "__shadow"
@@ -108,9 +109,8 @@ class _Writer:
 
 
 _SCAN = (
-    "SELECT global_position, stream_id, stream_version, event_id, event_type, event_class, "
-    "schema_version, data::text AS data, metadata::text AS metadata, recorded_at FROM events "
-    "WHERE (stream_id, stream_version) > ($1, $2) ORDER BY stream_id, stream_version LIMIT $3"
+    f"SELECT {EVENT_COLUMNS} FROM events WHERE (events.stream_id, events.stream_version) > ($1, $2) "
+    "ORDER BY events.stream_id, events.stream_version LIMIT $3"
 )
 
 
@@ -137,26 +137,33 @@ async def _bulk(
                 # The next batch is read while this one is folded: the server scans while Python
                 # decodes and folds, instead of each waiting for the other.
                 pending = fetch(("", 0))
-                while True:
-                    rows = await pending
-                    if not rows:
-                        break
-                    pending = fetch((rows[-1]["stream_id"], rows[-1]["stream_version"]))
-                    await asyncio.sleep(0)  # let the prefetch go out before the CPU-bound fold
-                    for row in rows:
-                        event = event_from_row(row)
-                        if event.stream_id != current:
-                            if current is not None:
-                                for p, st in zip(projections, states, strict=True):
-                                    await writer.add_stream(p, current, st)
-                                streams += 1
-                            current = event.stream_id
-                            states = [p.initial(current) for p in projections]
-                        states = [p.fold(st, event) for p, st in zip(projections, states, strict=True)]
-                    done += len(rows)
-                    if progress is not None:
-                        elapsed = time.perf_counter() - started
-                        progress(done, max(total, done), done / elapsed if elapsed else 0.0)
+                try:
+                    while True:
+                        rows = await pending
+                        if not rows:
+                            break
+                        pending = fetch((rows[-1]["stream_id"], rows[-1]["stream_version"]))
+                        await asyncio.sleep(0)  # let the prefetch go out before the CPU-bound fold
+                        for row in rows:
+                            event = event_from_row(row)
+                            if event.stream_id != current:
+                                if current is not None:
+                                    for p, st in zip(projections, states, strict=True):
+                                        await writer.add_stream(p, current, st)
+                                    streams += 1
+                                current = event.stream_id
+                                states = [p.initial(current) for p in projections]
+                            states = [p.fold(st, event) for p, st in zip(projections, states, strict=True)]
+                        done += len(rows)
+                        if progress is not None:
+                            elapsed = time.perf_counter() - started
+                            progress(done, max(total, done), done / elapsed if elapsed else 0.0)
+                finally:
+                    # A fold that raised (an undecodable event) must not leave the prefetch in
+                    # flight: leaving the read transaction then breaks its connection, and the
+                    # operator would see a connection error instead of the event's name.
+                    if not pending.done():
+                        await asyncio.gather(pending, return_exceptions=True)
                 if current is not None:
                     for p, st in zip(projections, states, strict=True):
                         await writer.add_stream(p, current, st)
@@ -181,10 +188,8 @@ async def _catch_up(conn: asyncpg.Connection, projections: Sequence[Projection[A
             events = [
                 event_from_row(r)
                 for r in await conn.fetch(
-                    "SELECT global_position, stream_id, stream_version, event_id, event_type, "
-                    "event_class, schema_version, data::text AS data, metadata::text AS metadata, "
-                    "recorded_at FROM events WHERE stream_id = $1 AND stream_version > $2 "
-                    "ORDER BY stream_version",
+                    f"SELECT {EVENT_COLUMNS} FROM events WHERE events.stream_id = $1 "
+                    "AND events.stream_version > $2 ORDER BY events.stream_version",
                     row["stream_id"],
                     row["folded"],
                 )
@@ -283,19 +288,19 @@ async def rebuild(
                         for t in tables:
                             await _swap(control, t)
                         horizon = await control.fetchrow(
-                            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS tx, "
-                            "coalesce(max(global_position), 0) AS pos FROM events"
+                            "SELECT pg_snapshot_xmin(pg_current_snapshot()) AS horizon_tx, "
+                            "coalesce(max(global_position), 0) AS horizon_position FROM events"
                         )
                         for p in projections:
                             await control.execute(
                                 "INSERT INTO projection_checkpoints (projection, tx_id, position, "
-                                "rebuilt_at) VALUES ($1, $2::text::xid8, $3, now()) "
+                                "rebuilt_at) VALUES ($1, $2::xid8, $3, now()) "
                                 "ON CONFLICT (projection) DO UPDATE "
                                 "SET tx_id = EXCLUDED.tx_id, position = EXCLUDED.position, "
                                 "rebuilt_at = EXCLUDED.rebuilt_at",
                                 p.name,
-                                horizon["tx"],
-                                horizon["pos"],
+                                horizon["horizon_tx"],
+                                horizon["horizon_position"],
                             )
                         swapped = True
             finally:

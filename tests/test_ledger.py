@@ -73,7 +73,7 @@ async def test_catch_up_reader_sees_every_committed_event_exactly_once(pool: asy
             twice = [k for k, n in collections.Counter(seen).items() if n > 1]
             async with pool.acquire() as conn:
                 rows = await conn.fetch(
-                    "SELECT event_id, tx_id::text AS tx, global_position, stream_id, ctid::text AS ctid "
+                    "SELECT event_id, tx_id::text AS tx, global_position, stream_id, ctid::text AS row_ctid "
                     "FROM events WHERE event_id = ANY($1) ORDER BY global_position",
                     twice[:20],
                 )

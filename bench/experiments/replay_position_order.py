@@ -35,7 +35,7 @@ from bench._common import bench_database_name, create_database, drop_database, d
 
 _COLUMNS = (
     "global_position, stream_id, stream_version, event_id, event_type, event_class, schema_version, "
-    "data::text AS data, metadata::text AS metadata, recorded_at"
+    "data::text AS data_json, metadata::text AS metadata_json, recorded_at"
 )
 _BATCH = 2000
 
@@ -85,7 +85,7 @@ async def scan_by_position(conn: asyncpg.Connection, as_of: datetime) -> int:
     n, last = 0, 0
     sql = (
         "SELECT global_position, stream_id, stream_version, event_id, event_type, event_class, "
-        "schema_version, data::text AS data, metadata::text AS metadata, recorded_at FROM events "
+        "schema_version, data::text AS data_json, metadata::text AS metadata_json, recorded_at FROM events "
         "WHERE global_position > $1 AND recorded_at <= $2 ORDER BY global_position LIMIT $3"
     )
     async with conn.transaction(isolation="repeatable_read", readonly=True):
@@ -94,8 +94,8 @@ async def scan_by_position(conn: asyncpg.Connection, as_of: datetime) -> int:
             if not rows:
                 break
             for row in rows:
-                decode_payload(row["data"])
-                decode_metadata(row["metadata"])
+                decode_payload(row["data_json"])
+                decode_metadata(row["metadata_json"])
             n += len(rows)
             last = rows[-1]["global_position"]
     return n

@@ -1,0 +1,215 @@
+"""Reading the log: the one reader of event rows, and the one gap-safe read in commit order.
+
+Every consumer that walks the log in commit order (the catch-up read, `GET /events`, `replay`, the
+console's live feed) calls `read_log`; nothing else writes that SQL condition or that ordering.
+
+Why commit order needs care: a global position is taken at INSERT but becomes visible at COMMIT,
+so positions appear out of order. Rows are read only below the oldest transaction still running
+(`pg_snapshot_xmin`) and in `(tx_id, global_position)` order, so a late-committing transaction
+always has a smaller `tx_id` than the horizon and is read once the horizon passes it.
+
+The cursor is numeric end to end: `tx_id` is an `xid8` (asyncpg hands it over as an int) and the
+ORDER BY names the table's own columns. A select-list alias that shadows a column of another type
+(`tx_id` cast to text and named `tx_id`) captures a bare ORDER BY name and sorts as text, so `'100000'` sorts
+before `'99999'` and the cursor repeats or skips events wherever transaction ids gain a digit;
+docs/architecture.md states the rule for every query.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from ledger.events import EventClass, RecordedEvent, decode_metadata, decode_payload
+
+# The one column list of an event row. JSON columns come back as text under names of their own
+# (decoding them with msgspec is faster than asyncpg's json codec, and no alias shadows a column).
+EVENT_COLUMNS = (
+    "events.global_position, events.stream_id, events.stream_version, events.event_id, "
+    "events.event_type, events.event_class, events.schema_version, "
+    "events.data::text AS data_json, events.metadata::text AS metadata_json, events.recorded_at"
+)
+
+# xid8 is unsigned 64-bit, but a cluster consuming a million ids a second needs 290,000 years to
+# pass 2**63, so cursors bound both parts to bigint (msgspec checks bounds within int64).
+MAX_TX_ID = 2**63 - 1
+MAX_POSITION = 2**63 - 1
+
+
+class Checkpoint(msgspec.Struct, frozen=True, order=True):
+    """A position in the global commit order: (transaction id, global position)."""
+
+    tx_id: int = 0
+    position: int = 0
+
+
+class UndecodableEvent(ValueError):
+    """A stored event the catalog no longer accepts (edited in the database, or a schema drift).
+    Names the event so an operator can find it."""
+
+    def __init__(self, stream_id: str, stream_version: int, global_position: int, reason: str) -> None:
+        super().__init__(
+            f"event at stream {stream_id} version {stream_version} (global position {global_position}) "
+            f"cannot be decoded by the event catalog: {reason}"
+        )
+        self.stream_id = stream_id
+        self.stream_version = stream_version
+        self.global_position = global_position
+        self.reason = reason
+
+
+class StoredEvent(msgspec.Struct, frozen=True):
+    """An event as stored, for one the catalog cannot decode: audit reads show it marked as such
+    instead of failing the whole page."""
+
+    global_position: int
+    stream_id: str
+    stream_version: int
+    event_id: uuid.UUID
+    event_type: str
+    event_class: EventClass
+    schema_version: int
+    data_json: str
+    metadata_json: str
+    recorded_at: datetime
+    error: str
+
+    def raw_data(self) -> Any:
+        return _raw_json(self.data_json)
+
+    def raw_metadata(self) -> Any:
+        return _raw_json(self.metadata_json)
+
+
+def _raw_json(text: str) -> Any:
+    try:
+        return msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return text
+
+
+LogEntry = RecordedEvent | StoredEvent
+
+
+def event_from_row(row: asyncpg.Record) -> RecordedEvent:
+    """Decode one event row (selected with EVENT_COLUMNS). Raises UndecodableEvent naming it."""
+    try:
+        payload = decode_payload(row["data_json"])
+        metadata = decode_metadata(row["metadata_json"])
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise UndecodableEvent(
+            row["stream_id"], row["stream_version"], row["global_position"], str(exc)
+        ) from exc
+    return RecordedEvent(
+        global_position=row["global_position"],
+        stream_id=row["stream_id"],
+        stream_version=row["stream_version"],
+        event_id=row["event_id"],
+        event_type=row["event_type"],
+        event_class=row["event_class"],
+        schema_version=row["schema_version"],
+        payload=payload,
+        metadata=metadata,
+        recorded_at=row["recorded_at"],
+    )
+
+
+def entry_from_row(row: asyncpg.Record) -> LogEntry:
+    """Decode one event row, or keep it as stored when the catalog refuses it."""
+    try:
+        return event_from_row(row)
+    except UndecodableEvent as exc:
+        return StoredEvent(
+            global_position=row["global_position"],
+            stream_id=row["stream_id"],
+            stream_version=row["stream_version"],
+            event_id=row["event_id"],
+            event_type=row["event_type"],
+            event_class=row["event_class"],
+            schema_version=row["schema_version"],
+            data_json=row["data_json"],
+            metadata_json=row["metadata_json"],
+            recorded_at=row["recorded_at"],
+            error=exc.reason,
+        )
+
+
+class LogFilter(msgspec.Struct, frozen=True):
+    """Which events a log read delivers; the commit order and the horizon are not negotiable."""
+
+    stream_id: str | None = None
+    event_types: tuple[str, ...] = ()
+    event_class: EventClass | None = None
+    accelerator_uuid: str | None = None
+    recorded_since: datetime | None = None  # inclusive
+    recorded_until: datetime | None = None  # exclusive
+
+
+class LogPage(msgspec.Struct, frozen=True):
+    """One page of the log. `resume` is where the next read starts: after the last entry delivered,
+    or the input checkpoint when nothing was. `more`: the page was cut by its limit."""
+
+    entries: list[LogEntry]
+    resume: Checkpoint
+    more: bool
+
+
+def _log_query(where: LogFilter, limit: int) -> tuple[str, list[Any]]:
+    args: list[Any] = []
+
+    def arg(value: Any) -> str:
+        args.append(value)
+        return f"${len(args)}"
+
+    conditions = [
+        "(events.tx_id, events.global_position) > ($1::xid8, $2::bigint)",
+        "events.tx_id < pg_snapshot_xmin(pg_current_snapshot())",
+    ]
+    args.extend([None, None])  # the checkpoint, filled in by read_log
+    if where.stream_id is not None:
+        conditions.append(f"events.stream_id = {arg(where.stream_id)}")
+    if where.event_types:
+        conditions.append(f"events.event_type = ANY({arg(list(where.event_types))}::text[])")
+    if where.event_class is not None:
+        conditions.append(f"events.event_class = {arg(where.event_class)}")
+    if where.accelerator_uuid is not None:
+        p = arg(where.accelerator_uuid)
+        conditions.append(f"(events.data->>'uuid' = {p} OR events.data->>'accelerator_uuid' = {p})")
+    if where.recorded_since is not None:
+        conditions.append(f"events.recorded_at >= {arg(where.recorded_since)}")
+    if where.recorded_until is not None:
+        conditions.append(f"events.recorded_at < {arg(where.recorded_until)}")
+    query = (
+        f"SELECT {EVENT_COLUMNS}, events.tx_id FROM events WHERE {' AND '.join(conditions)} "
+        f"ORDER BY events.tx_id, events.global_position LIMIT {arg(limit)}"
+    )
+    return query, args
+
+
+async def read_log(
+    conn: asyncpg.Connection,
+    after: Checkpoint,
+    *,
+    limit: int,
+    where: LogFilter | None = None,
+) -> LogPage:
+    """The gap-safe read: committed events after `after`, in commit order, each exactly once across
+    successive calls that pass back `resume`."""
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
+    query, args = _log_query(where or LogFilter(), limit + 1)
+    args[0], args[1] = after.tx_id, after.position
+    rows = await conn.fetch(query, *args)
+    page = rows[:limit]
+    if not page:
+        return LogPage(entries=[], resume=after, more=False)
+    last = page[-1]
+    return LogPage(
+        entries=[entry_from_row(r) for r in page],
+        resume=Checkpoint(last["tx_id"], last["global_position"]),
+        more=len(rows) > limit,
+    )

@@ -1,0 +1,227 @@
+"""Issue 10: the one gap-safe read of the log, where transaction ids gain a digit.
+
+Rows are written with chosen `tx_id` values (the column default is overridden) around 999/1,000,
+99,999/100,000 and 999,999/1,000,000, in a shuffled order so that global positions disagree with
+the commit order. Every limit from 1 to the row count must deliver each event exactly once, in
+numeric (tx_id, position) order. A text sort ('100000' < '99999') fails this at every boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+
+import asyncpg
+import msgspec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from collectors.facts import Known
+from ledger.events import HostTelemetryObserved, validate_metadata, validate_payload
+from ledger.reading import Checkpoint, LogFilter, StoredEvent, read_log
+from tests.builders import meta
+
+BOUNDARY_TXS = [
+    997,
+    998,
+    999,
+    1_000,
+    1_001,
+    99_998,
+    99_999,
+    100_000,
+    100_001,
+    999_998,
+    999_999,
+    1_000_000,
+    1_000_001,
+]
+
+
+async def burn_transaction_ids_past(conn: asyncpg.Connection, target: int) -> None:
+    """Move the cluster's transaction counter and the xmin horizon past `target`, so rows written
+    with tx ids up to `target` are below the horizon and readable. Each subtransaction that writes
+    takes its own id, so one DO block burns tens of thousands in a fraction of a second."""
+    await conn.execute("CREATE TEMP TABLE IF NOT EXISTS burn (i int)")
+    while await conn.fetchval("SELECT pg_current_xact_id()::text::bigint") <= target + 1:
+        await conn.execute(
+            "DO $$ BEGIN FOR i IN 1..50000 LOOP "
+            "BEGIN INSERT INTO burn VALUES (i); EXCEPTION WHEN OTHERS THEN NULL; END; "
+            "END LOOP; END $$"
+        )
+        await conn.execute("TRUNCATE burn")
+    # The horizon is cluster-wide: another session's open transaction may hold it back a while.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 120
+    while await conn.fetchval("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint") <= target:
+        assert loop.time() < deadline, "the xmin horizon did not pass the chosen transaction ids"
+        await asyncio.sleep(0.2)
+
+
+async def write_rows(conn: asyncpg.Connection, txs: list[int], seed: int = 0) -> list[tuple[int, int]]:
+    """One observation event per tx id given, inserted in a shuffled order, with its tx id set by
+    hand. Returns (tx_id, global_position) of each, as the model of the expected order."""
+    data = validate_payload(
+        HostTelemetryObserved(telemetry={"memory_available_bytes": Known(1)}, storage=[])
+    ).decode()
+    metadata = validate_metadata(meta()).decode()
+    order = list(txs)
+    random.Random(seed).shuffle(order)
+    written: list[tuple[int, int]] = []
+    for tx in order:
+        stream = f"boundary-{uuid.uuid4().hex[:12]}"
+        position = await conn.fetchval(
+            "INSERT INTO events (tx_id, event_id, stream_id, stream_version, event_type, event_class, "
+            "schema_version, data, metadata) VALUES ($1::xid8, $2, $3, 1, 'HOST_TELEMETRY_OBSERVED', "
+            "'observation', 1, $4::text::jsonb, $5::text::jsonb) RETURNING global_position",
+            tx,
+            uuid.uuid4(),
+            stream,
+            data,
+            metadata,
+        )
+        written.append((tx, position))
+    return written
+
+
+async def read_everything(conn: asyncpg.Connection, limit: int) -> list[tuple[int, int]]:
+    """Follow the log page by page with `resume` until an empty page."""
+    seen: list[tuple[int, int]] = []
+    after = Checkpoint()
+    pages = 0
+    while True:
+        page = await read_log(conn, after, limit=limit)
+        pages += 1
+        assert pages < 10_000
+        if not page.entries:
+            assert page.resume == after, "an empty page resumes where it was asked to start"
+            return seen
+        assert len(page.entries) <= limit
+        for entry in page.entries:
+            assert not isinstance(entry, StoredEvent), entry.error
+            row = await conn.fetchrow(
+                "SELECT tx_id FROM events WHERE global_position = $1", entry.global_position
+            )
+            seen.append((row["tx_id"], entry.global_position))
+        after = page.resume
+
+
+async def test_every_limit_delivers_each_event_once_in_numeric_order_across_digit_boundaries(
+    pool: asyncpg.Pool,
+) -> None:
+    async with pool.acquire() as conn:
+        await burn_transaction_ids_past(conn, max(BOUNDARY_TXS))
+        # Two events in most transactions, so the position breaks ties inside one tx id.
+        written = await write_rows(conn, BOUNDARY_TXS + BOUNDARY_TXS[::2], seed=10)
+        expected = sorted(written)
+        assert [tx for tx, _ in expected][:5] == [997, 997, 998, 999, 999]
+        for limit in range(1, len(written) + 1):
+            got = await read_everything(conn, limit)
+            assert got == expected, f"limit {limit}: {got} != {expected}"
+
+
+async def test_a_resumed_cursor_delivers_exactly_what_committed_since(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        await burn_transaction_ids_past(conn, 100_001)
+        first = await write_rows(conn, [99_999, 100_000], seed=1)
+        page = await read_log(conn, Checkpoint(), limit=100)
+        assert [e.global_position for e in page.entries] == [p for _, p in sorted(first)]
+        assert not page.more
+        empty = await read_log(conn, page.resume, limit=100)
+        assert empty.entries == [] and empty.resume == page.resume
+        # Later commits (real tx ids, above the boundary rows) arrive once on the next poll.
+        data = validate_payload(
+            HostTelemetryObserved(telemetry={"memory_available_bytes": Known(2)}, storage=[])
+        ).decode()
+        for n in range(3):
+            await conn.execute(
+                "INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class, "
+                "schema_version, data, metadata) VALUES ($1, $2, 1, 'HOST_TELEMETRY_OBSERVED', "
+                "'observation', 1, $3::text::jsonb, $4::text::jsonb)",
+                uuid.uuid4(),
+                f"later-{n}",
+                data,
+                validate_metadata(meta()).decode(),
+            )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        delivered: list[str] = []
+        after = empty.resume
+        while len(delivered) < 3:
+            assert loop.time() < deadline, "later events never arrived"
+            p = await read_log(conn, after, limit=2)
+            delivered.extend(e.stream_id for e in p.entries)
+            after = p.resume
+            if not p.entries:
+                await asyncio.sleep(0.05)
+        assert sorted(delivered) == ["later-0", "later-1", "later-2"]
+        assert (await read_log(conn, after, limit=10)).entries == []
+
+
+async def test_filters_keep_the_commit_order_and_the_resume_point(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        await burn_transaction_ids_past(conn, 1_000_001)
+        written = await write_rows(conn, BOUNDARY_TXS, seed=3)
+        by_position = {p: tx for tx, p in written}
+        target = await conn.fetchval(
+            "SELECT stream_id FROM events WHERE global_position = $1", sorted(written)[5][1]
+        )
+        page = await read_log(conn, Checkpoint(), limit=1, where=LogFilter(stream_id=target))
+        assert [e.stream_id for e in page.entries] == [target]
+        assert page.resume == Checkpoint(
+            by_position[page.entries[0].global_position], page.entries[0].global_position
+        )
+        rest = await read_log(conn, page.resume, limit=5, where=LogFilter(stream_id=target))
+        assert rest.entries == [] and rest.resume == page.resume
+
+
+# Tx ids of mixed magnitudes, below a horizon burned once for the whole property.
+_tx_ids = st.one_of(
+    st.integers(3, 9_999),
+    st.integers(9_990, 10_010),
+    st.integers(99_990, 100_010),
+    st.integers(10_000, 1_000_001),
+)
+
+
+async def test_property_any_tx_ids_any_limit_match_the_model(pool: asyncpg.Pool) -> None:
+    loop = asyncio.get_running_loop()
+    async with pool.acquire() as setup:
+        await burn_transaction_ids_past(setup, 1_000_001)
+
+    async def example(txs: list[int], limit: int, seed: int) -> None:
+        async with pool.acquire() as conn:
+            await conn.execute("DELETE FROM events WHERE event_class = 'observation'")
+            written = await write_rows(conn, txs, seed=seed)
+            got = await read_everything(conn, limit)
+            assert got == sorted(written)
+
+    @given(
+        txs=st.lists(_tx_ids, min_size=0, max_size=25),
+        limit=st.integers(1, 30),
+        seed=st.integers(0, 1000),
+    )
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    def prop(txs: list[int], limit: int, seed: int) -> None:
+        asyncio.run_coroutine_threadsafe(example(txs, limit, seed), loop).result()
+
+    await asyncio.to_thread(prop)
+
+
+async def test_an_undecodable_event_is_returned_as_stored_and_marked(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        await burn_transaction_ids_past(conn, 1_001)
+        written = await write_rows(conn, [999, 1_000, 1_001], seed=4)
+        victim = sorted(written)[1][1]
+        await conn.execute(
+            "UPDATE events SET data = jsonb_set(data, '{telemetry,memory_available_bytes,state}', "
+            "'\"known-tampered\"') WHERE global_position = $1",
+            victim,
+        )
+        page = await read_log(conn, Checkpoint(), limit=10)
+        assert [e.global_position for e in page.entries] == [p for _, p in sorted(written)]
+        marked = [e for e in page.entries if isinstance(e, StoredEvent)]
+        assert [m.global_position for m in marked] == [victim]
+        assert "known-tampered" in msgspec.json.encode(marked[0].raw_data()).decode()
+        assert marked[0].error
