@@ -418,4 +418,19 @@ CREATE TABLE IF NOT EXISTS agent_stream_positions (
     PRIMARY KEY (node_id, stream)
 );
 
+-- The change feed (ledger/feed.py): wake waiting readers when events commit. One notification per
+-- append statement; PostgreSQL delivers it at commit and folds duplicates within a transaction.
+-- It only wakes readers: the gap-safe read still decides what they receive.
+CREATE OR REPLACE FUNCTION mf_notify_log() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('mf_log', '');
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER events_notify_log
+    AFTER INSERT ON events
+    FOR EACH STATEMENT EXECUTE FUNCTION mf_notify_log();
+
 INSERT INTO schema_version (version) VALUES (1) ON CONFLICT (version) DO NOTHING;

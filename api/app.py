@@ -36,6 +36,8 @@ log = structlog.get_logger(__name__)
 VERSION = "0.1.0"
 MAX_LIMIT = 1000
 Limit = Annotated[int, QueryParameter(ge=1, le=MAX_LIMIT)]
+# A long poll longer than common proxy idle timeouts (60 s) would be cut by them.
+MAX_WAIT_SECONDS = 60
 
 
 class AppContext:
@@ -224,6 +226,14 @@ async def list_events(
     until: FromQuery[datetime | None] = None,
     cursor: FromQuery[str | None] = None,
     limit: Limit = 100,
+    wait: Annotated[
+        int,
+        QueryParameter(
+            ge=0,
+            le=MAX_WAIT_SECONDS,
+            description="seconds to hold an empty page until an event commits (the change feed)",
+        ),
+    ] = 0,
 ) -> EventPage:
     if event_class is not None and event_class not in ("lifecycle", "observation"):
         raise problems.ProblemError(
@@ -239,6 +249,7 @@ async def list_events(
         until=until,
         cursor=cursor,
         limit=limit,
+        wait_seconds=wait,
     )
 
 

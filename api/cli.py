@@ -269,6 +269,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         cursor: str | None = None
         rows: list[list[str]] = []
         printed = 0
+        caught_up = False
         while True:
             page = await hardware.list_events(
                 node_id=args.node,
@@ -279,34 +280,42 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 until=_moment(args.until),
                 cursor=cursor,
                 limit=min(args.page_size, args.limit - printed),
+                # Following: once caught up, hold each read until an event commits.
+                wait_seconds=30 if caught_up else 0,
             )
             cursor = page.next_cursor
             for e in page.items:
+                row = [
+                    str(e.global_position),
+                    str(e.stream_version),
+                    e.event_type,
+                    e.metadata.observed_at.isoformat() if e.metadata and e.metadata.observed_at else "",
+                    e.metadata.received_at.isoformat() if e.metadata else "",
+                    e.recorded_at.isoformat() if e.recorded_at else "",
+                    e.metadata.source if e.metadata else "",
+                    _short(e.data)
+                    if e.undecodable is None
+                    else "UNDECODABLE " + _short(e.undecodable.stored_data),
+                ]
                 if fmt == "jsonl":
                     _print_json(e)
+                elif args.follow:
+                    print("  ".join(row), flush=True)  # a live stream cannot wait for the table
                 else:
-                    m = e.metadata
-                    rows.append(
-                        [
-                            str(e.global_position),
-                            str(e.stream_version),
-                            e.event_type,
-                            m.observed_at.isoformat() if m and m.observed_at else "",
-                            m.received_at.isoformat() if m else "",
-                            e.recorded_at.isoformat() if e.recorded_at else "",
-                            m.source if m else "",
-                            _short(e.data)
-                            if e.undecodable is None
-                            else "UNDECODABLE " + _short(e.undecodable.stored_data),
-                        ]
-                    )
+                    rows.append(row)
+            if fmt == "jsonl" and args.follow:
+                sys.stdout.flush()
             printed += len(page.items)
-            if fmt == "table" and sys.stderr.isatty():
+            if fmt == "table" and not args.follow and sys.stderr.isatty():
                 sys.stderr.write(f"\r  {printed:,} events read   ")
                 sys.stderr.flush()
-            if not page.has_more or printed >= args.limit:
+            if printed >= args.limit:
                 break
-        if fmt == "table":
+            if not page.has_more:
+                if not args.follow:
+                    break
+                caught_up = True
+        if fmt == "table" and not args.follow:
             print(
                 _table(
                     rows,
@@ -474,6 +483,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="events read per round trip (1-1000)",
     )
     p.add_argument("--format", choices=["table", "jsonl"], help="default: table on a TTY, else jsonl")
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="after the log so far, keep printing events as they commit (the change feed)",
+    )
     p.add_argument("--as-of", help="reconstruct the inventory as it stood at this time (ISO 8601)")
     p.set_defaults(func=cmd_replay)
 

@@ -22,6 +22,7 @@ from api.schemas import (
 )
 from collectors.facts import Fact, Known, TemporarilyFailed, Unavailable, Unknown, Unsupported
 from ledger.events import EventClass, RecordedEvent
+from ledger.feed import LogFeed
 from ledger.reading import (
     MAX_POSITION,
     MAX_TX_ID,
@@ -175,6 +176,7 @@ class HardwareRepository:
     def __init__(self, pool: asyncpg.Pool, liveness: LivenessPolicy | None = None) -> None:
         self.pool = pool
         self.liveness = liveness or LivenessPolicy()
+        self.feed = LogFeed(pool)
 
     # --- nodes -----------------------------------------------------------------------------------
 
@@ -322,9 +324,11 @@ class HardwareRepository:
         until: datetime | None = None,
         cursor: str | None = None,
         limit: int = 100,
+        wait_seconds: float = 0,
     ) -> EventPage:
         """The audit log in commit order through the ledger's one gap-safe read. Every page carries
-        the cursor to resume from, so a poller continues exactly where it stopped."""
+        the cursor to resume from, so a poller continues exactly where it stopped. With
+        `wait_seconds`, an empty page is held until an event commits (the change feed)."""
         after = decode_log_cursor(cursor) if cursor else Checkpoint()
         where = LogFilter(
             stream_id=node_id,
@@ -334,8 +338,11 @@ class HardwareRepository:
             recorded_since=since,
             recorded_until=until,
         )
-        async with self.pool.acquire() as conn:
-            page = await read_log(conn, after, limit=limit, where=where)
+        if wait_seconds > 0:
+            page = await self.feed.wait(after, limit=limit, where=where, wait_seconds=wait_seconds)
+        else:
+            async with self.pool.acquire() as conn:
+                page = await read_log(conn, after, limit=limit, where=where)
         return EventPage(
             items=[event_body(e) for e in page.entries],
             next_cursor=encode_log_cursor(page.resume),

@@ -1,0 +1,113 @@
+"""The change feed: wait for the log to move, then read it with the one gap-safe read.
+
+A statement-level trigger on `events` sends `NOTIFY mf_log` (schema.sql); PostgreSQL delivers it
+when the appending transaction commits, to every server sharing the database. A notification only
+wakes waiters: `read_log` still decides what is delivered, so a wake-up that finds nothing (an
+older transaction still holds the horizon back) simply waits again. Waiters also re-read on a
+short fallback interval, because the horizon can be released by a transaction that appended
+nothing (and so notified nobody), and because a listening connection can be lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import structlog
+
+from ledger.reading import Checkpoint, LogFilter, LogPage, read_log
+
+log = structlog.get_logger(__name__)
+
+CHANNEL = "mf_log"
+FALLBACK_POLL_SECONDS = 1.0
+
+
+class LogFeed:
+    """One LISTEN connection per process while anyone waits, fanned out to every waiter. With no
+    waiter it holds no connection, so closing the pool never waits on the feed."""
+
+    def __init__(self, pool: asyncpg.Pool, *, fallback_poll: float = FALLBACK_POLL_SECONDS) -> None:
+        self.pool = pool
+        self.fallback_poll = fallback_poll
+        self._listener: asyncpg.Connection | None = None
+        self._waiters = 0
+        self._changed = asyncio.Event()
+        self._lock = asyncio.Lock()
+
+    def _notified(self, *_: Any) -> None:
+        # Wake every current waiter; each re-reads and, if nothing is new, waits on a fresh event.
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def _listen(self) -> None:
+        async with self._lock:
+            if self._listener is not None and not self._listener.is_closed():
+                return
+            try:
+                conn = await self.pool.acquire()
+            except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
+                log.warning("feed.listen_failed", error=str(exc))
+                return
+            try:
+                await conn.add_listener(CHANNEL, self._notified)
+            except (OSError, asyncpg.PostgresError) as exc:
+                await self.pool.release(conn)
+                log.warning("feed.listen_failed", error=str(exc))
+                return
+            self._listener = conn
+
+    async def _unlisten(self) -> None:
+        async with self._lock:
+            conn, self._listener = self._listener, None
+            if conn is None:
+                return
+            if not conn.is_closed():
+                with contextlib.suppress(OSError, asyncpg.PostgresError):
+                    await conn.remove_listener(CHANNEL, self._notified)
+            await self.pool.release(conn)
+
+    @contextlib.asynccontextmanager
+    async def _waiting(self) -> AsyncIterator[None]:
+        self._waiters += 1
+        try:
+            await self._listen()
+            yield
+        finally:
+            self._waiters -= 1
+            if self._waiters == 0:
+                await self._unlisten()
+
+    async def _read(self, after: Checkpoint, limit: int, where: LogFilter | None) -> LogPage:
+        async with self.pool.acquire() as conn:
+            return await read_log(conn, after, limit=limit, where=where)
+
+    async def wait(
+        self,
+        after: Checkpoint,
+        *,
+        limit: int,
+        where: LogFilter | None = None,
+        wait_seconds: float,
+    ) -> LogPage:
+        """The next page after `after`: at once if the log already holds events past it, else as
+        soon as one commits, else an empty page (resuming at `after`) once `wait_seconds` have passed."""
+        page = await self._read(after, limit, where)
+        if page.entries or wait_seconds <= 0:
+            return page
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_seconds
+        async with self._waiting():
+            while True:
+                changed = self._changed  # taken before the read: a commit during it still wakes us
+                page = await self._read(after, limit, where)
+                remaining = deadline - loop.time()
+                if page.entries or remaining <= 0:
+                    return page
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(changed.wait(), min(remaining, self.fallback_poll))
+                if self._listener is None or self._listener.is_closed():
+                    await self._listen()  # the listening connection was lost: take another

@@ -1,0 +1,150 @@
+"""Issue 13 item 4: the change feed. `GET /events?cursor=...&wait=N` holds an empty page until an
+event commits (LISTEN/NOTIFY wakes it; the gap-safe read decides what it gets)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.fixtures_nvml import multi_gpu_scenario
+
+
+async def end_cursor(api) -> str:  # type: ignore[no-untyped-def]
+    cursor = None
+    while True:
+        params = {"limit": 1000} | ({"cursor": cursor} if cursor else {})
+        body = (await api.get("/api/v1/hardware/events", params=params)).json()
+        cursor = body["next_cursor"]
+        if not body["has_more"]:
+            return cursor
+
+
+async def test_a_waiting_reader_wakes_with_the_events_of_a_refresh(make_api) -> None:  # type: ignore[no-untyped-def]
+    api = make_api(multi_gpu_scenario(2))
+    await api.refresh()
+    cursor = await end_cursor(api)
+
+    waiting = asyncio.create_task(
+        api.get("/api/v1/hardware/events", params={"cursor": cursor, "wait": 30, "limit": 1000})
+    )
+    await asyncio.sleep(1.0)
+    assert not waiting.done(), "nothing committed yet: the page is held"
+    api.scenario.driver_version = "580.95.05"
+    refresh = await api.refresh()
+    # Woken by the commit's notification, far inside the 30 s it would otherwise hold.
+    r = await asyncio.wait_for(waiting, 15)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    got = [e["global_position"] for e in body["items"]]
+    assert got, "the waiter returned the refresh's events"
+    assert set(got) <= {e["global_position"] for e in refresh["events"]}
+    # Whatever the first page did not carry, the resumed cursor delivers, once.
+    rest = await api.get("/api/v1/hardware/events", params={"cursor": body["next_cursor"], "limit": 1000})
+    more = [e["global_position"] for e in rest.json()["items"]]
+    assert sorted(got + more) == sorted(e["global_position"] for e in refresh["events"])
+
+
+async def test_a_wait_that_sees_nothing_returns_an_empty_page_at_the_same_cursor(make_api) -> None:  # type: ignore[no-untyped-def]
+    api = make_api(multi_gpu_scenario(1))
+    await api.refresh()
+    cursor = await end_cursor(api)
+    r = await api.get("/api/v1/hardware/events", params={"cursor": cursor, "wait": 1})
+    assert r.status_code == 200
+    assert r.json() == {"items": [], "next_cursor": cursor, "has_more": False}
+
+
+async def test_filters_apply_to_the_feed_and_bad_waits_are_refused(make_api) -> None:  # type: ignore[no-untyped-def]
+    api = make_api(multi_gpu_scenario(1))
+    await api.refresh()
+    cursor = await end_cursor(api)
+    waiting = asyncio.create_task(
+        api.get(
+            "/api/v1/hardware/events",
+            params={"cursor": cursor, "wait": 30, "class": "lifecycle"},
+        )
+    )
+    await api.refresh()  # observation events only: the lifecycle waiter keeps waiting
+    await asyncio.sleep(1.5)
+    assert not waiting.done()
+    api.scenario.driver_version = "580.95.05"
+    await api.refresh()
+    body = (await asyncio.wait_for(waiting, 15)).json()
+    assert body["items"] and all(e["class"] == "lifecycle" for e in body["items"])
+
+    for bad in ("-1", "61", "soon"):
+        r = await api.get("/api/v1/hardware/events", params={"wait": bad})
+        assert r.status_code == 400, (bad, r.text)
+        assert r.headers["content-type"].startswith("application/problem+json")
+
+
+async def test_the_commit_notification_wakes_the_feed_without_polling(pool) -> None:  # type: ignore[no-untyped-def]
+    """With the fallback poll pushed past the test's bound, only NOTIFY can wake the waiter."""
+    from ledger.feed import LogFeed
+    from ledger.reading import Checkpoint
+    from ledger.store import EventStore
+    from tests.test_ledger import telemetry
+
+    store = EventStore(pool)
+    await store.append("feed-stream", 0, [telemetry(1)])
+    feed = LogFeed(pool, fallback_poll=120)
+    first = await feed.wait(Checkpoint(), limit=10, wait_seconds=0)
+    assert len(first.entries) == 1
+    waiting = asyncio.create_task(feed.wait(first.resume, limit=10, wait_seconds=120))
+    await asyncio.sleep(0.5)
+    assert not waiting.done()
+    appended = await store.append("feed-stream", 1, [telemetry(2), telemetry(3)])
+    page = await asyncio.wait_for(waiting, 20)
+    assert [e.event_id for e in page.entries] == [e.event_id for e in appended.events]
+    # No waiter left: the feed holds no connection, so the pool closes without waiting on it.
+    assert feed._listener is None
+
+
+async def test_replay_follow_prints_new_events_as_they_commit(make_api, database_dsn: str) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import queue
+    import subprocess
+    import sys
+    import threading
+
+    import msgspec
+
+    api = make_api(multi_gpu_scenario(1))
+    first = await api.refresh()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")}
+    proc = subprocess.Popen(  # noqa: ASYNC220  (a thread drains it; nothing here blocks the loop)
+        [
+            sys.executable,
+            "-m",
+            "api.cli",
+            "replay",
+            "--database-url",
+            database_dsn,
+            "--format",
+            "jsonl",
+            "--follow",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+
+    async def positions(n: int) -> list[int]:
+        got = []
+        for _ in range(n):
+            line = await asyncio.to_thread(lines.get, True, 30)
+            got.append(msgspec.json.decode(line)["global_position"])
+        return got
+
+    try:
+        assert await positions(len(first["events"])) == [e["global_position"] for e in first["events"]]
+        api.scenario.driver_version = "580.95.05"
+        second = await api.refresh()
+        assert sorted(await positions(len(second["events"]))) == sorted(
+            e["global_position"] for e in second["events"]
+        )
+        assert proc.poll() is None, "following keeps running"
+    finally:
+        proc.terminate()
+        proc.wait(10)
