@@ -222,7 +222,7 @@ async def test_three_agents_enroll_and_report_three_nodes_and_a_restart_makes_no
         codes = [a.stop() for a in agents if a.proc is not None]
     assert codes == [0, 0, 0]
     for a in agents:
-        assert "agent.report_refused" not in a.log_text(), a.log_text()[-3000:]
+        assert "agent.report_quarantined" not in a.log_text(), a.log_text()[-3000:]
     # The token's three uses are spent.
     r = await enroll_direct(http, server.url, token, prefix + "d")
     assert_problem(r, 401, "enrollment-token-used-up")
@@ -642,7 +642,7 @@ async def test_server_down_then_up_every_spooled_report_arrives_in_order_none_tw
             own.stop()
 
     log = agent.log_text()
-    assert "agent.send_failed" in log and "agent.report_refused" not in log and "Traceback" not in log
+    assert "agent.send_failed" in log and "agent.report_quarantined" not in log and "Traceback" not in log
     counters = json.loads((agent.state_dir / "agent-sequences.json").read_text())["streams"]
     still_spooled = {
         (p.name.split("-")[1], int(p.name.split("-")[2].removesuffix(".json")))
@@ -759,7 +759,7 @@ async def test_two_servers_on_one_database_no_duplicates_and_sequences_enforced_
         assert_strictly_increasing(await report_sequences(db, node_id))
     assert (await report_sequences(db, ids[-1])) == {"telemetry": [1, 2]}
     for a in agents:
-        assert "agent.report_refused" not in a.log_text(), a.log_text()[-3000:]
+        assert "agent.report_quarantined" not in a.log_text(), a.log_text()[-3000:]
 
 
 # --- the read models rebuild to the same rows --------------------------------------------------------
