@@ -372,3 +372,21 @@ def test_collector_timeout_help_and_behaviour_agree(
     assert config_from_args(parser.parse_args(["agent", "run"])).collector_timeout == 2.5
     args = parser.parse_args(["agent", "run", "--collector-timeout", "3"])
     assert config_from_args(args).collector_timeout == 3
+
+
+def test_the_configuration_reference_states_the_agent_s_real_defaults() -> None:
+    from agent import runner
+    from api.config import SETTINGS
+
+    defaults = {s.env: s.default for s in SETTINGS}
+    for env, value in (
+        ("MODELFORGE_COLLECTOR_TIMEOUT", runner.DEFAULT_COLLECTOR_TIMEOUT),
+        ("MODELFORGE_AGENT_INTERVAL", runner.DEFAULT_INTERVAL),
+        ("MODELFORGE_AGENT_INVENTORY_EVERY", runner.DEFAULT_INVENTORY_EVERY),
+        ("MODELFORGE_AGENT_SPOOL_MAX", runner.DEFAULT_SPOOL_MAX),
+        ("MODELFORGE_AGENT_BACKOFF_INITIAL", runner.DEFAULT_BACKOFF_INITIAL),
+        ("MODELFORGE_AGENT_BACKOFF_MAX", runner.DEFAULT_BACKOFF_MAX),
+        ("MODELFORGE_AGENT_REQUEST_TIMEOUT", runner.DEFAULT_REQUEST_TIMEOUT),
+        ("MODELFORGE_AGENT_QUARANTINE_AFTER", runner.DEFAULT_QUARANTINE_AFTER),
+    ):
+        assert float(defaults[env]) == value, env
