@@ -7,6 +7,7 @@ the same types, so the contract cannot drift between the two.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Generic, Literal, TypeAlias, TypeVar
@@ -16,6 +17,7 @@ import msgspec
 from collectors.facts import Fact, Known, TemporarilyFailed, Unavailable
 from collectors.observations import (
     AcceleratorObservation,
+    CollectorRun,
     HardwareObservation,
     HostObservation,
     StorageObservation,
@@ -385,6 +387,11 @@ def _named_facts(obs: HardwareObservation) -> Iterator[tuple[str, Fact, Any]]:
 
 
 def _convert_problem(value: Any, value_type: Any) -> str | None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # e.g. a non-UTF-8 mount path that Python decoded with surrogateescape
+            return "not valid UTF-8 (a lone surrogate)"
     try:
         msgspec.convert(value, value_type)
     except msgspec.ValidationError as exc:
@@ -412,7 +419,7 @@ def validate_observation(obs: HardwareObservation) -> list[str]:
         try:
             _wire_observation_decoder.decode(_encoder.encode(obs))
             return []  # the common case, in one pass; the walk below says what is wrong
-        except msgspec.ValidationError:
+        except (msgspec.ValidationError, UnicodeEncodeError):
             pass
     errors: list[str] = []
     host = obs.host
@@ -442,8 +449,12 @@ def validate_observation(obs: HardwareObservation) -> list[str]:
     if len(obs.collectors) > MAX_COLLECTORS:
         errors.append(f"collectors: more than {MAX_COLLECTORS}")
     for run in obs.collectors:
-        if _convert_problem(msgspec.to_builtins(run), _CollectorRun):
-            errors.append(f"collectors: {run.collector[:64]!r} is outside the contract")
+        if (
+            _convert_problem(run.collector, ShortText)
+            or (run.error is not None and _convert_problem(run.error, Text))
+            or not 0 <= run.duration_seconds <= MAX_DURATION_SECONDS
+        ):
+            errors.append(f"collectors: {_without_nul(run.collector[:64])!r} is outside the contract")
     for where, fact, value_type in _named_facts(obs):
         problem = fact_problem(fact, value_type)
         if problem is not None:
@@ -452,12 +463,17 @@ def validate_observation(obs: HardwareObservation) -> list[str]:
 
 
 def _without_nul(text: str) -> str:
-    return text.replace("\x00", "\ufffd")
+    """NUL and lone surrogates (neither storable by PostgreSQL) become U+FFFD."""
+    return text.replace("\x00", "\ufffd").encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
 def _clean(fact: Fact, value_type: Any) -> Fact:
     if isinstance(fact, Unavailable | TemporarilyFailed) and fact_problem(fact) is not None:
         return type(fact)(_without_nul(fact.reason)[:MAX_STRING])
+    if isinstance(fact, Known) and isinstance(fact.value, str) and fact_problem(fact, value_type) is not None:
+        repaired = Known(_without_nul(fact.value))
+        if fact_problem(repaired, value_type) is None:
+            return repaired
     problem = fact_problem(fact, value_type)
     if problem is None:
         return fact
@@ -517,4 +533,15 @@ def sanitize_observation(obs: HardwareObservation) -> HardwareObservation:
         cuda_driver_version=_clean(obs.nvml.cuda_driver_version, ShortText),
         accelerators=accelerators,
     )
-    return msgspec.structs.replace(obs, host=clean_host, nvml=nvml)
+    collectors = [
+        CollectorRun(
+            collector=_without_nul(run.collector)[:MAX_SHORT],
+            ok=run.ok,
+            duration_seconds=min(max(run.duration_seconds, 0.0), MAX_DURATION_SECONDS)
+            if math.isfinite(run.duration_seconds)
+            else MAX_DURATION_SECONDS,
+            error=None if run.error is None else _without_nul(run.error)[:MAX_STRING],
+        )
+        for run in obs.collectors[:MAX_COLLECTORS]
+    ]
+    return msgspec.structs.replace(obs, host=clean_host, nvml=nvml, collectors=collectors)

@@ -30,7 +30,7 @@ from agent.protocol import (
 )
 from collectors.facts import Known, TemporarilyFailed
 from collectors.nvml import NvidiaNvmlCollector
-from collectors.observations import HardwareObservation
+from collectors.observations import CollectorRun, HardwareObservation
 from collectors.system import SystemHostCollector
 from tests.agent_support import observation, report_body
 from tests.fakes.fake_pynvml import FakeNvml
@@ -89,13 +89,23 @@ STRING_PATHS: list[tuple[tuple[Any, ...], Any]] = [
 @settings(max_examples=60)
 @given(
     where=st.sampled_from(STRING_PATHS),
-    before=st.text(st.characters(blacklist_characters="\x00"), max_size=8),
-    after=st.text(st.characters(blacklist_characters="\x00"), max_size=8),
+    before=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=8),
+    after=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=8),
 )
 def test_every_string_refuses_nul(where: tuple[tuple[Any, ...], Any], before: str, after: str) -> None:
     path, shape = where
     message = refused(put(doc(), path, shape(f"{before}\x00{after}")))
     assert "regex" in message or "NUL" in message, message
+
+
+@pytest.mark.parametrize(
+    "where", STRING_PATHS[:5], ids=lambda w: ".".join(map(str, w[0])) if isinstance(w, tuple) else ""
+)
+def test_a_lone_surrogate_is_malformed_json(where: tuple[tuple[Any, ...], Any]) -> None:
+    """PostgreSQL (UTF-8) cannot store half of a surrogate pair either: msgspec refuses it."""
+    path, shape = where
+    with pytest.raises(msgspec.DecodeError):
+        decode_report(put(doc(), path, shape("a\ud800b")))
 
 
 def test_a_nul_in_an_enrollment_is_refused() -> None:
@@ -254,10 +264,11 @@ GARBAGE = st.one_of(
         st.sampled_from([*sorted(ACCELERATOR_METRIC_TYPES), "made_up_metric"]), GARBAGE
     ),
     index=GARBAGE,
-    hostname=st.text(min_size=1, max_size=20),
+    hostname=st.one_of(st.text(min_size=1, max_size=20), st.just("gpu\x00\udc80host")),
+    odd_text=st.text(max_size=12).map(lambda t: t + "\x00\udcff"),
 )
 def test_sanitize_turns_any_reading_into_a_report_the_server_accepts(
-    host_values: dict[str, Any], gpu_values: dict[str, Any], index: Any, hostname: str
+    host_values: dict[str, Any], gpu_values: dict[str, Any], index: Any, hostname: str, odd_text: str
 ) -> None:
     obs = observation()
     gpu0 = msgspec.structs.replace(
@@ -266,12 +277,22 @@ def test_sanitize_turns_any_reading_into_a_report_the_server_accepts(
         telemetry={name: Known(value) for name, value in gpu_values.items()},
     )
     host = msgspec.structs.replace(
-        obs.host, hostname=hostname, telemetry={name: Known(value) for name, value in host_values.items()}
+        obs.host,
+        hostname=hostname,
+        telemetry={name: Known(value) for name, value in host_values.items()},
+        storage=[msgspec.structs.replace(obs.host.storage[0], mount="/mnt/" + odd_text)],
+        os=msgspec.structs.replace(obs.host.os, name=Known(odd_text)),
     )
     dirty = msgspec.structs.replace(
         obs,
         host=host,
-        nvml=msgspec.structs.replace(obs.nvml, accelerators=[gpu0, *obs.nvml.accelerators[1:]]),
+        nvml=msgspec.structs.replace(
+            obs.nvml, accelerators=[gpu0, *obs.nvml.accelerators[1:]], reason=odd_text
+        ),
+        collectors=[
+            CollectorRun("nvml", False, -1.0, odd_text),
+            CollectorRun("system" + odd_text, True, 0.1),
+        ],
     )
     clean = sanitize_observation(dirty)
     assert validate_observation(clean) == []
