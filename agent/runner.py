@@ -7,13 +7,14 @@ through the same service. See docs/NODE_AGENT_PROTOCOL.md for the protocol and t
 - Collection runs every `interval` seconds whether or not the server answers; each report gets
   the next sequence of its stream and is written to the durable spool before any send.
 - The sender sends the spool oldest first, one report at a time, and removes a report only once
-  the server answered it for good (200, or a 4xx that a retry cannot change). Unreachable server,
-  429 or 5xx: exponential backoff with jitter (honouring Retry-After), rotating through the
-  configured servers; nothing is lost while the spool has room.
+  the server answered it for good: 200, or a refusal that a retry cannot change (a 4xx, or the
+  same report answered 500 `quarantine_after` times in a row), which moves the report into the
+  quarantine with the server's answer so that the reports behind it keep flowing. Unreachable
+  server, 404, 408, 429, 502-504: exponential backoff with jitter (honouring Retry-After),
+  rotating through the configured servers; nothing is lost while the spool has room.
 - 401 (credential invalid or revoked), 410 (node decommissioned): the agent stops publishing,
-  says why in its log, and exits with EXIT_STOPPED. (403, a report for another node than the
-  credential's, can only be a report spooled under an earlier identity, since the agent checks
-  its identity against the credential at start: that report is dropped.)
+  says why in its log, and exits with EXIT_STOPPED.
+- One agent per state directory: `agent run` and `agent enroll` hold an flock on it.
 - Nothing the server says crashes the agent; the credential is never logged.
 """
 
@@ -48,15 +49,21 @@ from agent.protocol import (
     encode_report,
     sanitize_observation,
 )
-from agent.spool import Spool, SpoolEntry
+from agent.spool import MAX_ANSWER_BYTES, Quarantine, QuarantineAnswer, Spool, SpoolEntry
 from agent.state import (
+    QUARANTINE_DIR,
     SEQUENCES_FILE,
     SPOOL_DIR,
+    AgentStatus,
     Credential,
+    LastError,
     Sequences,
     StateError,
+    StateLock,
     load_credential,
+    load_status,
     save_credential,
+    save_status,
 )
 from collectors.identity import IdentityError, NodeIdentity, resolve_identity
 from collectors.nvml import NvidiaNvmlCollector
@@ -94,17 +101,31 @@ class NvmlSource(Protocol):
     async def collect_async(self) -> NvmlScan: ...
 
 
+# The defaults, in one place: AgentConfig, the CLI's flags, environment fallbacks and help use these.
+DEFAULT_INTERVAL = 10.0
+DEFAULT_INVENTORY_EVERY = 30
+DEFAULT_SPOOL_MAX = 1000
+DEFAULT_BACKOFF_INITIAL = 1.0
+DEFAULT_BACKOFF_MAX = 60.0
+DEFAULT_REQUEST_TIMEOUT = 10.0
+DEFAULT_COLLECTOR_TIMEOUT = 10.0
+# A report answered 500 this many times in a row is quarantined: enough to ride out a server
+# restart or a short database hiccup, few enough that one poisoned report blocks for seconds.
+DEFAULT_QUARANTINE_AFTER = 5
+
+
 class AgentConfig(msgspec.Struct, kw_only=True):
     servers: list[str] = []  # empty: the server the agent enrolled with
     state_dir: Path
     node_id: str | None = None  # MODELFORGE_NODE_ID
-    interval: float = 10.0
-    inventory_every: int = 30  # an inventory report at least every N reports
-    spool_max: int = 1000
-    backoff_initial: float = 1.0
-    backoff_max: float = 60.0
-    request_timeout: float = 10.0
-    collector_timeout: float = 5.0
+    interval: float = DEFAULT_INTERVAL
+    inventory_every: int = DEFAULT_INVENTORY_EVERY  # an inventory report at least every N reports
+    spool_max: int = DEFAULT_SPOOL_MAX
+    backoff_initial: float = DEFAULT_BACKOFF_INITIAL
+    backoff_max: float = DEFAULT_BACKOFF_MAX
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    collector_timeout: float = DEFAULT_COLLECTOR_TIMEOUT
+    quarantine_after: int = DEFAULT_QUARANTINE_AFTER
     ca_file: str | None = None
     once: bool = False
 
@@ -164,6 +185,36 @@ async def enroll(
 ) -> Credential:
     """Exchange an enrollment token for this node's credential and keep it in the state directory
     (mode 0600). Raises AgentError with a one-line reason."""
+    try:
+        lock = StateLock(state_dir).acquire()
+    except StateError as exc:
+        raise AgentError(str(exc)) from exc
+    try:
+        return await _enroll(
+            server,
+            token,
+            state_dir,
+            node_id=node_id,
+            force=force,
+            ca_file=ca_file,
+            request_timeout=request_timeout,
+            transport=transport,
+        )
+    finally:
+        lock.release()
+
+
+async def _enroll(
+    server: str,
+    token: str,
+    state_dir: Path,
+    *,
+    node_id: str | None,
+    force: bool,
+    ca_file: str | None,
+    request_timeout: float,
+    transport: httpx.AsyncBaseTransport | None,
+) -> Credential:
     try:
         existing = load_credential(state_dir)
     except StateError as exc:
@@ -245,7 +296,11 @@ async def enroll(
 # --- the publish loop ----------------------------------------------------------------------------
 
 
-SendKind = Literal["done", "drop", "retry", "stop"]
+SendKind = Literal["done", "quarantine", "retry", "stop"]
+
+# 5xx answers that say the server (or a proxy, or its database) is unavailable rather than that
+# this report is wrong: retried however often they come, never held against the report.
+UNAVAILABLE = frozenset({502, 503, 504})
 
 
 class SendResult(msgspec.Struct, frozen=True):
@@ -254,6 +309,7 @@ class SendResult(msgspec.Struct, frozen=True):
     detail: str
     problem: dict[str, Any] = {}
     retry_after: float | None = None
+    body: str = ""  # the server's answer, kept with a quarantined report
 
 
 def classify(response: httpx.Response) -> SendResult:
@@ -261,19 +317,27 @@ def classify(response: httpx.Response) -> SendResult:
     status = response.status_code
     detail = _describe(response)
     problem = _problem(response)
+    body = response.content[:MAX_ANSWER_BYTES].decode("utf-8", "replace")
     if status == 200:
         return SendResult("done", status, str(problem.get("status", "accepted")), problem)
     if status in (401, 410):
-        return SendResult("stop", status, detail, problem)
+        return SendResult("stop", status, detail, problem, body=body)
+    # 404: the route is not there (a wrong --server path, a proxy), which says nothing of the report.
     if status == 429 or status >= 500 or status in (404, 408):
         retry_after = None
         header = response.headers.get("retry-after")
         if header is not None:
             with contextlib.suppress(ValueError):
                 retry_after = max(0.0, float(header))
-        return SendResult("retry", status, detail, problem, retry_after)
-    # 400, 403, 409, 413 and any other 4xx: sending the same bytes again cannot succeed.
-    return SendResult("drop", status, detail, problem)
+        return SendResult("retry", status, detail, problem, retry_after, body)
+    # 400, 403, 409, 413, 422 and any other 4xx: sending the same bytes again cannot succeed.
+    return SendResult("quarantine", status, detail, problem, body=body)
+
+
+def held_against_report(result: SendResult) -> bool:
+    """A retryable answer that counts towards quarantining the report: a 5xx that is not the
+    server saying it is unavailable (a report PostgreSQL refuses comes back 500 every time)."""
+    return result.status is not None and result.status >= 500 and result.status not in UNAVAILABLE
 
 
 class Agent:
@@ -322,6 +386,7 @@ class Agent:
         try:
             sequences = Sequences(self.state_dir)
             spool = Spool(self.state_dir / SPOOL_DIR, self.config.spool_max)
+            self.quarantine = Quarantine(self.state_dir / QUARANTINE_DIR)
         except (OSError, StateError) as exc:
             raise AgentError(f"cannot use the state directory {self.state_dir}: {exc}") from exc
         self.identity = identity
@@ -334,6 +399,16 @@ class Agent:
     # -- run -----------------------------------------------------------------------------------
 
     async def run(self) -> int:
+        try:
+            lock = StateLock(self.state_dir).acquire()
+        except StateError as exc:
+            raise AgentError(str(exc)) from exc
+        try:
+            return await self._run()
+        finally:
+            lock.release()
+
+    async def _run(self) -> int:
         self.credential, self.sequences, self.spool = self._prepare()
         for server in self.servers:
             _warn_plain_http(server)
@@ -509,8 +584,51 @@ class Agent:
             return SendResult("retry", None, f"{server} unreachable: {type(exc).__name__}: {exc}")
         return classify(response)
 
+    def _record_error(self, entry: SpoolEntry, result: SendResult, *, quarantined: bool = False) -> None:
+        status = load_status(self.state_dir)
+        try:
+            save_status(
+                self.state_dir,
+                AgentStatus(
+                    quarantined_total=status.quarantined_total + (1 if quarantined else 0),
+                    last_error=LastError(
+                        clock.now(), entry.stream, entry.sequence, result.status, result.detail
+                    ),
+                ),
+            )
+        except OSError as exc:  # informational: never worth stopping the sender for
+            log.warning("agent.status_not_saved", error=str(exc))
+
+    def _quarantine(self, entry: SpoolEntry, result: SendResult, attempts: int, why: str) -> None:
+        self.quarantine.add(
+            self.spool,
+            entry,
+            QuarantineAnswer(
+                quarantined_at=clock.now(),
+                stream=entry.stream,
+                sequence=entry.sequence,
+                status=result.status,
+                detail=result.detail,
+                attempts=attempts,
+                answer=result.body,
+            ),
+        )
+        self._record_error(entry, result, quarantined=True)
+        log.error(
+            "agent.report_quarantined",
+            stream=entry.stream,
+            sequence=entry.sequence,
+            status=result.status,
+            detail=result.detail,
+            attempts=attempts,
+            reason=why,
+            path=str(self.quarantine.directory / entry.name),
+        )
+
     async def _send_loop(self) -> None:
         attempt = 0
+        # Consecutive answers held against the report at the head of the spool (held_against_report).
+        poisoned: tuple[str, int] = ("", 0)
         while not self.stopping.is_set():
             entries = self.spool.entries()
             if not entries:
@@ -532,6 +650,11 @@ class Agent:
                 result = SendResult("retry", None, f"{type(exc).__name__}: {exc}")
             finally:
                 self.spool.in_flight = None
+            if result.kind == "retry" and held_against_report(result):
+                count = poisoned[1] + 1 if poisoned[0] == entry.name else 1
+                poisoned = (entry.name, count)
+                if count >= self.config.quarantine_after:
+                    result = msgspec.structs.replace(result, kind="quarantine")
             if result.kind == "done":
                 self.spool.remove(entry)
                 if attempt:
@@ -548,17 +671,16 @@ class Agent:
                     outcome=result.detail,
                     gap=gap,
                 )
-            elif result.kind == "drop":
-                self.spool.remove(entry)
-                attempt = 0
-                log.error(
-                    "agent.report_refused",
-                    stream=entry.stream,
-                    sequence=entry.sequence,
-                    status=result.status,
-                    detail=result.detail,
-                    action="dropped from the spool (a retry cannot succeed)",
+            elif result.kind == "quarantine":
+                attempts = poisoned[1] if poisoned[0] == entry.name else 1
+                why = (
+                    f"answered HTTP {result.status} {attempts} times in a row"
+                    if attempts > 1
+                    else "refused for good: a retry of the same bytes cannot succeed"
                 )
+                self._quarantine(entry, result, attempts, why)
+                attempt = 0
+                poisoned = ("", 0)
                 last = result.problem.get("last_sequence")
                 if result.status == 409 and isinstance(last, int) and entry.stream in STREAMS:
                     if self.sequences.raise_to({entry.stream: last}):
@@ -570,6 +692,7 @@ class Agent:
                         )
             elif result.kind == "stop":
                 self.exit_code = EXIT_STOPPED
+                self._record_error(entry, result)
                 why = {
                     401: "the server does not accept this node's credential (revoked or unknown)",
                     410: "the node is decommissioned",
@@ -588,6 +711,7 @@ class Agent:
                 delay = self.backoff(attempt, result.retry_after)
                 if len(self.servers) > 1:
                     self._server_index += 1
+                self._record_error(entry, result)
                 log.warning(
                     "agent.send_failed",
                     status=result.status,

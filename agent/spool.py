@@ -6,6 +6,11 @@ Files are named `<order>-<stream>-<sequence>.json` with a zero-padded global ord
 listing is the send order. When the spool is full, the oldest telemetry report is dropped first
 (inventory reports only when no telemetry is left); each drop is logged and leaves a sequence gap
 that the server records.
+
+The quarantine (`Quarantine`) is where a report goes that the server refused for good: moved out
+of the spool (so the reports behind it keep flowing) together with the server's answer, for an
+operator to look at. It keeps the newest reports only, so a server that refuses everything cannot
+fill the disk.
 """
 
 from __future__ import annotations
@@ -13,12 +18,13 @@ from __future__ import annotations
 import os
 import re
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 import msgspec
 import structlog
 
-from collectors.statefiles import fsync_directory
+from collectors.statefiles import fsync_directory, write_private
 
 log = structlog.get_logger(__name__)
 
@@ -100,3 +106,65 @@ class Spool:
 
     def remove(self, entry: SpoolEntry) -> None:
         (self.directory / entry.name).unlink(missing_ok=True)
+
+
+MAX_QUARANTINED = 100
+MAX_ANSWER_BYTES = 64 * 1024
+ANSWER_SUFFIX = ".answer.json"
+
+
+class QuarantineAnswer(msgspec.Struct, frozen=True):
+    """Kept next to a quarantined report: why it was moved aside."""
+
+    quarantined_at: datetime
+    stream: str
+    sequence: int
+    status: int | None
+    detail: str
+    attempts: int
+    answer: str  # the server's response body (truncated)
+
+
+class Quarantine:
+    def __init__(self, directory: Path, max_reports: int = MAX_QUARANTINED) -> None:
+        self.directory = directory
+        self.max_reports = max(1, max_reports)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def entries(self) -> list[SpoolEntry]:
+        found = []
+        for name in os.listdir(self.directory):
+            m = _NAME.match(name)
+            if m:
+                found.append(SpoolEntry(int(m.group(1)), m.group(2), int(m.group(3)), name))
+        return sorted(found)
+
+    def __len__(self) -> int:
+        return len(self.entries())
+
+    def answer(self, entry: SpoolEntry) -> QuarantineAnswer | None:
+        try:
+            raw = (self.directory / (entry.name + ANSWER_SUFFIX)).read_bytes()
+            return msgspec.json.decode(raw, type=QuarantineAnswer)
+        except (OSError, msgspec.MsgspecError):
+            return None
+
+    def add(self, spool: Spool, entry: SpoolEntry, answer: QuarantineAnswer) -> None:
+        """Move a spooled report here with the server's answer. The answer is written first: a
+        crash in between leaves the report in the spool, to be refused and moved again."""
+        write_private(self.directory / (entry.name + ANSWER_SUFFIX), msgspec.json.encode(answer))
+        try:
+            os.replace(spool.directory / entry.name, self.directory / entry.name)
+        except FileNotFoundError:
+            pass  # dropped by the spool's bound meanwhile; the answer still says what happened
+        fsync_directory(self.directory)
+        fsync_directory(spool.directory)
+        for old in self.entries()[: -self.max_reports]:
+            (self.directory / old.name).unlink(missing_ok=True)
+            (self.directory / (old.name + ANSWER_SUFFIX)).unlink(missing_ok=True)
+            log.warning(
+                "quarantine.pruned",
+                stream=old.stream,
+                sequence=old.sequence,
+                reason=f"the quarantine keeps the newest {self.max_reports} reports",
+            )

@@ -134,6 +134,12 @@ SETTINGS: tuple[Setting, ...] = (
         "10",
         "Agent: seconds one HTTP request to the server may take.",
     ),
+    Setting(
+        "MODELFORGE_AGENT_QUARANTINE_AFTER",
+        "--quarantine-after",
+        "5",
+        "Agent: quarantine a report answered HTTP 500 this many times in a row (502-504 never count).",
+    ),
     Setting("MODELFORGE_LOG_JSON", None, "(JSON when stderr is not a TTY)", "Force JSON logs: 1 or 0."),
 )
 

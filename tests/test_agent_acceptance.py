@@ -222,7 +222,7 @@ async def test_three_agents_enroll_and_report_three_nodes_and_a_restart_makes_no
         codes = [a.stop() for a in agents if a.proc is not None]
     assert codes == [0, 0, 0]
     for a in agents:
-        assert "agent.report_refused" not in a.log_text(), a.log_text()[-3000:]
+        assert "agent.report_quarantined" not in a.log_text(), a.log_text()[-3000:]
     # The token's three uses are spent.
     r = await enroll_direct(http, server.url, token, prefix + "d")
     assert_problem(r, 401, "enrollment-token-used-up")
@@ -531,14 +531,61 @@ async def test_bad_input_is_400_or_413_problem_json_and_nothing_is_appended(
         ("naive time", mutated(observed_at="2026-11-30T12:00:00"), 400, "validation-failed"),
         ("unknown stream", mutated(stream="gossip"), 400, "unknown-stream"),
         ("protocol", mutated(protocol=2), 400, "unsupported-protocol"),
-        ("negative metric", report_body(key, 2, obs=negative_obs), 400, "invalid-observation"),
+        ("negative metric", report_body(key, 2, obs=negative_obs), 400, "validation-failed"),
         ("NaN metric", template.replace(str(marker).encode(), b"NaN"), 400, "malformed-json"),
         ("infinite metric", template.replace(str(marker).encode(), b"1e999"), 400, "validation-failed"),
-        ("negative literal", template.replace(str(marker).encode(), b"-1.5"), 400, "invalid-observation"),
+        ("negative literal", template.replace(str(marker).encode(), b"-1.5"), 400, "validation-failed"),
         ("over the size limit", b'{"pad": "' + b"x" * (1024 * 1024) + b'"}', 413, "payload-too-large"),
     ]
+    # Issue 15: what PostgreSQL would refuse (a 500 before) and garbage that would become history.
+    host_ = ("observation", "host")
+    gpu0 = ("observation", "nvml", "accelerators", 0)
+    outside_the_contract: list[tuple[str, tuple[Any, ...], Any]] = [
+        ("NUL in hostname", (*host_, "hostname"), "gpu\u0000host"),
+        ("NUL in os.name", (*host_, "os", "name"), {"state": "known", "value": "Ubuntu\u0000"}),
+        ("NUL in a GPU uuid", (*gpu0, "uuid"), "GPU-\u0000"),
+        ("NUL in a mount path", (*host_, "storage", 0, "mount"), "/\u0000"),
+        ("NUL in a reason", (*gpu0, "name"), {"state": "unavailable", "reason": "\u0000"}),
+        ("year 9999, offset -23:59", ("observed_at",), "9999-12-31T23:59:59-23:59"),
+        ("year 1, offset +23:59", ("observation", "observed_at"), "0001-01-01T00:00:00+23:59"),
+        (
+            "a string for bytes",
+            (*host_, "telemetry", "memory_available_bytes"),
+            {"state": "known", "value": "abc"},
+        ),
+        (
+            "a bool for bytes",
+            (*host_, "telemetry", "memory_available_bytes"),
+            {"state": "known", "value": True},
+        ),
+        ("bytes 2^64+1", (*host_, "memory_total_bytes"), {"state": "known", "value": 2**64 + 1}),
+        ("GPU index 2^63", (*gpu0, "index"), {"state": "known", "value": 2**63}),
+        (
+            "a metric of 10^100",
+            (*gpu0, "telemetry", "temperature_celsius"),
+            {"state": "known", "value": 10**100},
+        ),
+        (
+            "a percentage of 101",
+            (*gpu0, "telemetry", "utilization_gpu_percent"),
+            {"state": "known", "value": 101},
+        ),
+        ("an unknown metric", (*gpu0, "telemetry", "joy_percent"), {"state": "known", "value": 1}),
+        ("sequence 2^63-1", ("sequence",), 2**63 - 1),
+    ]
+    for name, path, value in outside_the_contract:
+        doc = json.loads(report_body(key, 2))
+        target = doc
+        for step in path[:-1]:
+            target = target[step]
+        target[path[-1]] = value
+        cases.append((name, json.dumps(doc).encode(), 400, "validation-failed"))
+    duplicated = report_body(key, 2).replace(b'{"protocol":1,', b'{"protocol":1,"sequence":3,', 1)
+    assert duplicated != report_body(key, 2)
+    cases.append(("a duplicate key", duplicated, 400, "validation-failed"))
     for name, body, status, type_ in cases:
         r = await post_report(http, server.url, credential, body)
+        assert r.status_code == status, (name, r.status_code, r.text)
         problem = assert_problem(r, status, type_)
         assert problem["detail"], name
     # Enrollment and token bodies are validated too.
@@ -558,6 +605,7 @@ async def test_bad_input_is_400_or_413_problem_json_and_nothing_is_appended(
         await http.post(server.url + "/api/v1/enrollment-tokens", json={"uses": 0}, headers=OPERATOR), 400
     )
     assert await event_count(db, node_id) == before
+    assert "Traceback" not in server.log_text()
     # The stream is where it was: sequence 2 is still free.
     r = await post_report(http, server.url, credential, report_body(key, 2))
     assert r.status_code == 200 and r.json()["previous_sequence"] == 1
@@ -642,7 +690,7 @@ async def test_server_down_then_up_every_spooled_report_arrives_in_order_none_tw
             own.stop()
 
     log = agent.log_text()
-    assert "agent.send_failed" in log and "agent.report_refused" not in log and "Traceback" not in log
+    assert "agent.send_failed" in log and "agent.report_quarantined" not in log and "Traceback" not in log
     counters = json.loads((agent.state_dir / "agent-sequences.json").read_text())["streams"]
     still_spooled = {
         (p.name.split("-")[1], int(p.name.split("-")[2].removesuffix(".json")))
@@ -759,7 +807,7 @@ async def test_two_servers_on_one_database_no_duplicates_and_sequences_enforced_
         assert_strictly_increasing(await report_sequences(db, node_id))
     assert (await report_sequences(db, ids[-1])) == {"telemetry": [1, 2]}
     for a in agents:
-        assert "agent.report_refused" not in a.log_text(), a.log_text()[-3000:]
+        assert "agent.report_quarantined" not in a.log_text(), a.log_text()[-3000:]
 
 
 # --- the read models rebuild to the same rows --------------------------------------------------------

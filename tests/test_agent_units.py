@@ -18,7 +18,7 @@ import pytest
 import structlog
 
 from agent.protocol import sanitize_observation, validate_observation
-from agent.runner import EXIT_STOPPED, Agent, AgentConfig, AgentError, classify, enroll
+from agent.runner import EXIT_STOPPED, Agent, AgentConfig, AgentError, classify, enroll, held_against_report
 from agent.spool import Spool
 from agent.state import CREDENTIAL_FILE, SEQUENCES_FILE, Credential, Sequences, load_credential
 from api.enrollment import EnrollmentService, parse_secret
@@ -103,9 +103,9 @@ async def test_agent_in_process_enrolls_reports_and_resynchronizes_after_losing_
     # The state directory is restored from an old backup: the numbers fall behind the server's.
     (state / SEQUENCES_FILE).unlink()
     with structlog.testing.capture_logs() as logs:
-        assert await plane.agent(state, "unit-1").run() == 0  # inventory 1 again: 409, dropped
+        assert await plane.agent(state, "unit-1").run() == 0  # inventory 1 again: 409, quarantined
     events = [e["event"] for e in logs]
-    assert "agent.report_refused" in events and "agent.sequence_resynchronized" in events
+    assert "agent.report_quarantined" in events and "agent.sequence_resynchronized" in events
     assert Sequences(state).last("inventory") == 2
     assert await plane.agent(state, "unit-1").run() == 0
     positions = {s.stream: s.last_sequence for s in await plane.service.list_streams(credential.node_id)}
@@ -239,7 +239,7 @@ def test_validation_refuses_negative_and_non_finite_numbers_and_sanitize_repairs
         obs, host=h, nvml=msgspec.structs.replace(obs.nvml, accelerators=[gpu0, *obs.nvml.accelerators[1:]])
     )
     errors = validate_observation(broken)
-    assert len(errors) == 3 and any("negative" in e for e in errors) and any("finite" in e for e in errors)
+    assert len(errors) == 3 and any(">= 0" in e for e in errors) and any("nan" in e for e in errors)
     fixed = sanitize_observation(broken)
     assert validate_observation(fixed) == []
     assert isinstance(fixed.host.telemetry["memory_available_bytes"], TemporarilyFailed)
@@ -247,7 +247,7 @@ def test_validation_refuses_negative_and_non_finite_numbers_and_sanitize_repairs
     assert isinstance(fixed.nvml.accelerators[0].telemetry["power_watts"], TemporarilyFailed)
     # Zero is a measured value.
     zero = msgspec.structs.replace(
-        obs, host=msgspec.structs.replace(obs.host, telemetry={"x_bytes": Known(0)})
+        obs, host=msgspec.structs.replace(obs.host, telemetry={"memory_available_bytes": Known(0)})
     )
     assert validate_observation(zero) == []
 
@@ -312,8 +312,17 @@ def test_responses_are_classified_by_what_a_retry_can_change() -> None:
 
     assert classify(r(200, {"status": "duplicate"})).detail == "duplicate"
     assert [classify(r(s)).kind for s in (401, 410)] == ["stop"] * 2
-    assert [classify(r(s)).kind for s in (400, 403, 409, 413, 422)] == ["drop"] * 5
-    assert [classify(r(s)).kind for s in (404, 429, 500, 502, 503)] == ["retry"] * 5
+    assert [classify(r(s)).kind for s in (400, 403, 409, 413, 422)] == ["quarantine"] * 5
+    assert [classify(r(s)).kind for s in (404, 408, 429, 500, 502, 503)] == ["retry"] * 6
+    # Only a 500-like answer counts towards quarantining the report; "unavailable" never does.
+    assert [held_against_report(classify(r(s))) for s in (500, 501, 502, 503, 504, 429)] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+        False,
+    ]
     assert classify(r(503, headers={"Retry-After": "7"})).retry_after == 7.0
 
 
@@ -332,3 +341,52 @@ def test_secrets_parse_only_in_their_own_shape() -> None:
     assert parse_secret(f"mfc_{ident}_s3cr_et-x", "mfc") == (ident, "s3cr_et-x")
     for bad in (None, "", "mfc", f"mfe_{ident}_x", f"mfc_{ident}_", "mfc_nothex_x", f"mfc_{ident[:-1]}g_x"):
         assert parse_secret(bad, "mfc") is None
+
+
+def test_collector_timeout_help_and_behaviour_agree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from agent import runner
+    from agent.cli import config_from_args, register
+
+    for name in list(os.environ):
+        if name.startswith("MODELFORGE_"):
+            monkeypatch.delenv(name)
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    config = config_from_args(parser.parse_args(["agent", "run"]))
+    assert config.collector_timeout == runner.DEFAULT_COLLECTOR_TIMEOUT
+    assert AgentConfig(state_dir=tmp_path).collector_timeout == config.collector_timeout
+    with pytest.raises(SystemExit):
+        parser.parse_args(["agent", "run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    expected = f"--collector-timeout COLLECTOR_TIMEOUT seconds per collector per report (env MODELFORGE_COLLECTOR_TIMEOUT, {config.collector_timeout:g})"
+    assert expected in text, text
+    # ...and that is the timeout the collectors get.
+    agent = Agent(config, host_collector=FakeHost())
+    assert isinstance(agent.nvml_collector, NvidiaNvmlCollector)
+    assert agent.nvml_collector.timeout_seconds == config.collector_timeout
+    monkeypatch.setenv("MODELFORGE_COLLECTOR_TIMEOUT", "2.5")
+    assert config_from_args(parser.parse_args(["agent", "run"])).collector_timeout == 2.5
+    args = parser.parse_args(["agent", "run", "--collector-timeout", "3"])
+    assert config_from_args(args).collector_timeout == 3
+
+
+def test_the_configuration_reference_states_the_agent_s_real_defaults() -> None:
+    from agent import runner
+    from api.config import SETTINGS
+
+    defaults = {s.env: s.default for s in SETTINGS}
+    for env, value in (
+        ("MODELFORGE_COLLECTOR_TIMEOUT", runner.DEFAULT_COLLECTOR_TIMEOUT),
+        ("MODELFORGE_AGENT_INTERVAL", runner.DEFAULT_INTERVAL),
+        ("MODELFORGE_AGENT_INVENTORY_EVERY", runner.DEFAULT_INVENTORY_EVERY),
+        ("MODELFORGE_AGENT_SPOOL_MAX", runner.DEFAULT_SPOOL_MAX),
+        ("MODELFORGE_AGENT_BACKOFF_INITIAL", runner.DEFAULT_BACKOFF_INITIAL),
+        ("MODELFORGE_AGENT_BACKOFF_MAX", runner.DEFAULT_BACKOFF_MAX),
+        ("MODELFORGE_AGENT_REQUEST_TIMEOUT", runner.DEFAULT_REQUEST_TIMEOUT),
+        ("MODELFORGE_AGENT_QUARANTINE_AFTER", runner.DEFAULT_QUARANTINE_AFTER),
+    ):
+        assert float(defaults[env]) == value, env

@@ -195,7 +195,7 @@ def test_bash_completion_completes(bash_script: str, tmp_path: Path) -> None:
     assert set(top) == set(command_tree(build_parser())[0].subcommands)
     assert complete(bash_script, ["modelforge-hw", "reb"], tmp_path) == ["rebuild"]
     assert complete(bash_script, ["modelforge-hw", "retention", ""], tmp_path) == ["run"]
-    assert set(complete(bash_script, ["modelforge-hw", "agent", ""], tmp_path)) == {"enroll", "run"}
+    assert set(complete(bash_script, ["modelforge-hw", "agent", ""], tmp_path)) == {"enroll", "run", "status"}
     assert complete(bash_script, ["modelforge-hw", "completion", "z"], tmp_path) == ["zsh"]
     assert set(complete(bash_script, ["modelforge-hw", "serve", "--st"], tmp_path)) == {
         "--state-dir",
