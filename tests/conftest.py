@@ -7,6 +7,7 @@ so tests never see each other's events.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 import uuid
@@ -113,7 +114,24 @@ class ApiHarness:
         self.auth = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 
     async def get(self, path: str, **kw: object):  # type: ignore[no-untyped-def]
+        if path.startswith("/api/v1/hardware/events"):
+            await self.settle()
         return await self.client.get(path, headers=self.auth, **kw)  # type: ignore[attr-defined]
+
+    async def settle(self, within_seconds: float = 60) -> None:
+        """Wait until every event written so far is below the cluster's xmin horizon, i.e. readable
+        by the gap-safe read. Another session's open transaction on the same PostgreSQL (a parallel
+        suite, a server still shutting down) holds the horizon back for a while; the log then
+        delays, never loses, and a test that reads it right after a write must wait the same way."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_seconds
+        async with self.pool.acquire() as conn:
+            while await conn.fetchval(
+                "SELECT coalesce(max(events.tx_id) >= pg_snapshot_xmin(pg_current_snapshot()), false) "
+                "FROM events"
+            ):
+                assert loop.time() < deadline, "the xmin horizon never passed the newest event"
+                await asyncio.sleep(0.05)
 
     async def post(self, path: str, **kw: object):  # type: ignore[no-untyped-def]
         return await self.client.post(path, headers=self.auth, **kw)  # type: ignore[attr-defined]
