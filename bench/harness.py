@@ -402,6 +402,7 @@ class OpenLoop:
     scheduled: int
     overloaded: bool  # stopped early: more than `max_backlog_s` of operations were waiting
     backlog: list[int]  # operations scheduled but not finished, once per second
+    offered_seconds: float  # how long operations were started (shorter when overloaded)
 
     @property
     def backlog_grows(self) -> bool:
@@ -464,13 +465,14 @@ async def open_loop(
             overloaded = True
             break
         await asyncio.sleep(0.001)
+    offered_seconds = time.perf_counter() - t0
     if pending:
         _, late = await asyncio.wait(pending, timeout=10)
         for t in late:
             t.cancel()
             s.error("unanswered 10 s after the last scheduled start")
     s.usage.seconds = time.perf_counter() - t0
-    return OpenLoop(s, rate, launched, overloaded, backlog)
+    return OpenLoop(s, rate, launched, overloaded, backlog, offered_seconds)
 
 
 # --- HTTP --------------------------------------------------------------------------------------------
@@ -544,9 +546,17 @@ class Process:
                 self.proc.wait()
 
 
-def console_script() -> list[str]:
-    """The `modelforge-hw` entry point of this environment (next to this Python), else the
-    entry-point object itself loaded by this interpreter (a checkout not installed as a script)."""
+def console_script(tree: Path = ROOT) -> list[str]:
+    """The `modelforge-hw` entry point: for this checkout, the script installed next to this Python
+    (else the entry-point object itself); for another checkout (`tree`, a baseline to compare
+    with), the function its pyproject.toml names, imported from that tree by this Python."""
+    if tree.resolve() != ROOT.resolve():
+        import tomllib
+
+        target = tomllib.loads((tree / "pyproject.toml").read_text())["project"]["scripts"]["modelforge-hw"]
+        module, func = target.split(":")
+        code = f"import sys; sys.path.insert(0, {str(tree)!r}); import {module} as m; sys.exit(m.{func}())"
+        return [sys.executable, "-c", code]
     script = Path(sys.executable).parent / "modelforge-hw"
     if script.exists():
         return [str(script)]
@@ -562,15 +572,15 @@ def console_script() -> list[str]:
 
 
 async def spawn(
-    name: str, argv: list[str], port: int, probe: str, workdir: Path, env: dict[str, str]
+    name: str, argv: list[str], port: int, probe: str, workdir: Path, env: dict[str, str], tree: Path = ROOT
 ) -> Process:
     """A server subprocess (its output into `<workdir>/<name>.log`), ready when `probe` answers 200."""
     log = workdir / f"{name}.log"
     with open(log, "wb") as out:  # noqa: ASYNC230 - before the loop has work
         proc = subprocess.Popen(  # noqa: ASYNC220
             argv,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+            cwd=tree,
+            env={**os.environ, "PYTHONPATH": str(tree), **env},
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -593,10 +603,17 @@ async def spawn(
 
 
 async def start_product_server(
-    dsn: str, workdir: Path, name: str = "server", *, log_level: str = "INFO", retention: bool = True
+    dsn: str,
+    workdir: Path,
+    name: str = "server",
+    *,
+    log_level: str = "INFO",
+    retention: bool = True,
+    tree: Path = ROOT,
 ) -> Process:
     """`modelforge-hw serve` on a free port of 127.0.0.1, on `dsn`, with a known operator token,
-    exactly as an operator starts it (migrations, pools, the retention loop)."""
+    exactly as an operator starts it (migrations, pools, the retention loop); from this checkout,
+    or from another one (`tree`) to compare with."""
     port = free_port()
     env = {
         "MODELFORGE_DATABASE_URL": dsn,
@@ -608,8 +625,8 @@ async def start_product_server(
     }
     if not retention:
         env["MODELFORGE_RETENTION_INTERVAL"] = "0"
-    argv = [*console_script(), "serve", "--host", "127.0.0.1", "--port", str(port)]
-    return await spawn(name, argv, port, "/api/v1/health", workdir, env)
+    argv = [*console_script(tree), "serve", "--host", "127.0.0.1", "--port", str(port)]
+    return await spawn(name, argv, port, "/api/v1/health", workdir, env, tree)
 
 
 @contextlib.asynccontextmanager

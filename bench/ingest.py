@@ -37,6 +37,7 @@ if __name__ == "__main__" and not __package__:
 
 import argparse
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Sequence
@@ -229,42 +230,43 @@ class Load:
                 c.close()
 
 
-async def count_statements(db: h.Database, work: Path, agents: list[Agent], n: int) -> dict[str, float]:
-    """Statements per report, per refresh and per ceiling append, counted on the wire."""
+async def count_http(db: h.Database, work: Path, agents: list[Agent], n: int, tree: Path) -> dict[str, float]:
+    """Statements per report and per refresh, counted on the wire: a separate server process (from
+    `tree`) whose pool goes through the harness's counting proxy; its timings are not reported."""
+    out: dict[str, float] = {}
+    op = h.bearer(h.OPERATOR_TOKEN)
+    async with h.StatementCounter(db.dsn) as counter:
+        server = await h.start_product_server(counter.dsn, work, "counted", retention=False, tree=tree)
+        conn = await h.HttpConnection.open(server.port)
+        try:
+            await Load(agents).http("warm-up", [server.port], 4, 1.0)  # prepared statements, caches
+            status, resp = await conn.request(b"POST", b"/api/v1/hardware/refresh", op)
+            assert status == 200, resp[:300]
+            for what, times in (("report", n), ("refresh", max(5, n // 20))):
+                before = counter.counts.copy()
+                for k in range(times):
+                    if what == "report":
+                        await agents[k % len(agents)].send(conn)
+                    else:
+                        status, resp = await conn.request(b"POST", b"/api/v1/hardware/refresh", op)
+                        assert status == 200, resp[:300]
+                d = counter.counts - before
+                out[f"{what}_executions"] = d.executions / times
+                out[f"{what}_round_trips"] = d.round_trips / times
+                out[f"{what}_transactions"] = d.transactions / times
+        finally:
+            conn.close()
+            server.stop()
+    return out
+
+
+async def count_append(db: h.Database, agents: list[Agent]) -> dict[str, float]:
+    """Statements per ceiling append (this checkout's EventStore), counted on the wire."""
     from ledger.db import create_pool
     from ledger.store import EventStore
     from projections.inventory import ALL_PROJECTIONS
 
-    out: dict[str, float] = {}
     async with h.StatementCounter(db.dsn) as counter:
-        server = await h.start_product_server(counter.dsn, work, "counted", retention=False)
-        try:
-            load = Load(agents)
-            await load.http("warm-up", [server.port], 4, 1.0)  # prepared statements, caches
-            before = counter.counts.copy()
-            conn = await h.HttpConnection.open(server.port)
-            try:
-                for k in range(n):
-                    await agents[k % len(agents)].send(conn)
-                d = counter.counts - before
-                out["report_executions"], out["report_round_trips"] = d.executions / n, d.round_trips / n
-                out["report_transactions"] = d.transactions / n
-                op = h.bearer(h.OPERATOR_TOKEN)
-                status, resp = await conn.request(b"POST", b"/api/v1/hardware/refresh", op)  # warm-up
-                assert status == 200, resp[:300]
-                before = counter.counts.copy()
-                refreshes = max(5, n // 20)
-                for _ in range(refreshes):
-                    status, resp = await conn.request(b"POST", b"/api/v1/hardware/refresh", op)
-                    assert status == 200, resp[:300]
-                d = counter.counts - before
-                out["refresh_executions"] = d.executions / refreshes
-                out["refresh_round_trips"] = d.round_trips / refreshes
-                out["refresh_transactions"] = d.transactions / refreshes
-            finally:
-                conn.close()
-        finally:
-            server.stop()
         pool = await create_pool(counter.dsn, min_size=1, max_size=4)
         try:
             store = EventStore(pool, ALL_PROJECTIONS)
@@ -273,11 +275,51 @@ async def count_statements(db: h.Database, work: Path, agents: list[Agent], n: i
             before = counter.counts.copy()
             s = await Load(agents).ceiling(store, 4, 2.0)
             d = counter.counts - before
-            out["append_executions"], out["append_round_trips"] = d.executions / s.ops, d.round_trips / s.ops
-            out["append_transactions"] = d.transactions / s.ops
         finally:
             await pool.close()
-    return out
+    return {
+        "append_executions": d.executions / s.ops,
+        "append_round_trips": d.round_trips / s.ops,
+        "append_transactions": d.transactions / s.ops,
+    }
+
+
+@dataclass
+class Target:
+    """One checkout under load: its own database, its `serve` process, its enrolled agents."""
+
+    label: str
+    tree: Path
+    db: h.Database
+    server: h.Process
+    agents: list[Agent]
+
+    @classmethod
+    async def prepare(
+        cls, label: str, tree: Path, db: h.Database, work: Path, args: argparse.Namespace
+    ) -> Target:
+        import asyncpg
+
+        server = await h.start_product_server(db.dsn, work, label, tree=tree)
+        agents = await enroll(server.port, args.nodes, args.variants, 8)
+        conns = [await h.HttpConnection.open(server.port) for _ in range(8)]
+
+        async def discover(c: int) -> None:  # each node's first report, on the inventory stream
+            for a in agents[c::8]:
+                await a.send(conns[c], "inventory")
+
+        try:
+            await asyncio.gather(*(discover(c) for c in range(8)))
+        finally:
+            for conn in conns:
+                conn.close()
+        conn = await asyncpg.connect(db.dsn)
+        try:
+            await conn.execute("ANALYZE")  # the statistics autovacuum gives a live server
+        finally:
+            await conn.close()
+        await Load(agents).http("warm-up", [server.port], args.connections, 2.0)
+        return cls(label, tree, db, server, agents)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -293,6 +335,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-two-servers", dest="two_servers", action="store_false", help="skip two servers")
     p.add_argument("--no-open-loop", dest="open_loop", action="store_false", help="skip the open loop")
     p.add_argument("--no-count", dest="count_statements", action="store_false", help="skip the counting")
+    p.add_argument(
+        "--baseline", metavar="CHECKOUT", type=Path,
+        help="another checkout of the product (e.g. a worktree of main) to compare with in the same run: its "
+        "`serve` gets its own database and agents, and its http tier and statement counts are interleaved "
+        "with this checkout's",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.quick:
         args.nodes, args.rounds, args.duration, args.open_seconds, args.count = 500, 1, 4.0, 15.0, 200
@@ -306,145 +354,150 @@ async def run(args: argparse.Namespace) -> int:
 
     report = h.Report("ingest")
     await h.describe_environment(report, "ingest")
-    async with (
-        h.throwaway_database("ingest", keep=args.keep) as db,
-        h.workdir("ingest", keep=args.keep) as work,
-    ):
-        servers: list[h.Process] = []
-        pool = None
-        meter: h.Meter | None = None
-        try:
-            servers.append(await h.start_product_server(db.dsn, work, "server"))
-            t0 = time.perf_counter()
-            agents = await enroll(servers[0].port, args.nodes, args.variants, 8)
-            load = Load(agents)
-            conns = [await h.HttpConnection.open(servers[0].port) for _ in range(8)]
+    async with contextlib.AsyncExitStack() as stack:
+        work = await stack.enter_async_context(h.workdir("ingest", keep=args.keep))
+        db = await stack.enter_async_context(h.throwaway_database("ingest", keep=args.keep))
+        processes: list[h.Process] = []
+        stack.callback(lambda: [p.stop() for p in processes])
+        t0 = time.perf_counter()
+        this = await Target.prepare("server", h.ROOT, db, work, args)
+        processes.append(this.server)
+        baseline: Target | None = None
+        if args.baseline:
+            bdb = await stack.enter_async_context(h.throwaway_database("baseline", keep=args.keep))
+            baseline = await Target.prepare("baseline", args.baseline.resolve(), bdb, work, args)
+            processes.append(baseline.server)
+        agents, load = this.agents, Load(this.agents)
+        pool = await create_pool(db.dsn, min_size=2, max_size=POOL)
+        stack.push_async_callback(pool.close)
+        await ceiling_payloads(pool, agents)
+        store = EventStore(pool, ALL_PROJECTIONS)
+        await read_versions(pool, agents)
+        await load.ceiling(store, args.connections, 1.0)
+        print(f"setup: {len(agents):,} nodes enrolled and discovered over HTTP per checkout in "
+              f"{time.perf_counter() - t0:.0f} s (untimed)")  # fmt: skip
 
-            async def discover(c: int) -> None:  # each node's first report, on the inventory stream
-                for a in agents[c::8]:
-                    await a.send(conns[c], "inventory")
-
-            await asyncio.gather(*(discover(c) for c in range(8)))
-            for conn in conns:
-                conn.close()
-            pool = await create_pool(db.dsn, min_size=2, max_size=POOL)
-            async with pool.acquire() as conn:
-                await conn.execute("ANALYZE")  # the statistics autovacuum gives a live server
-            await ceiling_payloads(pool, agents)
-            store = EventStore(pool, ALL_PROJECTIONS)
+        meter = await h.Meter.open([db.name], [this.server.pid])
+        stack.push_async_callback(meter.close)
+        bmeter: h.Meter | None = None
+        if baseline is not None:
+            bmeter = await h.Meter.open([baseline.db.name], [baseline.server.pid])
+            stack.push_async_callback(bmeter.close)
+        c = args.connections
+        http = h.Sample(f"http: POST /agent/reports, {c} in flight")
+        ceiling = h.Sample("ceiling: EventStore.append in-process")
+        base = h.Sample(f"baseline http ({args.baseline}), {c} in flight")
+        for _ in range(args.rounds):
+            s, u = await meter.measure(load.http(http.name, [this.server.port], c, args.duration))
+            http.merge(s, u)
+            if baseline is not None and bmeter is not None:
+                s, u = await bmeter.measure(
+                    Load(baseline.agents).http("", [baseline.server.port], c, args.duration)
+                )
+                base.merge(s, u)
             await read_versions(pool, agents)
-            print(
-                f"setup: {len(agents):,} nodes enrolled and discovered over HTTP in {time.perf_counter() - t0:.0f} s (untimed)"
-            )
-            await load.http("warm-up", [servers[0].port], args.connections, 2.0)
-            await load.ceiling(store, args.connections, 1.0)
+            s, u = await meter.measure(load.ceiling(store, c, args.duration))
+            ceiling.merge(s, u)
+        samples = [http, ceiling] + ([base] if baseline is not None else [])
 
-            meter = await h.Meter.open([db.name], [servers[0].pid])
-            http = h.Sample(f"http: POST /agent/reports, {args.connections} in flight")
-            ceiling = h.Sample("ceiling: EventStore.append in-process")
+        two: h.Sample | None = None
+        if args.two_servers:
+            second = await h.start_product_server(db.dsn, work, "server2")
+            processes.append(second)
+            meter.server_pids = [this.server.pid, second.pid]
+            await load.http("warm-up", [second.port], 4, 1.0)
+            two = h.Sample(f"http: two servers on one database, {c} in flight")
             for _ in range(args.rounds):
                 s, u = await meter.measure(
-                    load.http(http.name, [servers[0].port], args.connections, args.duration)
+                    load.http(two.name, [this.server.port, second.port], c, args.duration)
                 )
-                http.merge(s, u)
-                await read_versions(pool, agents)
-                s, u = await meter.measure(load.ceiling(store, args.connections, args.duration))
-                ceiling.merge(s, u)
-            samples = [http, ceiling]
+                two.merge(s, u)
+            samples.append(two)
+            second.stop()
+            meter.server_pids = [this.server.pid]
 
-            two: h.Sample | None = None
-            if args.two_servers:
-                servers.append(await h.start_product_server(db.dsn, work, "server2"))
-                meter.server_pids = [s.pid for s in servers]
-                await load.http("warm-up", [servers[1].port], 4, 1.0)
-                two = h.Sample(f"http: two servers on one database, {args.connections} in flight")
-                for _ in range(args.rounds):
-                    s, u = await meter.measure(
-                        load.http(two.name, [s.port for s in servers], args.connections, args.duration)
-                    )
-                    two.merge(s, u)
-                samples.append(two)
-                servers.pop().stop()
-                meter.server_pids = [servers[0].pid]
+        opened: h.OpenLoop | None = None
+        if args.open_loop:
+            opened, u = await meter.measure(load.open(this.server.port, args.rate, args.open_seconds, 64))
+            u.seconds = opened.sample.usage.seconds
+            opened.sample.usage = u
+            samples.append(opened.sample)
 
-            opened: h.OpenLoop | None = None
-            if args.open_loop:
-                opened, u = await meter.measure(load.open(servers[0].port, args.rate, args.open_seconds, 64))
-                u.seconds = opened.sample.usage.seconds
-                opened.sample.usage = u
-                samples.append(opened.sample)
+        h.table(
+            ["tier", "reports/s", "events/s", "p50 ms", "p99 ms", "errors", "server ms", "PG ms", "client ms"],
+            [[s.name, s.rate, s.unit_rate, s.ms(50), s.ms(99), s.errors, s.per_op("server_cpu"),
+              s.per_op("db_cpu"), s.per_op("client_cpu")] for s in samples],
+            first_width=52,
+        )  # fmt: skip
+        print("  (CPU per report: server = the serve process(es), PG = the database's backends, client = this\n"
+              "   process: the load generator, or the ceiling's append itself)")  # fmt: skip
+        for s in samples:
+            report.row(**s.as_row())
+            for e in s.error_samples:
+                print(f"  error ({s.name}): {e}")
+        if opened is not None:
+            state = "grows (overloaded: stopped early)" if opened.overloaded else (
+                "grows" if opened.backlog_grows else "does not grow")  # fmt: skip
+            report.note(
+                f"open loop at {opened.offered:,.0f}/s offered for {opened.offered_seconds:.0f} s: "
+                f"{opened.sample.rate:,.0f} answered/s, backlog {state} (waiting each second: "
+                f"{', '.join(map(str, opened.backlog[:20]))}{'...' if len(opened.backlog) > 20 else ''})"
+            )
 
-            h.table(
-                ["tier", "reports/s", "events/s", "p50 ms", "p99 ms", "errors", "server ms", "PG ms", "client ms"],
-                [
-                    [s.name, s.rate, s.unit_rate, s.ms(50), s.ms(99), s.errors, s.per_op("server_cpu"),
-                     s.per_op("db_cpu"), s.per_op("client_cpu")]
-                    for s in samples
-                ],
-                first_width=52,
-            )  # fmt: skip
-            print("  (CPU per report: server = the serve process(es), PG = the database's backends, client = this\n"
-                  "   process: the load generator, or the ceiling's append itself)")  # fmt: skip
-            for s in samples:
-                report.row(**s.as_row())
-                for e in s.error_samples:
-                    print(f"  error ({s.name}): {e}")
-            if opened is not None:
-                state = "grows (overloaded: stopped early)" if opened.overloaded else (
-                    "grows" if opened.backlog_grows else "does not grow")  # fmt: skip
-                report.note(
-                    f"open loop at {opened.offered:,.0f}/s for {opened.sample.usage.seconds:.0f} s: "
-                    f"{opened.sample.rate:,.0f} answered/s, backlog {state} (waiting each second: "
-                    f"{', '.join(map(str, opened.backlog[:20]))}{'...' if len(opened.backlog) > 20 else ''})"
+        if args.count_statements:
+            counted = {"this checkout": {**await count_http(db, work, agents, args.count, h.ROOT),
+                                         **await count_append(db, agents)}}  # fmt: skip
+            if baseline is not None:
+                counted["baseline"] = await count_http(
+                    baseline.db, work, baseline.agents, args.count, baseline.tree
                 )
-
-            if args.count_statements:
-                counted = await count_statements(db, work, agents, args.count)
-                report.row(name="statements", **counted)
-                report.note(
-                    "SQL counted on the wire (statements executed / round trips / transactions; an executemany\n"
-                    "of n rows is n executions in one round trip):\n"
-                    + "\n".join(
-                        f"  per {what:<44} {counted[k + '_executions']:5.1f} / {counted[k + '_round_trips']:5.1f}"
-                        f" / {counted[k + '_transactions']:4.1f}"
-                        for k, what in (
-                            ("report", "agent report (POST /agent/reports)"),
-                            ("refresh", "refresh (POST /hardware/refresh)"),
-                            ("append", "ceiling append (EventStore.append)"),
+            lines = []
+            for who, figures in counted.items():
+                report.row(name=f"statements ({who})", **figures)
+                for k, what in (
+                    ("report", "agent report"),
+                    ("refresh", "refresh"),
+                    ("append", "ceiling append"),
+                ):
+                    if f"{k}_executions" in figures:
+                        lines.append(
+                            f"  {who:<14} per {what:<16} {figures[k + '_executions']:5.1f} / "
+                            f"{figures[k + '_round_trips']:5.1f} / {figures[k + '_transactions']:4.1f}"
                         )
-                    )
-                )
+            report.note(
+                "SQL counted on the wire (statements executed / round trips / transactions; an executemany of\n"
+                "n rows is n executions in one round trip; a refresh is POST /hardware/refresh of the server's host):\n"
+                + "\n".join(lines)
+            )
 
+        report.ratio(
+            h.Ratio("http / ceiling (reports/s)", http.rate / ceiling.rate, None, h.cost_ratio(http, ceiling))
+        )
+        if baseline is not None:
             report.ratio(
                 h.Ratio(
-                    "http / ceiling (reports/s)", http.rate / ceiling.rate, None, h.cost_ratio(http, ceiling)
+                    "this checkout / baseline (http reports/s)",
+                    http.rate / base.rate,
+                    None,
+                    h.cost_ratio(http, base),
                 )
             )
-            if two is not None:
-                report.ratio(h.Ratio("two servers / one server (reports/s)", two.rate / http.rate, None))
-            report.ratio(h.Ratio("http reports/s (closed loop)", http.rate, TARGET_RATE))
-            report.ratio(h.Ratio("http p99 ms (closed loop)", http.ms(99), TARGET_P99_MS, at_least=False))
-            for attr, label in (("server_cpu", "server"), ("db_cpu", "PostgreSQL")):
-                v = http.per_op(attr)
-                if v is not None:
-                    report.ratio(h.Ratio(f"{label} CPU ms per report", v, TARGET_CPU_MS, at_least=False))
-            if opened is not None:
-                report.ratio(
-                    h.Ratio(
-                        f"open loop at {opened.offered:,.0f}/s keeps up (1 = yes)",
-                        float(opened.keeps_up),
-                        1.0,
-                    )
+        if two is not None:
+            report.ratio(h.Ratio("two servers / one server (reports/s)", two.rate / http.rate, None))
+        report.ratio(h.Ratio("http reports/s (closed loop)", http.rate, TARGET_RATE))
+        report.ratio(h.Ratio("http p99 ms (closed loop)", http.ms(99), TARGET_P99_MS, at_least=False))
+        for attr, label in (("server_cpu", "server"), ("db_cpu", "PostgreSQL")):
+            v = http.per_op(attr)
+            if v is not None:
+                report.ratio(h.Ratio(f"{label} CPU ms per report", v, TARGET_CPU_MS, at_least=False))
+        if opened is not None:
+            report.ratio(
+                h.Ratio(
+                    f"open loop at {opened.offered:,.0f}/s keeps up (1 = yes)", float(opened.keeps_up), 1.0
                 )
-            report.finish(args.json)
-            return 1 if any(s.errors for s in samples[:3]) else 0
-        finally:
-            if meter is not None:
-                await meter.close()
-            for s in servers:
-                s.stop()
-            if pool is not None:
-                await pool.close()
+            )
+        report.finish(args.json)
+        return 1 if any(s.errors for s in samples if s is not (opened and opened.sample)) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

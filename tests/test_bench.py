@@ -48,7 +48,7 @@ async def test_statement_counter_counts_statements_round_trips_and_transactions(
 
 
 def test_open_loop_backlog_growth_is_told_from_a_steady_queue() -> None:
-    steady = OpenLoop(Sample("s", ops=1000), 100.0, 1000, False, [3, 5, 4, 6, 5])
-    growing = OpenLoop(Sample("g", ops=500), 100.0, 1000, False, [3, 20, 45, 80, 120])
+    steady = OpenLoop(Sample("s", ops=1000), 100.0, 1000, False, [3, 5, 4, 6, 5], 5.0)
+    growing = OpenLoop(Sample("g", ops=500), 100.0, 1000, False, [3, 20, 45, 80, 120], 5.0)
     assert not steady.backlog_grows and growing.backlog_grows
-    assert OpenLoop(Sample("o"), 100.0, 300, True, [50, 150]).backlog_grows
+    assert OpenLoop(Sample("o"), 100.0, 300, True, [50, 150], 2.0).backlog_grows
