@@ -403,6 +403,7 @@ class OpenLoop:
     overloaded: bool  # stopped early: more than `max_backlog_s` of operations were waiting
     backlog: list[int]  # operations scheduled but not finished, once per second
     offered_seconds: float  # how long operations were started (shorter when overloaded)
+    abandoned: int = 0  # scheduled but never sent: still waiting for a connection when the loop stopped
 
     @property
     def backlog_grows(self) -> bool:
@@ -435,8 +436,11 @@ async def open_loop(
     pending: set[asyncio.Task[None]] = set()
     backlog: list[int] = []
 
+    started: set[int] = set()
+
     async def one(k: int, due: float) -> None:
         slot = await slots.get()
+        started.add(k)
         try:
             units = await step(slot, k)
         except Exception as exc:
@@ -454,7 +458,7 @@ async def open_loop(
         now = time.perf_counter()
         due = min(total, int((now - t0) * rate) + 1) if now >= t0 else 0
         while launched < due:
-            task = asyncio.create_task(one(launched, t0 + launched / rate))
+            task = asyncio.create_task(one(launched, t0 + launched / rate), name=str(launched))
             pending.add(task)
             task.add_done_callback(pending.discard)
             launched += 1
@@ -466,13 +470,19 @@ async def open_loop(
             break
         await asyncio.sleep(0.001)
     offered_seconds = time.perf_counter() - t0
-    if pending:
-        _, late = await asyncio.wait(pending, timeout=10)
+    # Operations still waiting for a slot are abandoned (never sent); those sent get 10 s.
+    waiting = [t for t in pending if int(t.get_name()) not in started]
+    for t in waiting:
+        t.cancel()
+    abandoned = len(waiting)
+    sent = [t for t in pending if int(t.get_name()) in started]
+    if sent:
+        _, late = await asyncio.wait(sent, timeout=10)
         for t in late:
             t.cancel()
-            s.error("unanswered 10 s after the last scheduled start")
+            s.error("sent but unanswered 10 s after the last scheduled start")
     s.usage.seconds = time.perf_counter() - t0
-    return OpenLoop(s, rate, launched, overloaded, backlog, offered_seconds)
+    return OpenLoop(s, rate, launched, overloaded, backlog, offered_seconds, abandoned)
 
 
 # --- HTTP --------------------------------------------------------------------------------------------

@@ -440,7 +440,7 @@ async def run(args: argparse.Namespace) -> int:
                 "grows" if opened.backlog_grows else "does not grow")  # fmt: skip
             report.note(
                 f"open loop at {opened.offered:,.0f}/s offered for {opened.offered_seconds:.0f} s: "
-                f"{opened.sample.rate:,.0f} answered/s, backlog {state} (waiting each second: "
+                f"{opened.sample.rate:,.0f} answered/s, {opened.abandoned:,} never sent, backlog {state} (waiting each second: "
                 f"{', '.join(map(str, opened.backlog[:20]))}{'...' if len(opened.backlog) > 20 else ''})"
             )
 

@@ -389,41 +389,32 @@ async def build_log(pool: asyncpg.Pool, builder: LogBuilder, chunk: int = 20_000
 
 
 @dataclass
-class Timing:
+class Case:
+    """One reconstruction (or its ceiling), measured `len(runs)` times."""
+
     name: str
-    events: int = 0
-    seconds: list[float] = field(default_factory=list)
-    client_cpu: list[float] = field(default_factory=list)  # this process
-    server_cpu: list[float | None] = field(default_factory=list)  # the connection's backend
+    runs: list[h.Sample] = field(default_factory=list)
 
-    def add(self, events: int, seconds: float, client: float, server: float | None) -> None:
-        self.events = events
-        self.seconds.append(seconds)
-        self.client_cpu.append(client)
-        self.server_cpu.append(server)
+    def add(self, events: int, usage: h.Usage) -> None:
+        self.runs.append(h.Sample(self.name, ops=1, units=events, usage=usage))
 
-    def pick(self, median: bool) -> int:
-        """Index of the run reported: the fastest, or the median one."""
-        order = sorted(range(len(self.seconds)), key=lambda i: self.seconds[i])
-        return order[len(order) // 2] if median else order[0]
-
-    def rate(self, median: bool = False) -> float:
-        s = self.seconds[self.pick(median)]
-        return self.events / s if s else 0.0
+    def pick(self, median: bool) -> h.Sample:
+        """The run reported: the fastest, or the median one."""
+        ordered = sorted(self.runs, key=lambda r: r.usage.seconds)
+        return ordered[len(ordered) // 2] if median else ordered[0]
 
     def cpu_us(self) -> tuple[float, float | None]:
-        """(client, server) CPU µs per event over all runs (the backend's CPU comes from /proc in
-        clock ticks of 10 ms: only a total over many runs resolves a short query; under 0.1 s of it,
-        None)."""
-        n = max(1, self.events * len(self.seconds))
-        server = None if any(c is None for c in self.server_cpu) else sum(c or 0.0 for c in self.server_cpu)
-        if server is not None and server < 0.1:
-            server = None  # a few clock ticks: not resolved
-        return 1e6 * sum(self.client_cpu) / n, None if server is None else 1e6 * server / n
+        """(client, PostgreSQL) CPU us per event over all runs. /proc counts in 10 ms ticks: only a
+        total over many runs resolves a short query; under 0.1 s of PostgreSQL CPU, None."""
+        total = h.Sample(self.name)
+        for r in self.runs:
+            total.merge(r, r.usage)
+        n, db = max(1, total.units), total.usage.db_cpu
+        return 1e6 * total.usage.client_cpu / n, None if db is None or db < 0.1 else 1e6 * db / n
 
     def cost(self) -> float | None:
-        client, server = self.cpu_us()
-        return None if server is None else client + server
+        client, db = self.cpu_us()
+        return None if db is None else client + db
 
 
 async def scan(conn: asyncpg.Connection, as_of: datetime | None, node_id: str | None) -> int:
@@ -452,17 +443,6 @@ async def scan(conn: asyncpg.Connection, as_of: datetime | None, node_id: str | 
             n += len(rows)
             last = (rows[-1]["stream_id"], rows[-1]["stream_version"])
     return n
-
-
-async def timed(conn: asyncpg.Connection, work: Any) -> tuple[Any, float, float, float | None]:
-    """(result, wall s, this process's CPU s, the backend's CPU s) of one awaited piece of work."""
-    pid = conn.get_server_pid()
-    b0 = h.cpu_of([pid])
-    c0, t0 = time.process_time(), time.perf_counter()
-    result = await work
-    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-    b1 = h.cpu_of([pid])
-    return result, seconds, cpu, None if b0 is None or b1 is None else b1 - b0
 
 
 async def warm_cache(conn: asyncpg.Connection) -> None:
@@ -545,107 +525,76 @@ async def run(args: argparse.Namespace) -> int:
     async with log_database(args) as db:
         pool = await create_pool(db.dsn, min_size=1, max_size=2)
         try:
-            return await timed_run(args, pool, report)
+            return await timed_run(args, db, pool, report)
         finally:
             await pool.close()
 
 
-async def timed_run(args: argparse.Namespace, pool: asyncpg.Pool, report: h.Report) -> int:
+async def timed_run(args: argparse.Namespace, db: h.Database, pool: asyncpg.Pool, report: h.Report) -> int:
     from projections.pointintime import inventory_as_of
 
     builder, phases = await open_log(args, pool)
     await describe_log(pool, builder, phases)
-
-    end = builder.end_of_log()
-    mid = builder.middle()
+    end, mid, hot = builder.end_of_log(), builder.middle(), builder.hot
     typical = builder.nodes[len(builder.nodes) // 2 + 1]  # index % 20 != 0: no incidents
     incident = builder.nodes[len(builder.nodes) // 2]  # index % 20 == 0 (an even --nodes)
-    hot = builder.hot
     points = [("end", end)] + ([("mid", mid)] if args.mid else [])
-
-    fleet: dict[tuple[str, str], Timing] = {}
-    for point, _ in points:
-        label = "the end of the log" if point == "end" else "the middle of the fleet's history"
-        fleet[(point, "as_of")] = Timing(f"fleet: inventory_as_of, as of {label}")
-        fleet[(point, "scan")] = Timing(
-            "  ceiling: bare keyset scan + decode (bench/ledger.py's)"
-            if point == "end"
-            else "  ceiling: the same rows, scan + decode with the as-of filter"
-        )
-    reconstructed: dict[str, tuple[int, int]] = {}
-    singles: dict[str, tuple[Timing, Timing]] = {}
-    async with pool.acquire() as conn:
-        await warm_cache(conn)
-        for _ in range(max(1, args.repeat)):
+    meter = await h.Meter.open([db.name])
+    pairs: list[tuple[Case, Case, bool]] = []  # (reconstruction, its ceiling, median of runs?)
+    try:
+        async with pool.acquire() as conn:
+            await warm_cache(conn)
             for point, at in points:
+                label = "the end of the log" if point == "end" else "the middle of the fleet's history"
+                ceiling = "bare keyset scan + decode" if point == "end" else "the same rows, scan + decode"
+                case, base = Case(f"fleet, as of {label}"), Case(f"  ceiling: {ceiling}")
                 folded = await conn.fetchval("SELECT count(*) FROM events WHERE recorded_at <= $1", at)
-                n, *m = await timed(conn, scan(conn, None if point == "end" else at, None))
-                assert n == folded, (n, folded)
-                fleet[(point, "scan")].add(n, *m)
-                result, *m = await timed(conn, inventory_as_of(conn, at))
-                fleet[(point, "as_of")].add(folded, *m)
-                reconstructed[point] = (len(result.nodes), result.position)
+                for _ in range(max(1, args.repeat)):
+                    n, usage = await meter.measure(scan(conn, None if point == "end" else at, None))
+                    assert n == folded, (n, folded)
+                    base.add(n, usage)
+                    result, usage = await meter.measure(inventory_as_of(conn, at))
+                    case.add(folded, usage)
+                print(f"fleet as of {label}: {len(result.nodes):,} nodes reconstructed, folded to position "
+                      f"{result.position:,}")  # fmt: skip
+                pairs.append((case, base, False))
+            for label, node, at in (
+                (f"one node (~{args.reports * 9 + 19} events), as of the end", typical, end),
+                ("one node with incidents, as of the end", incident, end),
+                (f"the hot node ({hot.version:,} events), as of the end", hot, end),
+                ("the hot node, as of the middle", hot, mid),
+            ):
+                case, base = Case(label), Case("  ceiling: the same rows, scan + decode")
+                for _ in range(args.node_repeat):
+                    n, usage = await meter.measure(scan(conn, at, node.node_id))
+                    base.add(n, usage)
+                    result, usage = await meter.measure(inventory_as_of(conn, at, node_id=node.node_id))
+                    assert len(result.nodes) == 1 and result.nodes[0].node_id == node.node_id
+                    case.add(n, usage)
+                pairs.append((case, base, True))
+    finally:
+        await meter.close()
 
-        for label, node, at in (
-            (f"one node (~{args.reports * 9 + 19} events), as of the end", typical, end),
-            ("one node with incidents, as of the end", incident, end),
-            (f"the hot node ({hot.version:,} events), as of the end", hot, end),
-            ("the hot node, as of the middle", hot, mid),
-        ):
-            ta, ts = Timing(label), Timing("  ceiling: the same rows, scan + decode")
-            for _ in range(args.node_repeat):
-                n, *m = await timed(conn, scan(conn, at, node.node_id))
-                ts.add(n, *m)
-                result, *m = await timed(conn, inventory_as_of(conn, at, node_id=node.node_id))
-                assert len(result.nodes) == 1 and result.nodes[0].node_id == node.node_id
-                ta.add(n, *m)
-            singles[label] = (ta, ts)
-
-    def us(v: float | None) -> str:
-        return "n/a" if v is None else f"{v:.1f}"
-
-    def head(unit: str, note: str) -> str:
-        return (
-            f"\n  {'':<64} {'events':>9} {unit:>8} {'events/s':>9}  CPU us/event: "
-            f"{'client':>6} {'server':>6}   ({note})"
-        )
-
-    print(head("seconds", f"fleet: best of {max(1, args.repeat)}"))
-    for (point, kind), t in fleet.items():
-        c, sv = t.cpu_us()
-        print(
-            f"  {t.name:<64} {t.events:>9,} {min(t.seconds):>8.2f} {t.rate():>9,.0f}  {'':13} "
-            f"{c:>6.1f} {us(sv):>6}"
-        )
-        if kind == "as_of":
-            nodes, pos = reconstructed[point]
-            print(f"    ({nodes:,} nodes reconstructed, folded to position {pos:,})")
-    print(head("ms", f"single nodes: median of {args.node_repeat}; CPU over all runs"))
-    for ta, ts in singles.values():
-        for t in (ta, ts):
-            c, sv = t.cpu_us()
-            print(
-                f"  {t.name:<64} {t.events:>9,} {1e3 * t.seconds[t.pick(True)]:>8.1f} "
-                f"{t.rate(median=True):>9,.0f}  {'':13} {c:>6.1f} {us(sv):>6}"
+    lines = []
+    for case, base, median in pairs:
+        for c in (case, base):
+            run = c.pick(median)
+            client, db_us = c.cpu_us()
+            lines.append([c.name, run.units, 1e3 * run.usage.seconds, run.unit_rate, client, db_us])
+            report.row(name=c.name.strip(), events=run.units, ms=1e3 * run.usage.seconds,
+                       runs_s=[r.usage.seconds for r in c.runs], client_cpu_us_per_event=client,
+                       postgres_cpu_us_per_event=db_us)  # fmt: skip
+        r = case.pick(median).unit_rate / base.pick(median).unit_rate
+        cost_a, cost_b = case.cost(), base.cost()
+        report.ratio(
+            h.Ratio(
+                f"{case.name} / ceiling", r, REFERENCE_RATIO, cost_b / cost_a if cost_a and cost_b else None
             )
-
-    print(
-        "\nratios (same run, same server): reconstruction / its bare-scan ceiling over the same rows, in\n"
-        f"events/s, and the CPU-cost ratio (ceiling's client+server CPU per event over ours). The issue sets\n"
-        f"no target: the verdict is against {REFERENCE_RATIO}, issue 2's rebuild target over the same scan, "
-        "for reference."
-    )
-    pairs = [(fleet[(p, "as_of")], fleet[(p, "scan")], False) for p, _ in points]
-    pairs += [(ta, ts, True) for ta, ts in singles.values()]
-    for a, s_, med in pairs:
-        r = a.rate(med) / s_.rate(med)
-        ca, cs = a.cost(), s_.cost()
-        cost = f"{cs / ca:.2f}" if ca and cs else "n/a"
-        report.ratio(h.Ratio(a.name.strip(), r, REFERENCE_RATIO, None if cost == "n/a" else float(cost)))
-    for t in [*fleet.values(), *(x for pair in singles.values() for x in pair)]:
-        c, sv = t.cpu_us()
-        report.row(name=t.name.strip(), events=t.events, seconds=t.seconds, client_cpu_us_per_event=c,
-                   postgres_cpu_us_per_event=sv)  # fmt: skip
+        )
+    h.table(["reconstruction", "events", "ms", "events/s", "client us", "PG us"], lines, first_width=56)
+    print(f"  (fleet: best of {max(1, args.repeat)}; single nodes: median of {args.node_repeat}; CPU per event over\n"
+          f"   all runs. The issue sets no target: the verdict is against {REFERENCE_RATIO}, issue 2's rebuild\n"
+          "   target over the same scan, for reference)")  # fmt: skip
     report.finish(args.json)
     return 0
 
