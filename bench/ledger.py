@@ -48,7 +48,7 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -126,17 +126,6 @@ class Node:
 class Report:
     node_id: str
     events: list[NewEvent]
-
-
-@dataclass
-class Workload:
-    nodes: list[Node]
-    # reports[task] = that task's reports, in order; a task only ever writes its own nodes.
-    reports: list[list[Report]] = field(default_factory=list)
-
-    @property
-    def events(self) -> int:
-        return sum(len(r.events) for rs in self.reports for r in rs)
 
 
 LOST_GPU_REASON = "NVML scan incomplete: nvmlDeviceGetHandleByIndex(5): GPU is lost; last good GPU state kept"
