@@ -18,7 +18,11 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("bench", ["ingest", "ledger", "api", "replay"])
 def test_each_benchmark_imports_and_explains_itself(bench: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", f"bench.{bench}", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", f"bench.{bench}", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     assert "--quick" in done.stdout and "--json" in done.stdout
