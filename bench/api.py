@@ -2,7 +2,7 @@
 10,000 nodes x 8 GPUs, against a trivial route's ceiling, with `wrk` as the load generator.
 
     python -m bench.api                 # 10,000 nodes, 2 rounds x 10 s per endpoint
-    python -m bench.api --quick         # under 2 minutes: 10,000 nodes, 1 round x 4 s
+    python -m bench.api --quick         # under 2 minutes: 10,000 nodes, 2 rounds x 3 s
     (wrk: apt-get update && apt-get install -y wrk)
 
 1. Fill (untimed) the read models of a throwaway database: every node a realistic eight-GPU server
@@ -186,7 +186,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=100, help="accelerator page size (default 100)")
     args = p.parse_args(argv)
     if args.quick:
-        args.rounds, args.duration = 1, 4.0
+        args.rounds, args.duration = 2, 3.0
     return args
 
 

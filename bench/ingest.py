@@ -2,7 +2,7 @@
 HTTP, next to the ledger-only append ceiling, in one run on one throwaway database.
 
     python -m bench.ingest              # 1,000 nodes, 2 rounds x 10 s per tier, open loop 60 s
-    python -m bench.ingest --quick      # under 2 minutes: 500 nodes, 1 round x 4 s, open loop 15 s
+    python -m bench.ingest --quick      # under 2 minutes: 500 nodes, 2 rounds x 3 s, open loop 15 s
 
 Agents (simulated, no NVML): nodes of 8 GPUs (bench/fleet.py), each enrolled over HTTP (an
 enrollment token from the operator API, then `POST /agent/enroll`), then one `inventory` report
@@ -348,7 +348,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     args = p.parse_args(argv)
     if args.quick:
-        args.nodes, args.rounds, args.duration, args.open_seconds, args.count = 500, 1, 4.0, 15.0, 200
+        args.nodes, args.rounds, args.duration, args.open_seconds, args.count = 500, 2, 3.0, 15.0, 200
     return args
 
 

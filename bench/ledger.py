@@ -1,7 +1,7 @@
 """Ledger benchmark (issue 2): append, peer and rebuild throughput on one PostgreSQL, in one run.
 
     python -m bench.ledger                 # default size (40,000 timed events per system)
-    python -m bench.ledger --quick         # a smoke run (under 2 minutes)
+    python -m bench.ledger --quick         # under 2 minutes: 10,000 events per system, 2 rounds
     python -m bench.ledger --events 300000 --rounds 3
 
 Every run creates its own throwaway databases (`mf_bench_<random>_*`) on the server named by
@@ -443,7 +443,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--breakdown", action="store_true", help="also EventStore.append without projections")
     args = p.parse_args(argv)
     if args.quick:
-        args.events, args.nodes, args.rounds, args.rebuilds = 10_000, 64, 1, 1
+        args.events, args.nodes, args.rounds, args.rebuilds = 10_000, 64, 2, 1
     args.nodes = max(TASKS, args.nodes - args.nodes % TASKS)
     return args
 

@@ -2,7 +2,7 @@
 against the bare keyset scan + msgspec decode ceiling, in one run.
 
     python -m bench.replay                 # default: 10,000 nodes, ~1.08 M events (~4-5 min here)
-    python -m bench.replay --quick         # a smoke run (1,000 nodes, ~110,000 events, ~40 s)
+    python -m bench.replay --quick         # under 2 minutes: 1,000 nodes, ~108,000 events
 
 On a throwaway database (`mf_bench_<random>_replay`) of the server named by
 MODELFORGE_BENCH_DATABASE_URL (default postgresql://postgres@127.0.0.1:5432/test), dropped at the
