@@ -1,7 +1,7 @@
 """Ledger benchmark (issue 2): append, peer and rebuild throughput on one PostgreSQL, in one run.
 
     python -m bench.ledger                 # default size (40,000 timed events per system)
-    python -m bench.ledger --quick         # a smoke run (~20 s)
+    python -m bench.ledger --quick         # under 2 minutes: 10,000 events per system, 2 rounds
     python -m bench.ledger --events 300000 --rounds 3
 
 Every run creates its own throwaway databases (`mf_bench_<random>_*`) on the server named by
@@ -25,8 +25,12 @@ baseline measured in the same run, on the same server.
     the same rows with the same SELECT, decoding data/metadata with the catalog's msgspec
     decoders.
 
+(d) statements: the SQL statements, round trips and transactions of one append, counted on the
+    wire (bench/harness.py's StatementCounter).
+
 Systems run interleaved in `--rounds` slices of the workload, so drift on a noisy machine hits
-all of them alike.
+all of them alike. Targets (issue 12): append >= 0.5 of the ceiling and >= 2x the peer; rebuild
+>= 0.5 of the bare scan.
 """
 
 from __future__ import annotations
@@ -35,20 +39,16 @@ import sys
 from pathlib import Path
 
 if __name__ == "__main__" and not __package__:
-    # `python bench/ledger.py`: this file would shadow the `ledger` package; use the repo root.
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import argparse
 import asyncio
-import cProfile
-import io
-import pstats
 import random
 import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -56,19 +56,8 @@ from urllib.parse import unquote, urlsplit
 import asyncpg
 import msgspec
 
-from bench._common import (
-    bench_database_name,
-    cpu_of,
-    create_database,
-    drop_database,
-    machine_description,
-    model_of,
-    node_key,
-    node_observation,
-    server_description,
-    server_dsn,
-    verdict,
-)
+from bench import harness as h
+from bench.fleet import model_of, node_key, node_observation
 from collectors.identity import NodeIdentity
 from ledger.db import create_pool, migrate
 from ledger.events import (
@@ -137,17 +126,6 @@ class Node:
 class Report:
     node_id: str
     events: list[NewEvent]
-
-
-@dataclass
-class Workload:
-    nodes: list[Node]
-    # reports[task] = that task's reports, in order; a task only ever writes its own nodes.
-    reports: list[list[Report]] = field(default_factory=list)
-
-    @property
-    def events(self) -> int:
-        return sum(len(r.events) for rs in self.reports for r in rs)
 
 
 LOST_GPU_REASON = "NVML scan incomplete: nvmlDeviceGetHandleByIndex(5): GPU is lost; last good GPU state kept"
@@ -230,127 +208,49 @@ def slices(reports: list[list[Report]], rounds: int) -> list[list[list[Report]]]
     return out
 
 
-# --- timing helpers --------------------------------------------------------------------------------
+# --- the systems ----------------------------------------------------------------------------------
 
 
-class ServerMeter:
-    """CPU of the PostgreSQL backends serving the bench's databases (from /proc, when the server
-    runs on this machine) and WAL written (server-wide: other clients of the server count too).
-    It has a connection of its own, so no measured backend is left out."""
-
-    def __init__(self, conn: asyncpg.Connection, databases: Sequence[str]) -> None:
-        self.conn = conn
-        self.databases = list(databases)
-
-    @classmethod
-    async def open(cls, server: str, databases: Sequence[str]) -> ServerMeter:
-        return cls(await asyncpg.connect(server), databases)
-
-    async def close(self) -> None:
-        await self.conn.close()
-
-    async def snapshot(self) -> tuple[float | None, int]:
-        rows = await self.conn.fetch(
-            "SELECT pid FROM pg_stat_activity WHERE datname = ANY($1) AND pid <> pg_backend_pid()",
-            self.databases,
-        )
-        lsn = await self.conn.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")
-        return cpu_of([r["pid"] for r in rows]), int(lsn)
-
-
-@dataclass
-class Measurement:
-    name: str
-    events: int = 0
-    seconds: float = 0.0
-    cpu_seconds: float = 0.0  # this process's CPU (all threads): the Python client's share
-    server_cpu_seconds: float | None = 0.0  # the PostgreSQL backends' CPU
-    wal_bytes: int = 0
-
-    @property
-    def rate(self) -> float:
-        return self.events / self.seconds if self.seconds else 0.0
-
-    def add(self, events: int, seconds: float, cpu: float) -> None:
-        self.events += events
-        self.seconds += seconds
-        self.cpu_seconds += cpu
-
-    @property
-    def cpu_per_event(self) -> float | None:
-        """Client + server CPU seconds per event: what the work costs, whatever else ran."""
-        if self.server_cpu_seconds is None or not self.events:
-            return None
-        return (self.cpu_seconds + self.server_cpu_seconds) / self.events
-
-    def add_server(self, before: tuple[float | None, int], after: tuple[float | None, int]) -> None:
-        if before[0] is None or after[0] is None or self.server_cpu_seconds is None:
-            self.server_cpu_seconds = None
-        else:
-            # Backends that exited in between make this an underestimate, never an overestimate.
-            self.server_cpu_seconds += max(0.0, after[0] - before[0])
-        self.wal_bytes += after[1] - before[1]
-
-    def line(self) -> str:
-        n = max(1, self.events)
-        server = "n/a" if self.server_cpu_seconds is None else f"{1e6 * self.server_cpu_seconds / n:.0f}"
-        return (
-            f"  {self.name:<46} {self.rate:>8,.0f} events/s  ({self.events:,} in {self.seconds:.2f} s; "
-            f"us/event: client CPU {1e6 * self.cpu_seconds / n:.0f}, server CPU {server}; "
-            f"WAL {self.wal_bytes / n:,.0f} B/event)"
-        )
-
-
-class Profiler:
-    def __init__(self, enabled: bool) -> None:
-        self.profile = cProfile.Profile() if enabled else None
-
-    def __enter__(self) -> Profiler:
-        if self.profile:
-            self.profile.enable()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        if self.profile:
-            self.profile.disable()
-
-    def report(self, title: str, lines: int = 30) -> None:
-        if not self.profile:
-            return
-        for key in ("tottime", "cumulative"):
-            buf = io.StringIO()
-            pstats.Stats(self.profile, stream=buf).sort_stats(key).print_stats(lines)
-            print(f"\n--- cProfile of {title}, by {key} ---")
-            print(buf.getvalue())
-
-
-def count(parts: list[list[Report]]) -> int:
-    return sum(len(r.events) for task in parts for r in task)
+def count(parts: list[list[Report]]) -> tuple[int, int]:
+    return sum(len(t) for t in parts), sum(len(r.events) for t in parts for r in t)
 
 
 async def timed(
-    meter: ServerMeter | None,
-    m: Measurement,
-    parts: list[list[Report]],
-    worker: Callable[[list[Report]], Awaitable[None]],
+    meter: h.Meter, s: h.Sample, parts: list[list[Report]], worker: Callable[[list[Report]], Awaitable[None]]
 ) -> None:
-    before = await meter.snapshot() if meter else None
-    t0, c0 = time.perf_counter(), time.process_time()
-    await asyncio.gather(*(worker(task) for task in parts))
-    m.add(count(parts), time.perf_counter() - t0, time.process_time() - c0)
-    if meter and before:
-        m.add_server(before, await meter.snapshot())
+    async def work() -> None:
+        await asyncio.gather(*(worker(task) for task in parts))
+
+    _, usage = await meter.measure(work())
+    reports, events = count(parts)
+    s.merge(h.Sample(s.name, ops=reports, units=events), usage)
 
 
 async def timed_threads(
-    meter: ServerMeter, m: Measurement, parts: list[list[Report]], worker: Callable[[list[Report]], None]
+    meter: h.Meter, s: h.Sample, parts: list[list[Report]], worker: Callable[[list[Report]], None]
 ) -> None:
-    before = await meter.snapshot()
-    m.add(count(parts), *_run_threads(parts, worker))
-    m.add_server(before, await meter.snapshot())
+    _, usage = await meter.measure(asyncio.to_thread(run_threads, parts, worker))
+    reports, events = count(parts)
+    s.merge(h.Sample(s.name, ops=reports, units=events), usage)
 
 
-# --- (a) the ledger and the ceiling ---------------------------------------------------------------
+def run_threads(parts: list[list[Report]], worker: Callable[[list[Report]], None]) -> None:
+    """One thread per task, started together (the peer's API is synchronous)."""
+    errors: list[BaseException] = []
+
+    def one(task: list[Report]) -> None:
+        try:
+            worker(task)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(task,)) for task in parts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 class LedgerSystem:
@@ -394,147 +294,6 @@ class CeilingSystem:
             self.version[r.node_id] = v
 
 
-# --- diagnostics: where the ledger's statements spend their time --------------------------------------
-
-
-class StatementStats:
-    def __init__(self) -> None:
-        self.by_sql: dict[str, list[float]] = {}  # label -> [calls, wall s, server CPU s]
-
-    def record(self, sql: str, wall: float, cpu: float | None) -> None:
-        label = " ".join(sql.split())
-        label = label if len(label) <= 90 else label[:87] + "..."
-        entry = self.by_sql.setdefault(label, [0, 0.0, 0.0])
-        entry[0] += 1
-        entry[1] += wall
-        entry[2] += cpu or 0.0
-
-    def print(self, reports: int) -> None:
-        total_cpu = sum(e[2] for e in self.by_sql.values()) or 1.0
-        print(
-            f"\n  {'statement':<90} {'calls/rep':>9} {'wall us/rep':>11} {'srv CPU us/rep':>14} {'share':>6}"
-        )
-        for label, (calls, wall, cpu) in sorted(self.by_sql.items(), key=lambda kv: -kv[1][2]):
-            print(
-                f"  {label:<90} {calls / reports:>9.2f} {1e6 * wall / reports:>11.0f} "
-                f"{1e6 * cpu / reports:>14.0f} {100 * cpu / total_cpu:>5.1f}%"
-            )
-
-
-STATEMENTS = StatementStats()
-
-
-def _backend_cpu(pid: int) -> float | None:
-    return cpu_of([pid])
-
-
-class TimedConnection(asyncpg.Connection):  # type: ignore[misc]
-    """An asyncpg connection that charges each statement its wall time and its backend's CPU
-    (/proc, sampled in clock ticks: unbiased over many statements, coarse for one)."""
-
-    async def _timed(self, sql: str, call: Callable[[], Awaitable[Any]]) -> Any:
-        pid = self.get_server_pid()
-        c0, t0 = _backend_cpu(pid), time.perf_counter()
-        try:
-            return await call()
-        finally:
-            c1 = _backend_cpu(pid)
-            STATEMENTS.record(sql, time.perf_counter() - t0, None if c0 is None or c1 is None else c1 - c0)
-
-    async def execute(self, query: str, *args: Any, **kw: Any) -> Any:
-        return await self._timed(query, lambda: super(TimedConnection, self).execute(query, *args, **kw))
-
-    async def executemany(self, command: str, args: Any, **kw: Any) -> Any:
-        return await self._timed(
-            command, lambda: super(TimedConnection, self).executemany(command, args, **kw)
-        )
-
-    async def fetch(self, query: str, *args: Any, **kw: Any) -> Any:
-        return await self._timed(query, lambda: super(TimedConnection, self).fetch(query, *args, **kw))
-
-    async def fetchval(self, query: str, *args: Any, **kw: Any) -> Any:
-        return await self._timed(query, lambda: super(TimedConnection, self).fetchval(query, *args, **kw))
-
-    async def fetchrow(self, query: str, *args: Any, **kw: Any) -> Any:
-        return await self._timed(query, lambda: super(TimedConnection, self).fetchrow(query, *args, **kw))
-
-
-async def statement_profile(args: argparse.Namespace) -> int:
-    """`--statements`: the ledger's appends alone, each SQL statement charged its time."""
-    from ledger.db import init_connection
-
-    server = server_dsn()
-    name = bench_database_name("stmts")
-    dsn = await create_database(server, name)
-    try:
-        # As ledger.db.create_pool makes it (no reset query on release), with timed connections.
-        pool = await asyncpg.create_pool(
-            dsn,
-            min_size=POOL,
-            max_size=POOL,
-            init=init_connection,
-            reset=_no_reset,
-            connection_class=TimedConnection,
-        )
-        assert pool is not None
-        try:
-            async with pool.acquire() as conn:
-                await migrate(conn)
-            store = EventStore(pool, ALL_PROJECTIONS)
-            rng = random.Random(7)
-            nodes = [Node(i, node_id_for(node_key(i)), 0) for i in range(args.nodes)]
-            for n in nodes:
-                n.discovered_version = (
-                    await store.append(n.node_id, 0, discovery_events(n, rng))
-                ).stream_version
-            async with pool.acquire() as conn:
-                await conn.execute("ANALYZE")
-            per_task = max(1, args.events // EVENTS_PER_REPORT // TASKS)
-            work = build_reports(nodes, per_task, rng, datetime.now(UTC))
-            ledger = LedgerSystem(store, nodes)
-            STATEMENTS.by_sql.clear()
-            m = Measurement("ledger: EventStore.append + inline projection (statements timed)")
-            await timed(None, m, work, ledger.worker)
-            print(m.line())
-            STATEMENTS.print(per_task * TASKS)
-        finally:
-            await pool.close()
-    finally:
-        await drop_database(server, name)
-    return 0
-
-
-async def _no_reset(_conn: asyncpg.Connection) -> None:
-    """ledger.db's pool releases connections without asyncpg's reset query; so does this one."""
-
-
-def _time_rebuild_phases() -> dict[str, float]:
-    """Wrap the rebuild module's phase functions with timers (diagnostic; product code unchanged)."""
-    import projections.rebuild as rb
-
-    totals: dict[str, float] = {}
-
-    def wrap(name: str) -> None:
-        fn = getattr(rb, name)
-
-        async def timed_phase(*a: Any, **kw: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return await fn(*a, **kw)
-            finally:
-                totals[name] = totals.get(name, 0.0) + time.perf_counter() - t0
-
-        setattr(rb, name, timed_phase)
-
-    for name in ("_create_shadows", "_bulk", "_catch_up", "compare", "_swap", "_drop_shadows"):
-        if hasattr(rb, name):
-            wrap(name)
-    return totals
-
-
-# --- (b) the peer: eventsourcing on PostgreSQL ------------------------------------------------------
-
-
 def _pg_env(dsn: str) -> dict[str, str]:
     u = urlsplit(dsn)
     return {
@@ -544,31 +303,6 @@ def _pg_env(dsn: str) -> dict[str, str]:
         "POSTGRES_USER": unquote(u.username or "postgres"),
         "POSTGRES_PASSWORD": unquote(u.password or ""),
     }
-
-
-def _run_threads(parts: list[list[Report]], worker: Callable[[list[Report]], None]) -> tuple[float, float]:
-    """Run one thread per task, started together; returns (wall seconds, process CPU seconds)."""
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(len(parts) + 1)
-
-    def run(task: list[Report]) -> None:
-        barrier.wait()
-        try:
-            worker(task)
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(task,)) for task in parts]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    t0, c0 = time.perf_counter(), time.process_time()
-    for t in threads:
-        t.join()
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    if errors:
-        raise errors[0]
-    return wall, cpu
 
 
 class PeerRecorder:
@@ -656,264 +390,203 @@ class PeerApplication:
         self.app.close()
 
 
-# --- (c) rebuild and the bare scan ----------------------------------------------------------------
-
-
-async def bare_scan(pool: asyncpg.Pool) -> tuple[int, float, float]:
+async def bare_scan(pool: asyncpg.Pool) -> int:
+    """The rebuild's SELECT over the whole log and the catalog's decoders, no fold."""
     n = 0
-    t0, c0 = time.perf_counter(), time.process_time()
     async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
         last: tuple[str, int] = ("", 0)
-        while True:
-            rows = await conn.fetch(SCAN_SQL, last[0], last[1], SCAN_BATCH)
-            if not rows:
-                break
+        while rows := await conn.fetch(SCAN_SQL, last[0], last[1], SCAN_BATCH):
             for row in rows:
                 decode_payload(row["data_json"])
                 decode_metadata(row["metadata_json"])
             n += len(rows)
             last = (rows[-1]["stream_id"], rows[-1]["stream_version"])
-    return n, time.perf_counter() - t0, time.process_time() - c0
+    return n
+
+
+async def count_statements(dsn: str, nodes: list[Node]) -> h.Statements:
+    """Statements of one append, counted on the wire (its own pool through the counting proxy)."""
+    async with h.StatementCounter(dsn) as counter:
+        pool = await create_pool(counter.dsn, min_size=1, max_size=POOL)
+        try:
+            async with pool.acquire() as conn:
+                rows = await conn.fetch("SELECT stream_id, version FROM streams")
+            system = LedgerSystem(EventStore(pool, ALL_PROJECTIONS), nodes)
+            system.version.update({r["stream_id"]: r["version"] for r in rows})
+            reports = build_reports(nodes, 5, random.Random(5), datetime.now(UTC))
+            await system.worker(reports[0][:1])  # prepared statements
+            before = counter.counts.copy()
+            for task in reports:
+                await system.worker(task[1:])
+            d = counter.counts - before
+            n = sum(len(task[1:]) for task in reports)
+            return h.Statements(round(d.executions / n), round(d.round_trips / n), round(d.transactions / n))
+        finally:
+            await pool.close()
 
 
 # --- the run ----------------------------------------------------------------------------------------
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = h.parser(__doc__)
     p.add_argument("--events", type=int, default=40_000, help="timed events per system (default 40,000)")
     p.add_argument(
         "--nodes", type=int, default=256, help="node streams, split over the 8 tasks (default 256)"
     )
     p.add_argument("--rounds", type=int, default=4, help="interleaved slices per system (default 4)")
     p.add_argument("--rebuilds", type=int, default=2, help="rebuild/scan repetitions, best kept (default 2)")
-    p.add_argument("--quick", action="store_true", help="a smoke run: 10,000 events, 64 nodes, 1 round")
     p.add_argument(
-        "--peer",
-        choices=("both", "recorder", "application", "none"),
-        default="both",
-        help="which eventsourcing API(s) to measure (default both)",
-    )
-    p.add_argument(
-        "--profile",
-        choices=("append", "rebuild"),
-        action="append",
-        default=[],
-        help="print a cProfile of that phase (the profiler slows it: figures are then not comparable)",
-    )
-    p.add_argument(
-        "--breakdown",
-        action="store_true",
-        help="also time EventStore.append without projections (mf_append alone), in a third database",
-    )
-    p.add_argument(
-        "--statements",
-        action="store_true",
-        help="diagnostic: only the ledger's appends, with each SQL statement's wall and server CPU",
-    )
-    p.add_argument("--keep", action="store_true", help="do not drop the databases (prints their names)")
+        "--peer", choices=("both", "recorder", "application", "none"), default="both",
+        help="which eventsourcing API(s) to measure (default both; `pip install -e '.[bench]'`)",
+    )  # fmt: skip
+    p.add_argument("--breakdown", action="store_true", help="also EventStore.append without projections")
     args = p.parse_args(argv)
     if args.quick:
-        args.events, args.nodes, args.rounds, args.rebuilds = 10_000, 64, 1, 1
+        args.events, args.nodes, args.rounds, args.rebuilds = 10_000, 64, 2, 1
     args.nodes = max(TASKS, args.nodes - args.nodes % TASKS)
     return args
 
 
 async def run(args: argparse.Namespace) -> int:
-    server = server_dsn()
-    ledger_db = bench_database_name("ledger")
-    peer_db = ledger_db.replace("_ledger", "_peer")
-    print(f"ModelForge ledger benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
-    print(f"machine: {machine_description()}; {await server_description(server)}")
+    report = h.Report("ledger")
+    await h.describe_environment(report, "ledger")
     per_task = max(1, args.events // EVENTS_PER_REPORT // TASKS)
     print(
-        f"workload: {per_task * TASKS * EVENTS_PER_REPORT:,} timed events per system = "
-        f"{per_task * TASKS:,} reports x {EVENTS_PER_REPORT} events, {TASKS} writers, pool of {POOL}, "
-        f"{args.nodes} node streams (8 GPUs each), {args.rounds} interleaved round(s)"
+        f"workload: {per_task * TASKS * EVENTS_PER_REPORT:,} timed events per system = {per_task * TASKS:,} "
+        f"reports x {EVENTS_PER_REPORT} events, {TASKS} writers, pool of {POOL}, {args.nodes} node streams, "
+        f"{args.rounds} interleaved round(s)"
     )
-    ledger_dsn = await create_database(server, ledger_db)
-    peer_dsn = await create_database(server, peer_db) if args.peer != "none" else None
-    bare_db = ledger_db.replace("_ledger", "_bare")
-    bare_dsn = await create_database(server, bare_db) if args.breakdown else None
-    pool: asyncpg.Pool | None = None
-    bare_pool: asyncpg.Pool | None = None
-    meter: ServerMeter | None = None
-    peers: list[Any] = []
-    try:
-        pool = await create_pool(ledger_dsn, min_size=POOL, max_size=POOL)
-        async with pool.acquire() as conn:
-            await migrate(conn)
-            await conn.execute(f"CREATE TABLE {CEILING_TABLE} (LIKE events INCLUDING ALL)")
-            with_received_at = bool(
-                await conn.fetchval(
-                    "SELECT count(*) FROM information_schema.columns "
-                    "WHERE table_name = 'events' AND column_name = 'received_at'"
-                )
-            )
-        store = EventStore(pool, ALL_PROJECTIONS)
-
-        # Setup (untimed): discover every node through reconcile + append.
-        rng = random.Random(20261130)
-        nodes = [Node(i, node_id_for(node_key(i)), 0) for i in range(args.nodes)]
-        t0 = time.perf_counter()
-
-        async def discover(task: int) -> None:
-            for n in nodes[task::TASKS]:
-                result = await store.append(n.node_id, 0, discovery_events(n, rng))
-                n.discovered_version = result.stream_version
-
-        await asyncio.gather(*(discover(t) for t in range(TASKS)))
-        setup_events = sum(n.discovered_version for n in nodes)
-        print(
-            f"setup: {len(nodes)} nodes discovered ({setup_events:,} events) "
-            f"in {time.perf_counter() - t0:.1f} s (untimed)"
-        )
-
-        start = datetime.now(UTC)
-        warm = build_reports(nodes, 4, rng, start)
-        t0 = time.perf_counter()
-        work = build_reports(nodes, per_task, rng, start + timedelta(seconds=1))
-        print(f"generated the reports in {time.perf_counter() - t0:.1f} s (untimed)")
-
-        ledger = LedgerSystem(store, nodes)
-        bare: LedgerSystem | None = None
-        m_bare = Measurement("  of which mf_append alone (no projections)")
-        if bare_dsn:
-            bare_pool = await create_pool(bare_dsn, min_size=POOL, max_size=POOL)
-            async with bare_pool.acquire() as conn:
+    async with (
+        h.throwaway_database("ledger", keep=args.keep) as db,
+        h.throwaway_database("peer", keep=args.keep) as peer_db,
+        h.throwaway_database("bare", keep=args.keep) as bare_db,
+    ):
+        pools: list[asyncpg.Pool] = []
+        peers: list[Any] = []
+        meter: h.Meter | None = None
+        try:
+            pool = await create_pool(db.dsn, min_size=POOL, max_size=POOL)
+            pools.append(pool)
+            async with pool.acquire() as conn:
                 await migrate(conn)
-            bare = LedgerSystem(EventStore(bare_pool, ()), nodes)
-            for n in nodes:
-                await bare.store.append(n.node_id, 0, discovery_events(n, random.Random(n.index)))
-            async with bare_pool.acquire() as conn:
+                await conn.execute(f"CREATE TABLE {CEILING_TABLE} (LIKE events INCLUDING ALL)")
+                with_received_at = bool(
+                    await conn.fetchval(
+                        "SELECT count(*) FROM information_schema.columns "
+                        "WHERE table_name = 'events' AND column_name = 'received_at'"
+                    )
+                )
+            store = EventStore(pool, ALL_PROJECTIONS)
+            rng = random.Random(20261130)
+            nodes = [Node(i, node_id_for(node_key(i)), 0) for i in range(args.nodes)]
+            t0 = time.perf_counter()
+
+            async def discover(task: int) -> None:
+                for n in nodes[task::TASKS]:
+                    n.discovered_version = (
+                        await store.append(n.node_id, 0, discovery_events(n, rng))
+                    ).stream_version
+
+            await asyncio.gather(*(discover(t) for t in range(TASKS)))
+            start = datetime.now(UTC)
+            warm = build_reports(nodes, 4, rng, start)
+            work = build_reports(nodes, per_task, rng, start + timedelta(seconds=1))
+            print(
+                f"setup: {len(nodes)} nodes discovered, reports generated in {time.perf_counter() - t0:.1f} s (untimed)"
+            )
+
+            ledger = LedgerSystem(store, nodes)
+            systems: list[tuple[h.Sample, Any, bool]] = [
+                (h.Sample("ceiling: asyncpg executemany INSERT"), CeilingSystem(pool, nodes, with_received_at=with_received_at), False),
+                (h.Sample("ledger: EventStore.append + inline projection"), ledger, False),
+            ]  # fmt: skip
+            if args.breakdown:
+                bare_pool = await create_pool(bare_db.dsn, min_size=POOL, max_size=POOL)
+                pools.append(bare_pool)
+                async with bare_pool.acquire() as conn:
+                    await migrate(conn)
+                bare = LedgerSystem(EventStore(bare_pool, ()), nodes)
+                for n in nodes:
+                    await bare.store.append(n.node_id, 0, discovery_events(n, random.Random(n.index)))
+                async with bare_pool.acquire() as conn:
+                    await conn.execute("ANALYZE")
+                systems.append((h.Sample("  of which mf_append alone (no projections)"), bare, False))
+            if args.peer in ("both", "recorder"):
+                peers.append(PeerRecorder(peer_db.dsn, nodes))
+                systems.append((h.Sample("peer: eventsourcing ApplicationRecorder"), peers[-1], True))
+            if args.peer in ("both", "application"):
+                peers.append(PeerApplication(peer_db.dsn, nodes))
+                systems.append((h.Sample("peer: eventsourcing Application.save"), peers[-1], True))
+            # Statistics as autovacuum would have them: statements planned on empty tables keep a
+            # generic plan that scans (docs/performance.md).
+            async with pool.acquire() as conn:
                 await conn.execute("ANALYZE")
-        # Steady state: statistics as autovacuum would have them. Without this, statements planned
-        # while the tables were empty keep a cached generic plan that scans (docs/performance.md).
-        async with pool.acquire() as conn:
-            await conn.execute("ANALYZE")
-        ceiling = CeilingSystem(pool, nodes, with_received_at=with_received_at)
-        m_ledger = Measurement("ledger: EventStore.append + inline projection")
-        m_ceiling = Measurement("ceiling: asyncpg executemany INSERT")
-        peer_systems: list[tuple[Any, Measurement]] = []
-        if args.peer in ("both", "recorder"):
-            peers.append(PeerRecorder(peer_dsn, nodes))  # type: ignore[arg-type]
-            peer_systems.append((peers[-1], Measurement("peer: eventsourcing ApplicationRecorder")))
-        if args.peer in ("both", "application"):
-            peers.append(PeerApplication(peer_dsn, nodes))  # type: ignore[arg-type]
-            peer_systems.append((peers[-1], Measurement("peer: eventsourcing Application.save")))
 
-        # Warm-up (untimed): prepared statements, pools, caches.
-        warm_m = Measurement("warm-up")
-        await timed(None, warm_m, warm, ceiling.worker)
-        await timed(None, warm_m, warm, ledger.worker)
-        if bare:
-            await timed(None, warm_m, warm, bare.worker)
-        for peer, _ in peer_systems:
-            _run_threads(warm, peer.worker)
+            meter = await h.Meter.open([db.name, peer_db.name, bare_db.name])
+            for _, system, threaded in systems:  # warm-up: prepared statements, pools, caches
+                await (timed_threads if threaded else timed)(meter, h.Sample("warm-up"), warm, system.worker)
+            for part in slices(work, args.rounds):
+                for s, system, threaded in systems:
+                    await (timed_threads if threaded else timed)(meter, s, part, system.worker)
 
-        meter = await ServerMeter.open(server, [ledger_db, peer_db, bare_db])
-        prof = Profiler("append" in args.profile)
-        for part in slices(work, args.rounds):
-            await timed(meter, m_ceiling, part, ceiling.worker)
-            with prof:
-                await timed(meter, m_ledger, part, ledger.worker)
-            if bare:
-                await timed(meter, m_bare, part, bare.worker)
-            for peer, m in peer_systems:
-                await timed_threads(meter, m, part, peer.worker)
+            async with pool.acquire() as conn:
+                log_events = await conn.fetchval("SELECT count(*) FROM events")
+                await conn.execute("VACUUM ANALYZE events")
+            scan, rebuilt = (
+                h.Sample("bare keyset scan + msgspec decode"),
+                h.Sample("rebuild (all projections)"),
+            )
+            for _ in range(max(1, args.rebuilds)):
+                n, usage = await meter.measure(bare_scan(pool))
+                if not scan.ops or usage.seconds < scan.usage.seconds:
+                    scan = h.Sample(scan.name, ops=n, units=n, usage=usage)
+                result, usage = await meter.measure(rebuild(pool, ALL_PROJECTIONS))
+                if not rebuilt.ops or usage.seconds < rebuilt.usage.seconds:
+                    rebuilt = h.Sample(rebuilt.name, ops=result.events, units=result.events, usage=usage)
+            statements = await count_statements(db.dsn, nodes)
 
-        print("\n(a) append, 10 events per transaction")
-        print(m_ceiling.line())
-        print(m_ledger.line())
-        if bare:
-            print(m_bare.line())
-        print("(b) peer, the same reports")
-        for _, m in peer_systems:
-            print(m.line())
-        prof.report("the ledger's appends")
+            rows = [s for s, *_ in systems] + [scan, rebuilt]
+            h.table(
+                ["system", "events/s", "client us", "PG us", "WAL B"],
+                [[s.name, s.unit_rate, 1e6 * s.usage.client_cpu / max(1, s.units),
+                  None if s.usage.db_cpu is None else 1e6 * s.usage.db_cpu / max(1, s.units),
+                  s.usage.wal_bytes / max(1, s.units) if s not in (scan, rebuilt) else None] for s in rows],
+                first_width=48,
+            )  # fmt: skip
+            print(
+                f"  (per event; rebuild and scan: best of {args.rebuilds} over the {log_events:,} events (a) left)"
+            )
+            for s in rows:
+                report.row(**s.as_row())
+            report.row(name="statements per append", **vars(statements))
+            report.note(
+                f"one append of {EVENTS_PER_REPORT} events: {statements.executions} statements executed in "
+                f"{statements.round_trips} round trips, {statements.transactions} transaction(s) (counted on the wire)"
+            )
+            ceiling_s, ledger_s = systems[0][0], systems[1][0]
 
-        # (c) rebuild vs bare scan + decode, over the log (a) left.
-        async with pool.acquire() as conn:
-            log_events = await conn.fetchval("SELECT count(*) FROM events")
-            await conn.execute("VACUUM ANALYZE events")
-        m_scan = Measurement("bare keyset scan + msgspec decode")
-        m_rebuild = Measurement("rebuild (ALL_PROJECTIONS, into shadows + swap)")
-        rprof = Profiler("rebuild" in args.profile)
-        phases = _time_rebuild_phases() if "rebuild" in args.profile else None
-        for _ in range(max(1, args.rebuilds)):
-            before = await meter.snapshot()
-            s = await bare_scan(pool)
-            m = Measurement(m_scan.name)
-            m.add(*s)
-            m.add_server(before, await meter.snapshot())
-            if m_scan.events == 0 or m.seconds < m_scan.seconds:
-                m_scan = m
-            before = await meter.snapshot()
-            c0 = time.process_time()
-            with rprof:
-                report = await rebuild(pool, ALL_PROJECTIONS)
-            m = Measurement(m_rebuild.name)
-            m.add(report.events, report.seconds, time.process_time() - c0)
-            m.add_server(before, await meter.snapshot())
-            if m_rebuild.events == 0 or m.seconds < m_rebuild.seconds:
-                m_rebuild = m
-        print(
-            f"(c) rebuild, over the log of (a): {log_events:,} events, {len(nodes)} streams "
-            f"(best of {args.rebuilds})"
-        )
-        print(m_scan.line())
-        print(m_rebuild.line())
-        rprof.report("rebuild")
-        if phases is not None:
-            print("rebuild phases (wall s, summed over runs):")
-            for phase, secs in phases.items():
-                print(f"  {phase:<18} {secs:7.2f}")
+            def ratio(label: str, a: h.Sample, b: h.Sample, target: float) -> None:
+                report.ratio(h.Ratio(label, a.unit_rate / b.unit_rate, target, h.cost_ratio(a, b)))
 
-        print("\nratios (same run, same server)")
-        pairs: list[tuple[str, Measurement, Measurement, float, str]] = [
-            ("append / ceiling", m_ledger, m_ceiling, 0.5, ">= 0.5")
-        ]
-        for _, m in peer_systems:
-            label = "append / peer (" + ("recorder" if "Recorder" in m.name else "Application") + ")"
-            pairs.append((label, m_ledger, m, 2.0, ">= 2"))
-        pairs.append(("rebuild / bare scan", m_rebuild, m_scan, 0.5, ">= 0.5"))
-        print(f"  {'':<30} {'events/s':>8}  {'target':<7} {'':<8} {'(CPU-cost ratio)':>16}")
-        for label, mine, base, target, shown in pairs:
-            ratio = mine.rate / base.rate
-            a, b = mine.cpu_per_event, base.cpu_per_event
-            cost = f"{b / a:.2f}" if a and b else "n/a"
-            print(f"  {label:<30} {ratio:>8.2f}  {shown:<7} {verdict(ratio, target):<8} {cost:>16}")
-        print(
-            "  (CPU-cost ratio: the baseline's client+server CPU per event over ours, a cross-check that\n"
-            "   other load on the machine moves less than wall-clock rates; the verdict uses events/s)"
-        )
-        if args.profile:
-            print("\n(note: --profile was on; the profiled phase ran slower than it would unprofiled)")
-        return 0
-    finally:
-        for peer in peers:
-            try:
+            ratio("append / ceiling (events/s)", ledger_s, ceiling_s, 0.5)
+            for s, _, threaded in systems:
+                if threaded:
+                    ratio(f"append / {s.name.split(': ', 1)[1]}", ledger_s, s, 2.0)
+            ratio("rebuild / bare scan (events/s)", rebuilt, scan, 0.5)
+            report.finish(args.json)
+            return 0
+        finally:
+            for peer in peers:
                 peer.close()
-            except Exception as exc:  # pragma: no cover - best-effort cleanup
-                print(f"closing a peer failed: {exc}", file=sys.stderr)
-        if meter is not None:
-            await meter.close()
-        for p in (pool, bare_pool):
-            if p is not None:
+            if meter is not None:
+                await meter.close()
+            for p in pools:
                 await p.close()
-        if args.keep:
-            print(f"kept databases: {ledger_db} {peer_db if peer_dsn else ''}")
-        else:
-            await drop_database(server, ledger_db)
-            if peer_dsn:
-                await drop_database(server, peer_db)
-            if bare_dsn:
-                await drop_database(server, bare_db)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    return asyncio.run(statement_profile(args) if args.statements else run(args))
+    return h.main(run, parse_args(argv))
 
 
 if __name__ == "__main__":

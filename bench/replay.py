@@ -2,7 +2,7 @@
 against the bare keyset scan + msgspec decode ceiling, in one run.
 
     python -m bench.replay                 # default: 10,000 nodes, ~1.08 M events (~4-5 min here)
-    python -m bench.replay --quick         # a smoke run (1,000 nodes, ~110,000 events, ~40 s)
+    python -m bench.replay --quick         # under 2 minutes: 1,000 nodes, ~108,000 events
 
 On a throwaway database (`mf_bench_<random>_replay`) of the server named by
 MODELFORGE_BENCH_DATABASE_URL (default postgresql://postgres@127.0.0.1:5432/test), dropped at the
@@ -44,14 +44,11 @@ if __name__ == "__main__" and not __package__:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import argparse
-import asyncio
-import cProfile
-import io
-import pstats
+import contextlib
 import random
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -59,23 +56,15 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from bench._common import (
+from bench import harness as h
+from bench.fleet import (
     GPU_MODELS,
     GpuModel,
     accelerator_telemetry,
-    bench_database_name,
-    cpu_of,
-    create_database,
-    drop_database,
-    dsn_for_database,
     gpu_uuid,
-    machine_description,
     model_of,
     node_key,
     node_observation,
-    server_description,
-    server_dsn,
-    verdict,
 )
 from bench.ledger import SCAN_BATCH, SCAN_SQL
 
@@ -400,41 +389,32 @@ async def build_log(pool: asyncpg.Pool, builder: LogBuilder, chunk: int = 20_000
 
 
 @dataclass
-class Timing:
+class Case:
+    """One reconstruction (or its ceiling), measured `len(runs)` times."""
+
     name: str
-    events: int = 0
-    seconds: list[float] = field(default_factory=list)
-    client_cpu: list[float] = field(default_factory=list)  # this process
-    server_cpu: list[float | None] = field(default_factory=list)  # the connection's backend
+    runs: list[h.Sample] = field(default_factory=list)
 
-    def add(self, events: int, seconds: float, client: float, server: float | None) -> None:
-        self.events = events
-        self.seconds.append(seconds)
-        self.client_cpu.append(client)
-        self.server_cpu.append(server)
+    def add(self, events: int, usage: h.Usage) -> None:
+        self.runs.append(h.Sample(self.name, ops=1, units=events, usage=usage))
 
-    def pick(self, median: bool) -> int:
-        """Index of the run reported: the fastest, or the median one."""
-        order = sorted(range(len(self.seconds)), key=lambda i: self.seconds[i])
-        return order[len(order) // 2] if median else order[0]
-
-    def rate(self, median: bool = False) -> float:
-        s = self.seconds[self.pick(median)]
-        return self.events / s if s else 0.0
+    def pick(self, median: bool) -> h.Sample:
+        """The run reported: the fastest, or the median one."""
+        ordered = sorted(self.runs, key=lambda r: r.usage.seconds)
+        return ordered[len(ordered) // 2] if median else ordered[0]
 
     def cpu_us(self) -> tuple[float, float | None]:
-        """(client, server) CPU µs per event over all runs (the backend's CPU comes from /proc in
-        clock ticks of 10 ms: only a total over many runs resolves a short query; under 0.1 s of it,
-        None)."""
-        n = max(1, self.events * len(self.seconds))
-        server = None if any(c is None for c in self.server_cpu) else sum(c or 0.0 for c in self.server_cpu)
-        if server is not None and server < 0.1:
-            server = None  # a few clock ticks: not resolved
-        return 1e6 * sum(self.client_cpu) / n, None if server is None else 1e6 * server / n
+        """(client, PostgreSQL) CPU us per event over all runs. /proc counts in 10 ms ticks: only a
+        total over many runs resolves a short query; under 0.1 s of PostgreSQL CPU, None."""
+        total = h.Sample(self.name)
+        for r in self.runs:
+            total.merge(r, r.usage)
+        n, db = max(1, total.units), total.usage.db_cpu
+        return 1e6 * total.usage.client_cpu / n, None if db is None or db < 0.1 else 1e6 * db / n
 
     def cost(self) -> float | None:
-        client, server = self.cpu_us()
-        return None if server is None else client + server
+        client, db = self.cpu_us()
+        return None if db is None else client + db
 
 
 async def scan(conn: asyncpg.Connection, as_of: datetime | None, node_id: str | None) -> int:
@@ -465,17 +445,6 @@ async def scan(conn: asyncpg.Connection, as_of: datetime | None, node_id: str | 
     return n
 
 
-async def timed(conn: asyncpg.Connection, work: Any) -> tuple[Any, float, float, float | None]:
-    """(result, wall s, this process's CPU s, the backend's CPU s) of one awaited piece of work."""
-    pid = conn.get_server_pid()
-    b0 = cpu_of([pid])
-    c0, t0 = time.process_time(), time.perf_counter()
-    result = await work
-    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-    b1 = cpu_of([pid])
-    return result, seconds, cpu, None if b0 is None or b1 is None else b1 - b0
-
-
 async def warm_cache(conn: asyncpg.Connection) -> None:
     """Untimed: the heap and the (stream_id, stream_version) index into the OS cache, as a server
     that has been reading its log has them (a sequential read, then an index-only scan)."""
@@ -484,7 +453,7 @@ async def warm_cache(conn: asyncpg.Connection) -> None:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = h.parser(__doc__)
     p.add_argument("--nodes", type=int, default=10_000, help="fleet nodes of 8 GPUs (default 10,000)")
     p.add_argument("--reports", type=int, default=9, help="telemetry reports per fleet node (default 9)")
     p.add_argument(
@@ -498,13 +467,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--node-repeat", type=int, default=9, help="single-node repetitions, median (default 9)")
     p.add_argument("--no-mid", dest="mid", action="store_false", help="skip the fleet as of the middle")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="a smoke run: 1,000 nodes, a 2.4 h hot node (~190,000... see docs)",
-    )
-    p.add_argument("--profile", action="store_true", help="cProfile one fleet reconstruction (end of log)")
-    p.add_argument("--keep", action="store_true", help="keep the database (prints its name)")
     p.add_argument(
         "--reuse",
         metavar="DATABASE",
@@ -557,129 +519,101 @@ async def describe_log(pool: asyncpg.Pool, builder: LogBuilder, phases: dict[str
 
 async def run(args: argparse.Namespace) -> int:
     from ledger.db import create_pool
+
+    report = h.Report("replay")
+    await h.describe_environment(report, "replay")
+    async with log_database(args) as db:
+        pool = await create_pool(db.dsn, min_size=1, max_size=2)
+        try:
+            return await timed_run(args, db, pool, report)
+        finally:
+            await pool.close()
+
+
+async def timed_run(args: argparse.Namespace, db: h.Database, pool: asyncpg.Pool, report: h.Report) -> int:
     from projections.pointintime import inventory_as_of
 
-    server = server_dsn()
-    db = args.reuse or bench_database_name("replay")
-    print(f"ModelForge replay benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
-    print(f"machine: {machine_description()}; {await server_description(server)}")
-    dsn = dsn_for_database(server, db) if args.reuse else await create_database(server, db)
-    pool: asyncpg.Pool | None = None
+    builder, phases = await open_log(args, pool)
+    await describe_log(pool, builder, phases)
+    end, mid, hot = builder.end_of_log(), builder.middle(), builder.hot
+    typical = builder.nodes[len(builder.nodes) // 2 + 1]  # index % 20 != 0: no incidents
+    incident = builder.nodes[len(builder.nodes) // 2]  # index % 20 == 0 (an even --nodes)
+    points = [("end", end)] + ([("mid", mid)] if args.mid else [])
+    meter = await h.Meter.open([db.name])
+    pairs: list[tuple[Case, Case, bool]] = []  # (reconstruction, its ceiling, median of runs?)
     try:
-        pool = await create_pool(dsn, min_size=1, max_size=2)
-        builder, phases = await open_log(args, pool)
-        await describe_log(pool, builder, phases)
-
-        end = builder.end_of_log()
-        mid = builder.middle()
-        typical = builder.nodes[len(builder.nodes) // 2 + 1]  # index % 20 != 0: no incidents
-        incident = builder.nodes[len(builder.nodes) // 2]  # index % 20 == 0 (an even --nodes)
-        hot = builder.hot
-        points = [("end", end)] + ([("mid", mid)] if args.mid else [])
-
-        fleet: dict[tuple[str, str], Timing] = {}
-        for point, _ in points:
-            label = "the end of the log" if point == "end" else "the middle of the fleet's history"
-            fleet[(point, "as_of")] = Timing(f"fleet: inventory_as_of, as of {label}")
-            fleet[(point, "scan")] = Timing(
-                "  ceiling: bare keyset scan + decode (bench/ledger.py's)"
-                if point == "end"
-                else "  ceiling: the same rows, scan + decode with the as-of filter"
-            )
-        reconstructed: dict[str, tuple[int, int]] = {}
-        singles: dict[str, tuple[Timing, Timing]] = {}
         async with pool.acquire() as conn:
             await warm_cache(conn)
-            for _ in range(max(1, args.repeat)):
-                for point, at in points:
-                    folded = await conn.fetchval("SELECT count(*) FROM events WHERE recorded_at <= $1", at)
-                    n, *m = await timed(conn, scan(conn, None if point == "end" else at, None))
+            for point, at in points:
+                label = "the end of the log" if point == "end" else "the middle of the fleet's history"
+                ceiling = "bare keyset scan + decode" if point == "end" else "the same rows, scan + decode"
+                case, base = Case(f"fleet, as of {label}"), Case(f"  ceiling: {ceiling}")
+                folded = await conn.fetchval("SELECT count(*) FROM events WHERE recorded_at <= $1", at)
+                for _ in range(max(1, args.repeat)):
+                    n, usage = await meter.measure(scan(conn, None if point == "end" else at, None))
                     assert n == folded, (n, folded)
-                    fleet[(point, "scan")].add(n, *m)
-                    result, *m = await timed(conn, inventory_as_of(conn, at))
-                    fleet[(point, "as_of")].add(folded, *m)
-                    reconstructed[point] = (len(result.nodes), result.position)
-
+                    base.add(n, usage)
+                    result, usage = await meter.measure(inventory_as_of(conn, at))
+                    case.add(folded, usage)
+                print(f"fleet as of {label}: {len(result.nodes):,} nodes reconstructed, folded to position "
+                      f"{result.position:,}")  # fmt: skip
+                pairs.append((case, base, False))
             for label, node, at in (
                 (f"one node (~{args.reports * 9 + 19} events), as of the end", typical, end),
                 ("one node with incidents, as of the end", incident, end),
                 (f"the hot node ({hot.version:,} events), as of the end", hot, end),
                 ("the hot node, as of the middle", hot, mid),
             ):
-                ta, ts = Timing(label), Timing("  ceiling: the same rows, scan + decode")
+                case, base = Case(label), Case("  ceiling: the same rows, scan + decode")
                 for _ in range(args.node_repeat):
-                    n, *m = await timed(conn, scan(conn, at, node.node_id))
-                    ts.add(n, *m)
-                    result, *m = await timed(conn, inventory_as_of(conn, at, node_id=node.node_id))
+                    n, usage = await meter.measure(scan(conn, at, node.node_id))
+                    base.add(n, usage)
+                    result, usage = await meter.measure(inventory_as_of(conn, at, node_id=node.node_id))
                     assert len(result.nodes) == 1 and result.nodes[0].node_id == node.node_id
-                    ta.add(n, *m)
-                singles[label] = (ta, ts)
-
-            prof = None
-            if args.profile:
-                prof = cProfile.Profile()
-                prof.enable()
-                await inventory_as_of(conn, end)
-                prof.disable()
-
-        def us(v: float | None) -> str:
-            return "n/a" if v is None else f"{v:.1f}"
-
-        def head(unit: str, note: str) -> str:
-            return (
-                f"\n  {'':<64} {'events':>9} {unit:>8} {'events/s':>9}  CPU us/event: "
-                f"{'client':>6} {'server':>6}   ({note})"
-            )
-
-        print(head("seconds", f"fleet: best of {max(1, args.repeat)}"))
-        for (point, kind), t in fleet.items():
-            c, sv = t.cpu_us()
-            print(
-                f"  {t.name:<64} {t.events:>9,} {min(t.seconds):>8.2f} {t.rate():>9,.0f}  {'':13} "
-                f"{c:>6.1f} {us(sv):>6}"
-            )
-            if kind == "as_of":
-                nodes, pos = reconstructed[point]
-                print(f"    ({nodes:,} nodes reconstructed, folded to position {pos:,})")
-        print(head("ms", f"single nodes: median of {args.node_repeat}; CPU over all runs"))
-        for ta, ts in singles.values():
-            for t in (ta, ts):
-                c, sv = t.cpu_us()
-                print(
-                    f"  {t.name:<64} {t.events:>9,} {1e3 * t.seconds[t.pick(True)]:>8.1f} "
-                    f"{t.rate(median=True):>9,.0f}  {'':13} {c:>6.1f} {us(sv):>6}"
-                )
-
-        print(
-            "\nratios (same run, same server): reconstruction / its bare-scan ceiling over the same rows, in\n"
-            f"events/s, and the CPU-cost ratio (ceiling's client+server CPU per event over ours). The issue sets\n"
-            f"no target: the verdict is against {REFERENCE_RATIO}, issue 2's rebuild target over the same scan, "
-            "for reference."
-        )
-        pairs = [(fleet[(p, "as_of")], fleet[(p, "scan")], False) for p, _ in points]
-        pairs += [(ta, ts, True) for ta, ts in singles.values()]
-        for a, s_, med in pairs:
-            r = a.rate(med) / s_.rate(med)
-            ca, cs = a.cost(), s_.cost()
-            cost = f"{cs / ca:.2f}" if ca and cs else "n/a"
-            print(f"  {a.name:<64} {r:5.2f}  {verdict(r, REFERENCE_RATIO):<8} (CPU-cost ratio {cost})")
-        if prof is not None:
-            buf = io.StringIO()
-            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
-            print("\n--- cProfile of one fleet reconstruction (end of log), by tottime ---")
-            print(buf.getvalue())
-        return 0
+                    case.add(n, usage)
+                pairs.append((case, base, True))
     finally:
-        if pool is not None:
-            await pool.close()
-        if args.keep or args.reuse:
-            print(f"kept database: {db} (time it again: --reuse {db})")
-        else:
-            await drop_database(server, db)
+        await meter.close()
+
+    lines = []
+    for case, base, median in pairs:
+        for c in (case, base):
+            run = c.pick(median)
+            client, db_us = c.cpu_us()
+            lines.append([c.name, run.units, 1e3 * run.usage.seconds, run.unit_rate, client, db_us])
+            report.row(name=c.name.strip(), events=run.units, ms=1e3 * run.usage.seconds,
+                       runs_s=[r.usage.seconds for r in c.runs], client_cpu_us_per_event=client,
+                       postgres_cpu_us_per_event=db_us)  # fmt: skip
+        r = case.pick(median).unit_rate / base.pick(median).unit_rate
+        cost_a, cost_b = case.cost(), base.cost()
+        report.ratio(
+            h.Ratio(
+                f"{case.name} / ceiling", r, REFERENCE_RATIO, cost_b / cost_a if cost_a and cost_b else None
+            )
+        )
+    h.table(["reconstruction", "events", "ms", "events/s", "client us", "PG us"], lines, first_width=56)
+    print(f"  (fleet: best of {max(1, args.repeat)}; single nodes: median of {args.node_repeat}; CPU per event over\n"
+          f"   all runs. The issue sets no target: the verdict is against {REFERENCE_RATIO}, issue 2's rebuild\n"
+          "   target over the same scan, for reference)")  # fmt: skip
+    report.finish(args.json)
+    return 0
+
+
+@contextlib.asynccontextmanager
+async def log_database(args: argparse.Namespace) -> AsyncIterator[h.Database]:
+    """A throwaway database, or the one an earlier `--keep` run left (`--reuse`)."""
+    if args.reuse:
+        yield h.Database(args.reuse, h.dsn_for_database(h.server_dsn(), args.reuse), h.server_dsn())
+        print(f"kept database: {args.reuse} (time it again: --reuse {args.reuse})")
+    else:
+        async with h.throwaway_database("replay", keep=args.keep) as db:
+            yield db
+            if args.keep:
+                print(f"time it again: --reuse {db.name}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return asyncio.run(run(parse_args(argv)))
+    return h.main(run, parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -1,21 +1,14 @@
-"""Shared pieces of the benchmarks: throwaway databases, realistic node observations, verdicts.
+"""Realistic inputs for the benchmarks: an eight-GPU fleet's observations, as the collectors
+produce them (typed facts; NotSupported where NVML answers so), for the product's `reconcile`.
 
-Nothing here is product code; it only builds inputs the way a real host would produce them
-(the collectors' typed observations, reconciled by the product's own `reconcile`).
+Nothing here is product code and nothing here is timed.
 """
 
 from __future__ import annotations
 
-import os
-import platform
 import random
-import secrets
 import uuid
-from collections.abc import Sequence
 from datetime import UTC, datetime
-from urllib.parse import urlsplit, urlunsplit
-
-import asyncpg
 
 from collectors.facts import UNSUPPORTED, Fact, Known
 from collectors.observations import (
@@ -28,79 +21,8 @@ from collectors.observations import (
     StorageObservation,
 )
 
-DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
 GIB = 1024**3
 MIB = 1024**2
-
-
-def server_dsn() -> str:
-    return os.environ.get("MODELFORGE_BENCH_DATABASE_URL") or DEFAULT_SERVER
-
-
-def dsn_for_database(dsn: str, database: str) -> str:
-    parts = urlsplit(dsn)
-    return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, parts.fragment))
-
-
-def bench_database_name(suffix: str = "") -> str:
-    return f"mf_bench_{secrets.token_hex(4)}{'_' + suffix if suffix else ''}"
-
-
-async def create_database(server: str, name: str) -> str:
-    admin = await asyncpg.connect(server)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    return dsn_for_database(server, name)
-
-
-async def drop_database(server: str, name: str) -> None:
-    admin = await asyncpg.connect(server)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
-
-
-async def server_description(server: str) -> str:
-    conn = await asyncpg.connect(server)
-    try:
-        version = await conn.fetchval("SHOW server_version")
-        sync = await conn.fetchval("SHOW synchronous_commit")
-        shared = await conn.fetchval("SHOW shared_buffers")
-    finally:
-        await conn.close()
-    return f"PostgreSQL {version} (synchronous_commit={sync}, shared_buffers={shared})"
-
-
-def machine_description() -> str:
-    return f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
-
-
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def cpu_of(pids: Sequence[int]) -> float | None:
-    """utime + stime of the processes, in seconds; None when /proc does not have them (a remote
-    server, or not readable)."""
-    total = 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / _CLK_TCK
-        except (OSError, IndexError, ValueError):
-            return None
-    return total
-
-
-def verdict(ratio: float, target: float, *, at_least: bool = True) -> str:
-    ok = ratio >= target if at_least else ratio < target
-    return "MET" if ok else "NOT MET"
-
-
-# --- realistic nodes ------------------------------------------------------------------------------
 
 
 class GpuModel:
@@ -231,52 +153,3 @@ def node_observation(i: int, rng: random.Random, *, gpus: int = 8) -> HardwareOb
             accelerators=accelerators,
         ),
     )
-
-
-def summarize_pyspy(raw: str, *, top: int = 18) -> str:
-    """Inclusive and leaf shares of a `py-spy record -f raw` file (collapsed stacks)."""
-    import collections
-
-    inclusive: collections.Counter[str] = collections.Counter()
-    leaf: collections.Counter[str] = collections.Counter()
-    total = 0
-    with open(raw, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            stack, _, n = line.rstrip("\n").rpartition(" ")
-            if not stack or not n.isdigit():
-                continue
-            count = int(n)
-            total += count
-            frames = stack.split(";")
-            for frame in set(frames):
-                inclusive[frame] += count
-            leaf[frames[-1]] += count
-    if not total:
-        return "  (no samples)"
-    out = [f"  {total} samples; inclusive share of the busiest frames:"]
-    skip = (
-        "<module>",
-        "_run_module",
-        "_run_code",
-        "run (asyncio",
-        "run_until_complete",
-        "run_forever",
-        "_run_once",
-        "_run (asyncio/events",
-        "serve (uvicorn",
-        "main (",
-        "Server.serve",
-        "Runner.run",
-    )
-    shown = 0
-    for frame, count in inclusive.most_common():
-        if any(s in frame for s in skip):
-            continue
-        out.append(f"    {100 * count / total:5.1f}%  {frame}")
-        shown += 1
-        if shown >= top:
-            break
-    out.append("  leaf (self) share:")
-    for frame, count in leaf.most_common(top // 2):
-        out.append(f"    {100 * count / total:5.1f}%  {frame}")
-    return "\n".join(out)

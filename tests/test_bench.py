@@ -1,0 +1,58 @@
+"""The benchmarks stay runnable (their timed runs are not tests: bench/ prints ratios, never
+asserts a timing), and the harness's statement counter counts what PostgreSQL is really sent."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from bench.harness import OpenLoop, Sample, StatementCounter
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("bench", ["ingest", "ledger", "api", "replay"])
+def test_each_benchmark_imports_and_explains_itself(bench: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", f"bench.{bench}", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--quick" in done.stdout and "--json" in done.stdout
+
+
+async def test_statement_counter_counts_statements_round_trips_and_transactions(database_dsn: str) -> None:
+    async with StatementCounter(database_dsn) as counter:
+        conn = await asyncpg.connect(counter.dsn)
+        try:
+            await conn.fetchval("SELECT 1")  # prepared: Parse, Describe, Sync, then Bind, Execute, Sync
+            before = counter.counts.copy()
+            await conn.fetchval("SELECT $1::int", 2)
+            one = counter.counts - before
+            await conn.execute("CREATE TABLE t (x int)")
+            before = counter.counts.copy()
+            async with conn.transaction():
+                await conn.executemany("INSERT INTO t VALUES ($1)", [(1,), (2,), (3,)])
+                await conn.fetchval("SELECT count(*) FROM t")
+            block = counter.counts - before
+        finally:
+            await conn.close()
+    assert one.executions == 1 and one.transactions == 1
+    # BEGIN, three rows of one executemany, the count, COMMIT: six executions, one transaction.
+    assert block.executions == 6, block
+    assert block.transactions == 1, block
+    assert block.round_trips < block.executions  # the executemany's rows share one round trip
+
+
+def test_open_loop_backlog_growth_is_told_from_a_steady_queue() -> None:
+    steady = OpenLoop(Sample("s", ops=1000), 100.0, 1000, False, [3, 5, 4, 6, 5], 5.0)
+    growing = OpenLoop(Sample("g", ops=500), 100.0, 1000, False, [3, 20, 45, 80, 120], 5.0)
+    assert not steady.backlog_grows and growing.backlog_grows
+    assert OpenLoop(Sample("o"), 100.0, 300, True, [50, 150], 2.0).backlog_grows
