@@ -761,6 +761,9 @@ class StatementCounter:
     def __init__(self, target: str) -> None:
         u = urlsplit(target)
         self.host, self.port = u.hostname or "127.0.0.1", u.port or 5432
+        # An embedded server (pgserver) is reached on a Unix socket named in the `host` parameter.
+        socket_dir = dict(parse_qsl(u.query)).get("host", "")
+        self.unix_socket = f"{socket_dir}/.s.PGSQL.{self.port}" if socket_dir.startswith("/") else None
         self.target = target
         self.counts = Statements()
         self.server: asyncio.base_events.Server | None = None
@@ -783,11 +786,15 @@ class StatementCounter:
         u = urlsplit(self.target)
         auth = u.netloc.rsplit("@", 1)[0] + "@" if "@" in u.netloc else ""
         query = dict(parse_qsl(u.query))
+        query.pop("host", None)
         query["sslmode"] = "disable"
         return urlunsplit((u.scheme, f"{auth}127.0.0.1:{self.listen_port}", u.path, urlencode(query), ""))
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+        if self.unix_socket is not None:
+            up_reader, up_writer = await asyncio.open_unix_connection(self.unix_socket)
+        else:
+            up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
 
         async def downstream() -> None:
             with contextlib.suppress(Exception):
