@@ -17,7 +17,7 @@ MODELFORGE_BENCH_DATABASE_URL (default postgresql://postgres@127.0.0.1:5432/test
    (8 concurrent tasks), log included; slower.
    Then VACUUM ANALYZE (the steady state autovacuum gives a real server).
 2. Serve, each in its own subprocess with uvicorn on 127.0.0.1 configured as `modelforge-hw serve`
-   configures it: the real app (`api.app.create_app` around an AppContext made of the pieces the
+   configures it: the real app (`api.http.app.create_app` around an AppContext made of the pieces the
    tests use: `build_service` with the fake NVML, `HardwareRepository`, an operator token; pool of
    2-10 as `serve`), and the ceiling: a trivial Litestar route (`GET /ping` -> {"status": "ok"}).
 3. Walk every page of `GET /api/v1/hardware/accelerators?limit=100` once following `next_cursor`
@@ -197,10 +197,11 @@ def real_app(dsn: str, state_dir: str) -> Any:
     """The product's app, with an AppContext built from the same pieces as the tests' `make_api`."""
     from litestar import Litestar
 
-    from api.app import AppContext, create_app
     from api.config import ServerConfig, token_hash
-    from api.repository import HardwareRepository
-    from api.server import build_service
+    from api.http.app import create_app
+    from api.http.context import AppContext
+    from api.services.repository import HardwareRepository
+    from api.wiring import build_service
     from ledger.db import create_pool
 
     try:  # the tests' fake NVML, so nothing here ever touches a real driver
@@ -641,7 +642,7 @@ async def run(args: argparse.Namespace) -> int:
             Endpoint("GET nodes/{id}", real, [f"/api/v1/hardware/nodes/{n}" for n in node_ids], auth=True),
         ]
         if args.floor:
-            from api.repository import decode_cursor
+            from api.services.repository import decode_cursor
 
             after = [""] + [decode_cursor(p.rsplit("cursor=", 1)[1], 1)[0] for p in pages[1:]]
             endpoints += [

@@ -9,7 +9,7 @@ Everything runs on a throwaway database (`mf_bench_<random>_ingest`) of the serv
 MODELFORGE_BENCH_DATABASE_URL (default postgresql://postgres@127.0.0.1:5432/test), dropped at
 the end (`--keep` keeps it and the server's log).
 
-1. Server: ONE uvicorn process on 127.0.0.1, the product's own app (`api.server.make_app`, which
+1. Server: ONE uvicorn process on 127.0.0.1, the product's own app (`api.http.server.make_app`, which
    migrates, builds the real context with the EnrollmentService and starts the retention loop),
    served as `modelforge-hw serve` serves it (`log_config=None, access_log=False, lifespan="on"`,
    structlog at INFO as `serve` configures it, into a log file).
@@ -87,7 +87,7 @@ from bench._common import (
 ROOT = Path(__file__).resolve().parent.parent
 OPERATOR_TOKEN = "bench-ingest-operator-token"
 INVENTORY_EVERY = 30  # the agent's default (MODELFORGE_AGENT_INVENTORY_EVERY)
-POOL_MAX = 10  # what `serve` (api.server.make_app) gives its pool
+POOL_MAX = 10  # what `serve` (api.http.server.make_app) gives its pool
 TARGET_RATE = 1000.0
 TARGET_P99_MS = 100.0
 
@@ -108,7 +108,7 @@ def serve_main(argv: Sequence[str]) -> int:
     import uvicorn
 
     from api.config import ServerConfig, token_hash
-    from api.server import make_app
+    from api.http.server import make_app
     from ledger.logs import configure_logging
 
     port, dsn, state_dir = int(argv[0]), argv[1], argv[2]
@@ -502,7 +502,7 @@ async def http_open_loop(
 
 async def service_closed_loop(service: Any, agents: list[Agent], tasks: int, seconds: float) -> Window:
     """The same report bodies through EnrollmentService.authenticate + accept_report, in process."""
-    from api.enrollment import AgentPlaneError
+    from api.services.errors import DomainError
 
     w = Window()
     deadline = time.perf_counter() + seconds
@@ -518,9 +518,9 @@ async def service_closed_loop(service: Any, agents: list[Agent], tasks: int, sec
             try:
                 principal = await service.authenticate(a.credential.decode())
                 ack = await service.accept_report(principal, body, datetime.now(UTC))
-            except AgentPlaneError as exc:
+            except DomainError as exc:
                 w.latencies.append(time.perf_counter() - t0)
-                w.error(f"{exc.status} {exc.type}: {exc.detail}")
+                w.error(f"{type(exc).__name__} {exc.type}: {exc.detail}")
                 continue
             w.latencies.append(time.perf_counter() - t0)
             w.reports += 1
@@ -695,8 +695,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from api.enrollment import EnrollmentService
-    from api.service import HardwareInventoryService
+    from api.services.agent_plane import EnrollmentService
+    from api.services.inventory import HardwareInventoryService
     from ledger.db import create_pool, init_connection, migrate
     from ledger.store import EventStore
     from projections.inventory import ALL_PROJECTIONS

@@ -15,7 +15,7 @@ from collectors.facts import Fact
 
 ScanStatus: TypeAlias = Literal["complete", "incomplete", "unavailable"]
 
-# Metric names carry their unit (NOTES.md section 5).
+# Metric names carry their unit (docs/architecture.md, "Availability of a fact").
 ACCELERATOR_METRICS: tuple[str, ...] = (
     "memory_used_bytes",
     "memory_total_bytes",

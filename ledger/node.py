@@ -166,7 +166,7 @@ def _value(fact: Fact) -> object:
 
 def fingerprint_of(state: NodeState) -> str | None:
     """SHA-256 of the canonical JSON of the node's identity, OS and active accelerators
-    (NOTES.md section 7). Nothing transient goes in. None before discovery."""
+    (docs/architecture.md, "Fingerprint"). Nothing transient goes in. None before discovery."""
     if not state.discovered or state.identity_key is None:
         return None
     doc = {

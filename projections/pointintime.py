@@ -16,7 +16,7 @@ import asyncpg
 import msgspec
 
 from ledger.node import NodeState
-from ledger.store import event_from_row
+from ledger.records import EVENT_COLUMNS, event_from_row
 from projections.inventory import INVENTORY
 
 _BATCH = 5000
@@ -44,8 +44,7 @@ async def inventory_as_of(
                 args.append(node_id)
                 stream_filter = "AND stream_id = $5"
             rows = await conn.fetch(
-                "SELECT global_position, stream_id, stream_version, event_id, event_type, event_class, "
-                "schema_version, data::text AS data, metadata::text AS metadata, recorded_at FROM events "
+                f"SELECT {EVENT_COLUMNS} FROM events "
                 f"WHERE (stream_id, stream_version) > ($1, $2) AND recorded_at <= $3 {stream_filter} "
                 "ORDER BY stream_id, stream_version LIMIT $4",
                 *args,

@@ -20,7 +20,8 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from ledger.store import REBUILD_GATE_KEY, event_from_row
+from ledger.records import EVENT_COLUMNS, event_from_row
+from ledger.store import REBUILD_GATE_KEY
 from projections.framework import STATE_TABLE, Projection, TableSpec
 
 SHADOW = "__shadow"
@@ -108,8 +109,7 @@ class _Writer:
 
 
 _SCAN = (
-    "SELECT global_position, stream_id, stream_version, event_id, event_type, event_class, "
-    "schema_version, data::text AS data, metadata::text AS metadata, recorded_at FROM events "
+    f"SELECT {EVENT_COLUMNS} FROM events "
     "WHERE (stream_id, stream_version) > ($1, $2) ORDER BY stream_id, stream_version LIMIT $3"
 )
 
@@ -126,6 +126,7 @@ async def _bulk(
             writer = _Writer(write, projections)
             async with write.transaction():
                 current: str | None = None
+                folding: list[Projection[Any]] = []
                 states: list[Any] = []
 
                 def fetch(after: tuple[str, int]) -> asyncio.Task[list[asyncpg.Record]]:
@@ -147,18 +148,20 @@ async def _bulk(
                         event = event_from_row(row)
                         if event.stream_id != current:
                             if current is not None:
-                                for p, st in zip(projections, states, strict=True):
+                                for p, st in zip(folding, states, strict=True):
                                     await writer.add_stream(p, current, st)
                                 streams += 1
                             current = event.stream_id
-                            states = [p.initial(current) for p in projections]
-                        states = [p.fold(st, event) for p, st in zip(projections, states, strict=True)]
+                            # Only the projections that handle this stream fold it (handles()).
+                            folding = [p for p in projections if p.handles(current)]
+                            states = [p.initial(current) for p in folding]
+                        states = [p.fold(st, event) for p, st in zip(folding, states, strict=True)]
                     done += len(rows)
                     if progress is not None:
                         elapsed = time.perf_counter() - started
                         progress(done, max(total, done), done / elapsed if elapsed else 0.0)
                 if current is not None:
-                    for p, st in zip(projections, states, strict=True):
+                    for p, st in zip(folding, states, strict=True):
                         await writer.add_stream(p, current, st)
                     streams += 1
                 await writer.flush()
@@ -181,9 +184,7 @@ async def _catch_up(conn: asyncpg.Connection, projections: Sequence[Projection[A
             events = [
                 event_from_row(r)
                 for r in await conn.fetch(
-                    "SELECT global_position, stream_id, stream_version, event_id, event_type, "
-                    "event_class, schema_version, data::text AS data, metadata::text AS metadata, "
-                    "recorded_at FROM events WHERE stream_id = $1 AND stream_version > $2 "
+                    f"SELECT {EVENT_COLUMNS} FROM events WHERE stream_id = $1 AND stream_version > $2 "
                     "ORDER BY stream_version",
                     row["stream_id"],
                     row["folded"],

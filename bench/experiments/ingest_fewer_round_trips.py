@@ -113,7 +113,8 @@ def one_statement_writer(projection: Any) -> Any:
 
 
 def apply_patches() -> None:
-    from api.service import HardwareInventoryService, NodeTombstoned
+    from api.services.errors import NodeIsDecommissioned as NodeTombstoned
+    from api.services.inventory import HardwareInventoryService
     from ledger.events import NewEvent
     from ledger.reconcile import reconcile
     from ledger.store import EventStore
@@ -178,8 +179,8 @@ def apply_patches() -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from api.enrollment import EnrollmentService
-    from api.service import HardwareInventoryService
+    from api.services.agent_plane import EnrollmentService
+    from api.services.inventory import HardwareInventoryService
     from ledger.db import create_pool, migrate
     from ledger.logs import configure_logging
     from ledger.store import EventStore
