@@ -16,6 +16,7 @@ import msgspec
 
 from collectors.facts import Fact, Known, TemporarilyFailed
 from collectors.observations import (
+    ACCELERATOR_INVENTORY_FACTS,
     AcceleratorObservation,
     HardwareObservation,
     HostObservation,
@@ -135,14 +136,7 @@ def _named_facts(obs: HardwareObservation) -> Iterator[tuple[str, Fact]]:
     yield "nvml.cuda_driver_version", obs.nvml.cuda_driver_version
     for a in obs.nvml.accelerators:
         prefix = f"nvml.accelerators[{a.uuid}]"
-        for name in (
-            "index",
-            "name",
-            "pci_bus_id",
-            "memory_total_bytes",
-            "compute_capability",
-            "mig_mode",
-        ):
+        for name in ACCELERATOR_INVENTORY_FACTS:
             yield f"{prefix}.{name}", getattr(a, name)
         for metric, fact in a.telemetry.items():
             yield f"{prefix}.telemetry.{metric}", fact

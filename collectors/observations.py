@@ -66,6 +66,22 @@ class HostObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     storage: list[StorageObservation]
 
 
+# Which facts are inventory (compared, recorded as HARDWARE_CHANGED, fingerprinted, signed by the
+# agent), defined once: the reconciler, the node fold, the agent's validation and its inventory
+# signature all read these tuples. Everything else an observation carries is telemetry.
+ACCELERATOR_INVENTORY_FACTS: tuple[str, ...] = (
+    "index",
+    "name",
+    "pci_bus_id",
+    "memory_total_bytes",
+    "compute_capability",
+    "mig_mode",
+)
+# The driver facts come from the NVML scan and are kept on the node and on each accelerator.
+DRIVER_FACTS: tuple[str, ...] = ("driver_version", "cuda_driver_version")
+NODE_INVENTORY_FACTS: tuple[str, ...] = ("memory_total_bytes", *DRIVER_FACTS)
+
+
 class AcceleratorObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One NVIDIA GPU as NVML reported it. Reconciled by `uuid` only."""
 
