@@ -16,6 +16,7 @@ import msgspec
 
 from collectors.facts import Fact, Known, TemporarilyFailed, Unavailable
 from collectors.observations import (
+    ACCELERATOR_INVENTORY_FACTS,
     AcceleratorObservation,
     CollectorRun,
     HardwareObservation,
@@ -356,6 +357,18 @@ def decode_report(raw: bytes) -> Report:
 # --- validation of an observation's values (both sides) ------------------------------------------
 
 
+# The bound each accelerator inventory fact's value must hold (one entry per inventory fact).
+ACCELERATOR_FACT_TYPES: dict[str, Any] = {
+    "index": GpuIndex,
+    "name": Text,
+    "pci_bus_id": Text,
+    "memory_total_bytes": MemoryBytes,
+    "compute_capability": ShortText,
+    "mig_mode": MigMode,
+}
+assert set(ACCELERATOR_FACT_TYPES) == set(ACCELERATOR_INVENTORY_FACTS)
+
+
 def _named_facts(obs: HardwareObservation) -> Iterator[tuple[str, Fact, Any]]:
     """Every fact of an observation, where it is and the type its value must have."""
     host = obs.host
@@ -375,12 +388,8 @@ def _named_facts(obs: HardwareObservation) -> Iterator[tuple[str, Fact, Any]]:
     yield "nvml.cuda_driver_version", obs.nvml.cuda_driver_version, ShortText
     for a in obs.nvml.accelerators:
         prefix = f"nvml.accelerators[{a.uuid!r}]"
-        yield f"{prefix}.index", a.index, GpuIndex
-        yield f"{prefix}.name", a.name, Text
-        yield f"{prefix}.pci_bus_id", a.pci_bus_id, Text
-        yield f"{prefix}.memory_total_bytes", a.memory_total_bytes, MemoryBytes
-        yield f"{prefix}.compute_capability", a.compute_capability, ShortText
-        yield f"{prefix}.mig_mode", a.mig_mode, MigMode
+        for name in ACCELERATOR_INVENTORY_FACTS:
+            yield f"{prefix}.{name}", getattr(a, name), ACCELERATOR_FACT_TYPES[name]
         for metric, fact in a.telemetry.items():
             if metric in ACCELERATOR_METRIC_TYPES:
                 yield f"{prefix}.telemetry.{metric}", fact, ACCELERATOR_METRIC_TYPES[metric]

@@ -68,6 +68,7 @@ from agent.state import (
 from collectors.identity import IdentityError, NodeIdentity, resolve_identity
 from collectors.nvml import NvidiaNvmlCollector
 from collectors.observations import (
+    ACCELERATOR_INVENTORY_FACTS,
     CollectorRun,
     HardwareObservation,
     HostCollectionError,
@@ -502,15 +503,7 @@ class Agent:
             "memory_total_bytes": host.memory_total_bytes,
             "nvml": [nvml.status, nvml.driver_version, nvml.cuda_driver_version],
             "accelerators": [
-                [
-                    a.uuid,
-                    a.index,
-                    a.name,
-                    a.pci_bus_id,
-                    a.memory_total_bytes,
-                    a.compute_capability,
-                    a.mig_mode,
-                ]
+                [a.uuid, *(getattr(a, name) for name in ACCELERATOR_INVENTORY_FACTS)]
                 for a in sorted(nvml.accelerators, key=lambda a: a.uuid)
             ],
         }

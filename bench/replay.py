@@ -250,7 +250,7 @@ class LogBuilder:
         rows = []
         for p in payloads:
             etype, eclass = event_type_of(p), event_class_of(p)
-            row = self._row(node, etype, eclass, validate_payload(p), meta_bytes, at)
+            row = self._row(node, etype, eclass, validate_payload(p)[0], meta_bytes, at)
             rows.append(row)
             if eclass == "lifecycle":
                 node.state = evolve(

@@ -1,4 +1,4 @@
-"""Availability-typed facts (NOTES.md section 5).
+"""Availability-typed facts (docs/architecture.md, "Availability of a fact").
 
 Every optional fact is one of five states; only ``known`` carries a value, and 0 is a value.
 The wire and storage form is ``{"state": "known", "value": v}`` etc., which msgspec produces

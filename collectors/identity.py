@@ -1,4 +1,4 @@
-"""The stable identity key of this compute node (NOTES.md section 4).
+"""The stable identity key of this compute node (docs/architecture.md, "Identity").
 
 Order: a configured ID, else (in a container) a UUID created once in the state directory, else
 (on a host) a UUIDv5 of the OS machine ID, else an error. Hostname, container ID and image ID are

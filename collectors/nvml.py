@@ -1,9 +1,9 @@
 """NvidiaNvmlCollector: one NVML enumeration of the host's NVIDIA GPUs as an NvmlScan.
 
 Only NVML (through pynvml) is used; never nvidia-smi or any other command output. A failing
-metric becomes a typed fact (NOTES.md section 5) and never hides the GPU; only a failure of the
-identity calls (count, handle, UUID) makes the scan incomplete, because then absence of a known
-UUID no longer proves the GPU is gone.
+metric becomes a typed fact (docs/architecture.md, "Availability of a fact") and never hides the
+GPU; only a failure of the identity calls (count, handle, UUID) makes the scan incomplete,
+because then absence of a known UUID no longer proves the GPU is gone.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def describe_error(err: BaseException) -> str:
 
 
 def classify_error(nvml: Any, err: BaseException, call: str) -> Failure:
-    """NOTES.md section 5: which availability state an NVML error means."""
+    """Which availability state an NVML error means (docs/architecture.md, "Availability of a fact")."""
     if any(_has_code(nvml, err, name) for name in _UNSUPPORTED_CODES):
         return UNSUPPORTED
     reason = f"{call}: {describe_error(err)}"

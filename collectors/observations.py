@@ -15,7 +15,7 @@ from collectors.facts import Fact
 
 ScanStatus: TypeAlias = Literal["complete", "incomplete", "unavailable"]
 
-# Metric names carry their unit (NOTES.md section 5).
+# Metric names carry their unit (docs/architecture.md, "Availability of a fact").
 ACCELERATOR_METRICS: tuple[str, ...] = (
     "memory_used_bytes",
     "memory_total_bytes",
@@ -64,6 +64,22 @@ class HostObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Latest-state telemetry (never audited): keys are HOST_METRICS.
     telemetry: dict[str, Fact]
     storage: list[StorageObservation]
+
+
+# Which facts are inventory (compared, recorded as HARDWARE_CHANGED, fingerprinted, signed by the
+# agent), defined once: the reconciler, the node fold, the agent's validation and its inventory
+# signature all read these tuples. Everything else an observation carries is telemetry.
+ACCELERATOR_INVENTORY_FACTS: tuple[str, ...] = (
+    "index",
+    "name",
+    "pci_bus_id",
+    "memory_total_bytes",
+    "compute_capability",
+    "mig_mode",
+)
+# The driver facts come from the NVML scan and are kept on the node and on each accelerator.
+DRIVER_FACTS: tuple[str, ...] = ("driver_version", "cuda_driver_version")
+NODE_INVENTORY_FACTS: tuple[str, ...] = ("memory_total_bytes", *DRIVER_FACTS)
 
 
 class AcceleratorObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

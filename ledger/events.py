@@ -4,15 +4,15 @@ The tag (`event_type`) is stored beside the data, and the data itself carries it
 jsonb is self-describing to an auditor reading SQL. `SCHEMA_VERSION` is stored per event; a
 change to a payload's shape bumps it and adds an upcaster (none needed yet).
 
-Two classes (NOTES.md section 2): lifecycle events are permanent and hash-chained; observation
-events (telemetry samples) are retention-bounded.
+Two classes (docs/architecture.md, "The event log"): lifecycle events are permanent and
+hash-chained; observation events (telemetry samples) are retention-bounded.
 """
 
 from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal, TypeAlias
+from typing import Literal, TypeAlias
 
 import msgspec
 
@@ -265,7 +265,7 @@ def event_class_of(payload: EventPayload) -> EventClass:
 
 
 class EventMetadata(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """Who saw what, when, by whose clock (NOTES.md section 2)."""
+    """Who saw what, when, by whose clock (docs/event-catalog.md)."""
 
     received_at: datetime  # the central clock
     source: Source
@@ -321,26 +321,28 @@ class EventValidationError(ValueError):
     """An event does not match the catalog; nothing was written."""
 
 
-def validate_payload(payload: Any) -> bytes:
+def validate_payload(payload: object) -> tuple[bytes, EventPayload]:
     """Encode a payload and prove it decodes as the catalog says (Structs are not validated when
-    constructed in Python, so a wrongly typed field would otherwise reach the log)."""
+    constructed in Python, so a wrongly typed field would otherwise reach the log). Returns the
+    bytes to store and the decoded payload: what the log will give back on rebuild, so the inline
+    projections fold exactly that, and nothing decodes the same bytes twice."""
     if type(payload) not in EVENT_TYPES.values():
         raise EventValidationError(f"{type(payload).__name__} is not an event of the catalog")
     try:
         raw = msgspec.json.encode(payload)
-        _payload_decoder.decode(raw)
+        decoded = _payload_decoder.decode(raw)
     except (msgspec.ValidationError, msgspec.EncodeError, TypeError) as exc:
-        raise EventValidationError(f"{event_type_of(payload)}: {exc}") from exc
-    return raw
+        raise EventValidationError(f"{type(payload).__name__}: {exc}") from exc
+    return raw, decoded
 
 
-def validate_metadata(metadata: Any) -> bytes:
+def validate_metadata(metadata: object) -> tuple[bytes, EventMetadata]:
     try:
         raw = msgspec.json.encode(metadata)
-        _metadata_decoder.decode(raw)
+        decoded = _metadata_decoder.decode(raw)
     except (msgspec.ValidationError, msgspec.EncodeError, TypeError) as exc:
         raise EventValidationError(f"metadata: {exc}") from exc
-    return raw
+    return raw, decoded
 
 
 def decode_payload(raw: str | bytes) -> EventPayload:

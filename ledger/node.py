@@ -15,7 +15,14 @@ from typing import Literal, TypeAlias
 import msgspec
 
 from collectors.facts import UNKNOWN, Fact, Known
-from collectors.observations import CpuInfo, OsInfo, StorageObservation
+from collectors.observations import (
+    ACCELERATOR_INVENTORY_FACTS,
+    DRIVER_FACTS,
+    NODE_INVENTORY_FACTS,
+    CpuInfo,
+    OsInfo,
+    StorageObservation,
+)
 from ledger.events import (
     AcceleratorDiscovered,
     AcceleratorMissing,
@@ -166,7 +173,7 @@ def _value(fact: Fact) -> object:
 
 def fingerprint_of(state: NodeState) -> str | None:
     """SHA-256 of the canonical JSON of the node's identity, OS and active accelerators
-    (NOTES.md section 7). Nothing transient goes in. None before discovery."""
+    (docs/architecture.md, "Fingerprint"). Nothing transient goes in. None before discovery."""
     if not state.discovered or state.identity_key is None:
         return None
     doc = {
@@ -195,19 +202,8 @@ def fingerprint_of(state: NodeState) -> str | None:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-_ACCELERATOR_FACTS = frozenset(
-    {
-        "index",
-        "name",
-        "pci_bus_id",
-        "memory_total_bytes",
-        "compute_capability",
-        "mig_mode",
-        "driver_version",
-        "cuda_driver_version",
-    }
-)
-_NODE_FACTS = frozenset({"memory_total_bytes", "driver_version", "cuda_driver_version"})
+_ACCELERATOR_FACTS = frozenset((*ACCELERATOR_INVENTORY_FACTS, *DRIVER_FACTS))
+_NODE_FACTS = frozenset(NODE_INVENTORY_FACTS)
 
 
 # Only these events change what the fingerprint covers (identity, OS, active accelerators and

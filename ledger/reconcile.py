@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from collectors.facts import Fact, TemporarilyFailed, Unavailable, Unknown
 from collectors.identity import NodeIdentity
-from collectors.observations import AcceleratorObservation, HardwareObservation
+from collectors.observations import ACCELERATOR_INVENTORY_FACTS, AcceleratorObservation, HardwareObservation
 from ledger.events import (
     AcceleratorDiscovered,
     AcceleratorMissing,
@@ -82,18 +82,12 @@ def _accelerator_discovered(
 def _accelerator_changes(
     acc: AcceleratorState, obs: AcceleratorObservation, driver: Fact, cuda: Fact
 ) -> dict[str, FactChange]:
-    return _diff(
-        {
-            "index": (acc.index, obs.index),
-            "name": (acc.name, obs.name),
-            "pci_bus_id": (acc.pci_bus_id, obs.pci_bus_id),
-            "memory_total_bytes": (acc.memory_total_bytes, obs.memory_total_bytes),
-            "compute_capability": (acc.compute_capability, obs.compute_capability),
-            "mig_mode": (acc.mig_mode, obs.mig_mode),
-            "driver_version": (acc.driver_version, driver),
-            "cuda_driver_version": (acc.cuda_driver_version, cuda),
-        }
-    )
+    pairs: dict[str, tuple[Fact, Fact]] = {
+        name: (getattr(acc, name), getattr(obs, name)) for name in ACCELERATOR_INVENTORY_FACTS
+    }
+    pairs["driver_version"] = (acc.driver_version, driver)
+    pairs["cuda_driver_version"] = (acc.cuda_driver_version, cuda)
+    return _diff(pairs)
 
 
 def reconcile(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 import asyncpg
 import msgspec
@@ -20,10 +20,10 @@ import structlog
 from ledger.events import (
     SCHEMA_VERSION,
     EventClass,
+    EventMetadata,
+    EventPayload,
     NewEvent,
     RecordedEvent,
-    decode_metadata,
-    decode_payload,
     validate_metadata,
     validate_payload,
 )
@@ -61,9 +61,10 @@ class StreamVersionConflict(LedgerError):
 class StreamTombstoned(LedgerError):
     """The stream ended with a tombstone (a decommissioned node) and takes no more events."""
 
-    def __init__(self, stream_id: str, detail: str) -> None:
+    def __init__(self, stream_id: str, detail: str, tombstoned_at: datetime | None = None) -> None:
         super().__init__(detail)
         self.stream_id = stream_id
+        self.tombstoned_at = tombstoned_at
 
 
 class DuplicateEvent(LedgerError):
@@ -82,6 +83,9 @@ class AppendResult(msgspec.Struct, frozen=True):
     stream_version: int
     events: list[RecordedEvent]
     already_stored: bool
+    # Each inline projection's folded state after the append, by projection name (absent for a
+    # projection that does not handle the stream, and for a batch that was already stored).
+    states: dict[str, object] = {}
 
 
 class InlineProjection(Protocol):
@@ -94,15 +98,16 @@ class InlineProjection(Protocol):
         conn: asyncpg.Connection,
         stream_id: str,
         events: Sequence[RecordedEvent],
-        prior: Any = None,
-    ) -> None:
-        """Fold `events` into the read model. `prior`: the stream's folded state as the caller
-        already loaded it under the stream lock (saves reading it twice), else None."""
+        prior: object = None,
+    ) -> object:
+        """Fold `events` into the read model and return the stream's new folded state (None when
+        the projection does not handle the stream). `prior`: the stream's folded state as the
+        caller already loaded it under the stream lock (saves reading it twice), else None."""
         ...
 
 
 def _translate(exc: asyncpg.PostgresError, stream_id: str, expected: int | None) -> LedgerError | None:
-    code = getattr(exc, "sqlstate", None)
+    code: object = getattr(exc, "sqlstate", None)
     if code == "MF409":
         detail = getattr(exc, "detail", None)
         return StreamVersionConflict(stream_id, expected, int(detail) if detail else None)
@@ -126,7 +131,7 @@ class EventStore:
         *,
         conn: asyncpg.Connection | None = None,
         locked: bool = False,
-        prior_states: Mapping[str, Any] | None = None,
+        prior_states: Mapping[str, object] | None = None,
     ) -> AppendResult:
         """Append `events` to `stream_id` if it is at `expected_version` (None: any version).
 
@@ -152,9 +157,9 @@ class EventStore:
         stream_id: str,
         expected_version: int | None,
         events: Sequence[NewEvent],
-        encoded: list[tuple[bytes, bytes]],
+        encoded: list[tuple[tuple[bytes, EventPayload], tuple[bytes, EventMetadata]]],
         locked: bool,
-        prior_states: Mapping[str, Any] | None = None,
+        prior_states: Mapping[str, object] | None = None,
     ) -> AppendResult:
         classes: list[EventClass] = [e.event_class for e in events]
         try:
@@ -167,8 +172,8 @@ class EventStore:
                 [e.event_type for e in events],
                 classes,
                 [SCHEMA_VERSION] * len(events),
-                [msgspec.Raw(d) for d, _ in encoded],
-                [msgspec.Raw(m) for _, m in encoded],
+                [msgspec.Raw(d) for (d, _), _m in encoded],
+                [msgspec.Raw(m) for _d, (m, _) in encoded],
                 locked,
             )
         except asyncpg.PostgresError as exc:
@@ -194,17 +199,20 @@ class EventStore:
                 event_type=event.event_type,
                 event_class=cls,
                 schema_version=SCHEMA_VERSION,
-                # Fold what the log will give back on rebuild, not the caller's objects.
-                payload=decode_payload(data),
-                metadata=decode_metadata(meta),
+                # Fold what the log will give back on rebuild (decoded once, by the validation).
+                payload=payload,
+                metadata=meta,
                 recorded_at=row["out_recorded_at"],
             )
-            for row, event, cls, (data, meta) in zip(rows, events, classes, encoded, strict=True)
+            for row, event, cls, ((_, payload), (_, meta)) in zip(rows, events, classes, encoded, strict=True)
         ]
         priors = prior_states or {}
+        states: dict[str, object] = {}
         for projection in self.projections:
-            await projection.apply(conn, stream_id, recorded, priors.get(projection.name))
-        return AppendResult(stream_id, recorded[-1].stream_version, recorded, already_stored=False)
+            after = await projection.apply(conn, stream_id, recorded, priors.get(projection.name))
+            if after is not None:
+                states[projection.name] = after
+        return AppendResult(stream_id, recorded[-1].stream_version, recorded, False, states)
 
     async def lock_stream(self, conn: asyncpg.Connection, stream_id: str) -> StreamInfo:
         """Serialize work on one stream for the rest of the caller's transaction (other streams
@@ -249,6 +257,6 @@ class EventStore:
         return events, page.resume
 
 
-def deterministic_event_id(*parts: Any) -> uuid.UUID:
+def deterministic_event_id(*parts: object) -> uuid.UUID:
     """An idempotency key derived from what makes an event unique (e.g. agent stream + sequence)."""
     return uuid.uuid5(uuid.NAMESPACE_OID, "/".join(str(p) for p in parts))

@@ -103,13 +103,16 @@ class Projection(Generic[S]):
         conn: asyncpg.Connection,
         stream_id: str,
         events: Sequence[RecordedEvent],
-        prior: S | None = None,
-    ) -> None:
+        prior: object = None,
+    ) -> S | None:
+        """Fold `events` into the read model inline and return the stream's new state (None for
+        a stream this projection does not handle). `prior`: the state as the caller loaded it."""
         if not self.handles(stream_id):
-            return
-        before = prior if prior is not None else await self.load_state(conn, stream_id)
+            return None
+        before = prior if isinstance(prior, self.state_type) else await self.load_state(conn, stream_id)
         after = self.fold_all(before, events)
         await self.write_changes(conn, stream_id, before, after)
+        return after
 
     async def write_changes(
         self, conn: asyncpg.Connection, stream_id: str, before: S, after: S, *, suffix: str = ""

@@ -126,6 +126,7 @@ async def _bulk(
             writer = _Writer(write, projections)
             async with write.transaction():
                 current: str | None = None
+                folding: list[Projection[Any]] = []
                 states: list[Any] = []
 
                 def fetch(after: tuple[str, int]) -> asyncio.Task[list[asyncpg.Record]]:
@@ -148,12 +149,14 @@ async def _bulk(
                             event = event_from_row(row)
                             if event.stream_id != current:
                                 if current is not None:
-                                    for p, st in zip(projections, states, strict=True):
+                                    for p, st in zip(folding, states, strict=True):
                                         await writer.add_stream(p, current, st)
                                     streams += 1
                                 current = event.stream_id
-                                states = [p.initial(current) for p in projections]
-                            states = [p.fold(st, event) for p, st in zip(projections, states, strict=True)]
+                                # Only the projections that handle this stream fold it (handles()).
+                                folding = [p for p in projections if p.handles(current)]
+                                states = [p.initial(current) for p in folding]
+                            states = [p.fold(st, event) for p, st in zip(folding, states, strict=True)]
                         done += len(rows)
                         if progress is not None:
                             elapsed = time.perf_counter() - started
@@ -165,7 +168,7 @@ async def _bulk(
                     if not pending.done():
                         await asyncio.gather(pending, return_exceptions=True)
                 if current is not None:
-                    for p, st in zip(projections, states, strict=True):
+                    for p, st in zip(folding, states, strict=True):
                         await writer.add_stream(p, current, st)
                     streams += 1
                 await writer.flush()

@@ -41,7 +41,7 @@ def install() -> FakeNvml:
 
 def main() -> int:
     install()
-    from api.cli import main as cli_main
+    from api.cli.main import main as cli_main
 
     return cli_main(sys.argv[1:])
 

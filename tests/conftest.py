@@ -153,10 +153,11 @@ class ApiHarness:
 def make_api(pool: asyncpg.Pool, tmp_path: Path):  # type: ignore[no-untyped-def]
     import httpx
 
-    from api.app import AppContext, create_app
     from api.config import ServerConfig, token_hash
-    from api.repository import HardwareRepository
-    from api.server import build_service
+    from api.http.app import create_app
+    from api.http.context import AppContext
+    from api.services.repository import HardwareRepository
+    from api.wiring import build_service
     from tests.fakes.fake_pynvml import FakeNvml
     from tests.fixtures_nvml import multi_gpu_scenario
 

@@ -1,7 +1,7 @@
 """The whole test suite, as the README's test command and `.ci/run` run it.
 
-Runs the habits of NOTES.md section 11 so nobody has to remember them: formatting, lint, strict
-typing of the pure core, the layering contracts, then pytest (real PostgreSQL: the server at
+Runs the habits of docs/architecture.md ("Checks") so nobody has to remember them: formatting,
+lint, strict typing of every package, the layering contracts, then pytest (real PostgreSQL: the server at
 MODELFORGE_TEST_DATABASE_URL when set, else an embedded one the test session starts itself).
 """
 
@@ -19,7 +19,7 @@ BIN = Path(sys.executable).parent
 STEPS: list[tuple[str, list[str]]] = [
     ("ruff format --check", [str(BIN / "ruff"), "format", "--check", "--quiet", "."]),
     ("ruff check", [str(BIN / "ruff"), "check", "--quiet", "."]),
-    ("mypy (strict: ledger, projections, collectors)", [sys.executable, "-m", "mypy"]),
+    ("mypy (strict: every package)", [sys.executable, "-m", "mypy"]),
     ("import-linter contracts", [str(BIN / "lint-imports"), "--no-cache"]),
     ("pytest", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *sys.argv[1:]]),
 ]

@@ -21,7 +21,7 @@ from agent.protocol import sanitize_observation, validate_observation
 from agent.runner import EXIT_STOPPED, Agent, AgentConfig, AgentError, classify, enroll, held_against_report
 from agent.spool import Spool
 from agent.state import CREDENTIAL_FILE, SEQUENCES_FILE, Credential, Sequences, load_credential
-from api.enrollment import EnrollmentService, parse_secret
+from api.services.agent_plane import EnrollmentService, parse_secret
 from collectors.facts import Known, TemporarilyFailed
 from collectors.nvml import NvidiaNvmlCollector
 from collectors.observations import HostObservation
@@ -66,20 +66,20 @@ class Plane:
 
 @pytest.fixture
 async def plane(pool: asyncpg.Pool, tmp_path: Path) -> AsyncIterator[Plane]:
-    from api.app import AppContext, create_app
     from api.config import ServerConfig, token_hash
-    from api.repository import HardwareRepository
-    from api.server import build_service
+    from api.http.app import create_app
+    from api.http.context import AppContext
+    from api.services.repository import HardwareRepository
+    from api.wiring import build_service
 
     service = build_service(pool, ServerConfig(state_dir=tmp_path / "server", node_id="server-host"))
-    enrollment = EnrollmentService(service)
     context = AppContext(
         pool=pool,
         service=service,
         repository=HardwareRepository(pool),
         admin_token_hash=token_hash("op"),
-        enrollment=enrollment,
     )
+    enrollment = context.services.agent_plane
     yield Plane(create_app(context), pool, enrollment, tmp_path)
 
 

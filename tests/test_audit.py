@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.service import HardwareInventoryService
+from api.services.inventory import HardwareInventoryService
 from collectors.identity import NodeIdentity
 from collectors.observations import HardwareObservation
 from ledger.events import EventMetadata

@@ -151,7 +151,7 @@ def test_p100_and_2080() -> None:
     assert gpu.telemetry["power_watts"] == Known(14.5)
 
 
-# -- error mapping (NOTES.md section 5) -------------------------------------------------------
+# -- error mapping (docs/architecture.md, "Availability of a fact") ----------------------------
 
 
 @pytest.mark.parametrize(

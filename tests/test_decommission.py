@@ -17,8 +17,8 @@ import asyncpg
 import httpx
 import pytest
 
-from api.decommission import DecommissionService, preview_of
-from api.service import HardwareInventoryService
+from api.services.decommission import DecommissionService, preview_of
+from api.services.inventory import HardwareInventoryService
 from ledger.events import EventMetadata, HostTelemetryObserved, NewEvent, decommission_audit_stream
 from ledger.node import node_id_for
 from ledger.store import EventStore, StreamTombstoned
@@ -496,7 +496,7 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
 
     import structlog
 
-    from api.cli import main
+    from api.cli.main import main
 
     saved = structlog.get_config()
     out, err = io.StringIO(), io.StringIO()

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
-from api.cli import build_parser
+from api.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

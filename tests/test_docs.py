@@ -1,7 +1,7 @@
 """What an operator reads is generated from the code or checked against it, so it cannot drift:
 
-* docs/configuration.md and docs/event-catalog.md equal what api/reference.py renders from
-  `api.config.SETTINGS` and `ledger.events` (regenerate with `python -m api.reference --write`);
+* docs/configuration.md and docs/event-catalog.md equal what api/cli/reference.py renders from
+  `api.config.SETTINGS` and `ledger.events` (regenerate with `python -m api.cli.reference --write`);
 * every `MODELFORGE_*` variable the product code reads is declared in SETTINGS (and so in the
   reference), every declared one is read somewhere, and every flag SETTINGS names exists;
 * every `modelforge-hw` subcommand is shown in README.md or docs/ (in code);
@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from api.cli import build_parser
-from api.completion import command_tree
+from api.cli.completion import command_tree
+from api.cli.main import build_parser
+from api.cli.reference import CATALOG_PAGE, CONFIG_PAGE, render_config_reference, render_event_catalog
 from api.config import SETTINGS
-from api.reference import CATALOG_PAGE, CONFIG_PAGE, render_config_reference, render_event_catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT_PACKAGES = ("ledger", "projections", "collectors", "agent", "api")
 VARIABLE = re.compile(r"\bMODELFORGE_[A-Z0-9_]*[A-Z0-9]\b")
-REGENERATE = "run `python -m api.reference --write` and commit the result"
+REGENERATE = "run `python -m api.cli.reference --write` and commit the result"
 
 
 # --- generated reference pages ------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Node identity resolution, every rung of NOTES.md section 4."""
+"""Node identity resolution, every rung of docs/architecture.md, "Identity"."""
 
 from __future__ import annotations
 

@@ -64,8 +64,8 @@ async def write_rows(conn: asyncpg.Connection, txs: list[int], seed: int = 0) ->
     hand. Returns (tx_id, global_position) of each, as the model of the expected order."""
     data = validate_payload(
         HostTelemetryObserved(telemetry={"memory_available_bytes": Known(1)}, storage=[])
-    ).decode()
-    metadata = validate_metadata(meta()).decode()
+    )[0].decode()
+    metadata = validate_metadata(meta())[0].decode()
     order = list(txs)
     random.Random(seed).shuffle(order)
     written: list[tuple[int, int]] = []
@@ -133,7 +133,7 @@ async def test_a_resumed_cursor_delivers_exactly_what_committed_since(pool: asyn
         # Later commits (real tx ids, above the boundary rows) arrive once on the next poll.
         data = validate_payload(
             HostTelemetryObserved(telemetry={"memory_available_bytes": Known(2)}, storage=[])
-        ).decode()
+        )[0].decode()
         for n in range(3):
             await conn.execute(
                 "INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class, "
@@ -142,7 +142,7 @@ async def test_a_resumed_cursor_delivers_exactly_what_committed_since(pool: asyn
                 uuid.uuid4(),
                 f"later-{n}",
                 data,
-                validate_metadata(meta()).decode(),
+                validate_metadata(meta())[0].decode(),
             )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 60

@@ -1,5 +1,8 @@
 """Every error is `application/problem+json` (RFC 9457) with a stable `type`, a `title` and a
-`detail`; validation errors add `errors`."""
+`detail`; validation errors add `errors`.
+
+`STATUS_OF` is the one table from the services' error kinds (`api.services.errors`) to HTTP
+statuses; nothing else in the code base knows that a `Gone` is a 410."""
 
 from __future__ import annotations
 
@@ -9,7 +12,17 @@ import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
-from api.schemas import Problem
+from api.services.errors import (
+    Conflict,
+    DomainError,
+    Forbidden,
+    Gone,
+    InvalidRequest,
+    NotFound,
+    Unauthenticated,
+    Unavailable,
+)
+from api.services.views import Problem
 
 log = structlog.get_logger(__name__)
 
@@ -32,59 +45,48 @@ _TITLES = {
 }
 
 
-class ProblemError(Exception):
-    def __init__(
-        self,
-        status: int,
-        type_: str,
-        title: str,
-        detail: str,
-        *,
-        errors: list[str] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(detail)
-        self.problem = Problem(
-            type=PROBLEM_BASE + type_, title=title, status=status, detail=detail, errors=errors
-        )
-        self.headers = headers or {}
+STATUS_OF: dict[type[DomainError], int] = {
+    InvalidRequest: 400,
+    Unauthenticated: 401,
+    Forbidden: 403,
+    NotFound: 404,
+    Conflict: 409,
+    Gone: 410,
+    Unavailable: 503,
+}
 
 
-class DomainProblem(Exception):
-    """A service's RFC 9457 problem: status, stable type, title, detail, and extension members
-    (e.g. the sequence a 409 conflicts with). Services raise subclasses; one handler renders them."""
-
-    def __init__(self, status: int, type_: str, title: str, detail: str, **extensions: Any) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.type = type_
-        self.title = title
-        self.detail = detail
-        self.extensions = extensions
+def status_of(exc: DomainError) -> int:
+    for kind in type(exc).__mro__:
+        if kind in STATUS_OF:
+            return STATUS_OF[kind]
+    return 500
 
 
-def handle_domain_problem(_: Request[Any, Any, Any], exc: DomainProblem) -> Response[Any]:
-    body: dict[str, Any] = {
+def problem_of(exc: DomainError) -> dict[str, object]:
+    """The RFC 9457 document of a service's error (the CLI prints the same one with `--json`)."""
+    return {
         "type": PROBLEM_BASE + exc.type,
         "title": exc.title,
-        "status": exc.status,
+        "status": status_of(exc),
         "detail": exc.detail,
-        **exc.extensions,
+        **{k: v for k, v in exc.extensions.items() if k not in ("type", "title", "status", "detail")},
     }
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    return Response(content=body, status_code=exc.status, media_type=MEDIA_TYPE, headers=headers)
 
 
-def not_found(what: str, ident: str) -> ProblemError:
-    return ProblemError(404, f"{what}-not-found", f"Unknown {what}", f"no {what} with id {ident!r}")
+def handle_domain_error(_: Request[Any, Any, Any], exc: DomainError) -> Response[Any]:
+    status = status_of(exc)
+    body = problem_of(exc)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return Response(content=body, status_code=status, media_type=MEDIA_TYPE, headers=headers)
+
+
+def not_found(what: str, ident: str) -> NotFound:
+    return NotFound(f"{what}-not-found", f"Unknown {what}", f"no {what} with id {ident!r}")
 
 
 def respond(problem: Problem, headers: dict[str, str] | None = None) -> Response[Problem]:
     return Response(content=problem, status_code=problem.status, media_type=MEDIA_TYPE, headers=headers)
-
-
-def handle_problem(_: Request[Any, Any, Any], exc: ProblemError) -> Response[Problem]:
-    return respond(exc.problem, exc.headers)
 
 
 def handle_bad_cursor(_: Request[Any, Any, Any], exc: Exception) -> Response[Problem]:

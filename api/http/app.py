@@ -1,4 +1,7 @@
-"""The Litestar application: routes, bearer-token auth, RFC 9457 problem+json errors."""
+"""The Litestar application: the hardware routes, bearer-token auth, RFC 9457 problem+json errors.
+
+Routes get their services as Litestar dependencies (`Provide`) from the process's `AppContext`,
+whose services `api.wiring` builds; routes never construct a service."""
 
 from __future__ import annotations
 
@@ -9,18 +12,21 @@ from typing import Annotated, Any
 
 import asyncpg
 import structlog
-from litestar import Litestar, Request, Router, get, post
-from litestar.connection import ASGIConnection
-from litestar.exceptions import HTTPException, NotAuthorizedException, ValidationException
-from litestar.handlers.base import BaseRouteHandler
+from litestar import Litestar, Router, get, post
+from litestar.di import NamedDependency
+from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import FromPath, FromQuery, QueryParameter
 
-from api import observability, problems
-from api.config import tokens_match
-from api.repository import AuditRepository, BadCursor, HardwareRepository, ObservabilityRepository
-from api.schemas import (
+from api.http import observability, problems
+from api.http.agent import agent_routers
+from api.http.context import DEPENDENCIES, AppContext, operator_guard
+from api.http.decommission import decommission_routers
+from api.services.errors import Conflict, DomainError, InvalidRequest, Unavailable
+from api.services.inventory import HardwareInventoryService, RefreshOutcome
+from api.services.repository import AuditRepository, BadCursor, HardwareRepository, ObservabilityRepository
+from api.services.views import (
     AcceleratorBody,
     AcceleratorPage,
     EventPage,
@@ -29,7 +35,6 @@ from api.schemas import (
     NodePage,
     RefreshBody,
 )
-from api.service import HardwareInventoryService, NodeTombstoned, RefreshOutcome
 
 log = structlog.get_logger(__name__)
 
@@ -40,64 +45,17 @@ Limit = Annotated[int, QueryParameter(ge=1, le=MAX_LIMIT)]
 MAX_WAIT_SECONDS = 60
 
 
-class AppContext:
-    """What the routes need, built once per process (by `serve` or by a test)."""
-
-    def __init__(
-        self,
-        *,
-        pool: asyncpg.Pool,
-        service: HardwareInventoryService,
-        repository: HardwareRepository,
-        admin_token_hash: str,
-        local_refresh_enabled: bool = True,
-        enrollment: Any = None,
-    ) -> None:
-        self.pool = pool
-        self.service = service
-        self.repository = repository
-        self.audit = AuditRepository(pool, repository)
-        self.observability = ObservabilityRepository(pool)
-        self.admin_token_hash = admin_token_hash
-        self.local_refresh_enabled = local_refresh_enabled
-        # api.enrollment.EnrollmentService (agent routes); made on first use when None.
-        self.enrollment = enrollment
-
-
-def ctx(request: Request[Any, Any, Any] | ASGIConnection[Any, Any, Any, Any]) -> AppContext:
-    context: AppContext = request.app.state.ctx
-    return context
-
-
-def bearer(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
-    header = connection.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()
-
-
-async def operator_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    # async: a sync guard would be run in a worker thread on every request, for no I/O at all.
-    token = bearer(connection)
-    if token is None:
-        raise NotAuthorizedException("an operator bearer token is required (Authorization: Bearer ...)")
-    if not tokens_match(token, ctx(connection).admin_token_hash):
-        raise NotAuthorizedException("the bearer token is not a valid operator token")
-
-
 # --- health ------------------------------------------------------------------------------------
 
 
 @get("/health", summary="Process and inventory health (no auth)")
-async def health(request: Request[Any, Any, Any]) -> HealthBody:
-    c = ctx(request)
+async def health(repository: NamedDependency[HardwareRepository]) -> HealthBody:
     try:
-        inventory = await c.repository.inventory_health()
+        inventory = await repository.inventory_health()
         database = "ok"
     except (asyncpg.PostgresError, OSError) as exc:
         log.warning("health.database_unavailable", error=str(exc))
-        from api.schemas import InventoryHealth
+        from api.services.views import InventoryHealth
 
         inventory = InventoryHealth(status="pending", reasons=["database unavailable"], nodes=0)
         database = "unavailable"
@@ -125,22 +83,18 @@ def refresh_body(outcome: RefreshOutcome) -> RefreshBody:
 
 
 @post("/hardware/refresh", status_code=200, summary="Refresh the local host's inventory once")
-async def refresh(request: Request[Any, Any, Any]) -> RefreshBody:
-    c = ctx(request)
-    if not c.local_refresh_enabled:
-        raise problems.ProblemError(
-            409,
+async def refresh(
+    context: NamedDependency[AppContext], inventory: NamedDependency[HardwareInventoryService]
+) -> RefreshBody:
+    if not context.local_refresh_enabled:
+        raise Conflict(
             "local-refresh-disabled",
             "Local refresh is not configured",
             "this server has no local collectors (it is not a compute node)",
         )
-    try:
-        outcome = await c.service.refresh()
-    except NodeTombstoned as exc:
-        raise problems.ProblemError(410, "node-decommissioned", "Node is decommissioned", str(exc)) from exc
+    outcome = await inventory.refresh()
     if outcome.outcome == "failed":
-        raise problems.ProblemError(
-            503,
+        raise Unavailable(
             "inventory-collection-failed",
             "Hardware inventory collection failed",
             "; ".join(outcome.reasons) + " (the last successful inventory is kept)",
@@ -150,28 +104,32 @@ async def refresh(request: Request[Any, Any, Any]) -> RefreshBody:
 
 @get("/hardware/nodes", summary="Compute nodes")
 async def list_nodes(
-    request: Request[Any, Any, Any],
+    repository: NamedDependency[HardwareRepository],
+    audit: NamedDependency[AuditRepository],
     cursor: FromQuery[str | None] = None,
     limit: Limit = 100,
     as_of: FromQuery[datetime | None] = None,
 ) -> NodePage:
     if as_of is not None:
-        nodes, position = await ctx(request).audit.nodes_as_of(_aware(as_of))
+        nodes, position = await audit.nodes_as_of(_aware(as_of))
         return NodePage(items=nodes, next_cursor=None, as_of_position=position)
-    items, next_cursor = await ctx(request).repository.list_nodes(cursor=cursor, limit=limit)
+    items, next_cursor = await repository.list_nodes(cursor=cursor, limit=limit)
     return NodePage(items=items, next_cursor=next_cursor)
 
 
 @get("/hardware/nodes/{node_id:str}", summary="One compute node")
 async def get_node(
-    request: Request[Any, Any, Any], node_id: FromPath[str], as_of: FromQuery[datetime | None] = None
+    repository: NamedDependency[HardwareRepository],
+    audit: NamedDependency[AuditRepository],
+    node_id: FromPath[str],
+    as_of: FromQuery[datetime | None] = None,
 ) -> NodeBody:
     if as_of is not None:
-        nodes, _ = await ctx(request).audit.nodes_as_of(_aware(as_of), node_id=node_id)
+        nodes, _ = await audit.nodes_as_of(_aware(as_of), node_id=node_id)
         if not nodes:
             raise problems.not_found("node", f"{node_id} (as of {as_of.isoformat()})")
         return nodes[0]
-    node = await ctx(request).repository.get_node(node_id)
+    node = await repository.get_node(node_id)
     if node is None:
         raise problems.not_found("node", node_id)
     return node
@@ -179,7 +137,8 @@ async def get_node(
 
 @get("/hardware/accelerators", summary="Accelerators (filters: node_id, status)")
 async def list_accelerators(
-    request: Request[Any, Any, Any],
+    repository: NamedDependency[HardwareRepository],
+    audit: NamedDependency[AuditRepository],
     node_id: FromQuery[str | None] = None,
     status: FromQuery[str | None] = None,
     cursor: FromQuery[str | None] = None,
@@ -187,26 +146,23 @@ async def list_accelerators(
     as_of: FromQuery[datetime | None] = None,
 ) -> AcceleratorPage:
     if status is not None and status not in ("active", "missing", "decommissioned"):
-        raise problems.ProblemError(
-            400,
-            "invalid-parameter",
-            "Invalid parameter",
-            "status must be one of active, missing, decommissioned",
+        raise InvalidRequest(
+            "invalid-parameter", "Invalid parameter", "status must be one of active, missing, decommissioned"
         )
     if as_of is not None:
-        accs, position = await ctx(request).audit.accelerators_as_of(
-            _aware(as_of), node_id=node_id, status=status
-        )
+        accs, position = await audit.accelerators_as_of(_aware(as_of), node_id=node_id, status=status)
         return AcceleratorPage(items=accs, next_cursor=None, as_of_position=position)
-    items, next_cursor = await ctx(request).repository.list_accelerators(
+    items, next_cursor = await repository.list_accelerators(
         node_id=node_id, status=status, cursor=cursor, limit=limit
     )
     return AcceleratorPage(items=items, next_cursor=next_cursor)
 
 
 @get("/hardware/accelerators/{accelerator_id:str}", summary="One accelerator")
-async def get_accelerator(request: Request[Any, Any, Any], accelerator_id: FromPath[str]) -> AcceleratorBody:
-    acc = await ctx(request).repository.get_accelerator(accelerator_id)
+async def get_accelerator(
+    repository: NamedDependency[HardwareRepository], accelerator_id: FromPath[str]
+) -> AcceleratorBody:
+    acc = await repository.get_accelerator(accelerator_id)
     if acc is None:
         raise problems.not_found("accelerator", accelerator_id)
     return acc
@@ -217,7 +173,7 @@ async def get_accelerator(request: Request[Any, Any, Any], accelerator_id: FromP
     summary="The audit log (filters: node_id, type, class, accelerator_uuid, since, until)",
 )
 async def list_events(
-    request: Request[Any, Any, Any],
+    repository: NamedDependency[HardwareRepository],
     node_id: FromQuery[str | None] = None,
     event_type: Annotated[list[str] | None, QueryParameter(name="type")] = None,
     event_class: Annotated[str | None, QueryParameter(name="class")] = None,
@@ -236,11 +192,11 @@ async def list_events(
     ] = 0,
 ) -> EventPage:
     if event_class is not None and event_class not in ("lifecycle", "observation"):
-        raise problems.ProblemError(
-            400, "invalid-parameter", "Invalid parameter", "class must be lifecycle or observation"
+        raise InvalidRequest(
+            "invalid-parameter", "Invalid parameter", "class must be lifecycle or observation"
         )
     types = [t for v in (event_type or []) for t in v.split(",") if t] or None
-    return await ctx(request).repository.list_events(
+    return await repository.list_events(
         node_id=node_id,
         types=types,
         event_class=event_class,  # type: ignore[arg-type]  # checked just above
@@ -260,9 +216,10 @@ async def list_events(
     guards=[operator_guard],
     security=[{"bearer": []}],
 )
-async def metrics(request: Request[Any, Any, Any]) -> str:
-    c = ctx(request)
-    return observability.render(await c.observability.samples(), c.service.counters)
+async def metrics(
+    telemetry: NamedDependency[ObservabilityRepository], inventory: NamedDependency[HardwareInventoryService]
+) -> str:
+    return observability.render(await telemetry.samples(), inventory.counters)
 
 
 def _aware(moment: datetime) -> datetime:
@@ -284,8 +241,6 @@ def create_app(
         path="/api/v1", route_handlers=HARDWARE_ROUTES, guards=[operator_guard], security=[{"bearer": []}]
     )
     public = Router(path="/api/v1", route_handlers=[health])
-    from api.agent_routes import agent_routers  # here: agent_routes imports this module
-    from api.decommission_routes import decommission_routers  # likewise
 
     app = Litestar(
         route_handlers=[
@@ -297,7 +252,7 @@ def create_app(
             *(extra_routers or []),
         ],
         exception_handlers={
-            problems.ProblemError: problems.handle_problem,
+            DomainError: problems.handle_domain_error,
             BadCursor: problems.handle_bad_cursor,
             ValidationException: problems.handle_validation,
             HTTPException: problems.handle_http,
@@ -309,6 +264,7 @@ def create_app(
             path="/schema",
             components=Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}),
         ),
+        dependencies=DEPENDENCIES,
         lifespan=[lifespan] if lifespan else [],
         request_max_body_size=1024 * 1024,
         debug=False,

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 import asyncpg
 import msgspec
 
-from api.schemas import (
+from api.services.views import (
     AcceleratorBody,
     CpuBody,
     EventBody,
@@ -506,27 +506,31 @@ class AuditRepository:
         self.pool = pool
         self.hardware = hardware
 
-    async def nodes_as_of(self, as_of: datetime, *, node_id: str | None = None) -> tuple[list[NodeBody], int]:
-        from projections.pointintime import inventory_as_of, node_record
+    async def inventory_as_of(
+        self, as_of: datetime, *, node_id: str | None = None, status: str | None = None
+    ) -> tuple[list[NodeBody], list[AcceleratorBody], int]:
+        """Nodes and accelerators as they stood at `as_of`, from ONE fold of the log."""
+        from projections.pointintime import accelerator_records, inventory_as_of, node_record
 
         async with self.pool.acquire() as conn:
             folded = await inventory_as_of(conn, as_of, node_id=node_id)
         nodes = [self.hardware.node_body(node_record(s), as_of) for s in folded.nodes]
         for n in nodes:
             n.as_of_position = folded.position
-        return nodes, folded.position
-
-    async def accelerators_as_of(
-        self, as_of: datetime, *, node_id: str | None = None, status: str | None = None
-    ) -> tuple[list[AcceleratorBody], int]:
-        from projections.pointintime import accelerator_records, inventory_as_of
-
-        async with self.pool.acquire() as conn:
-            folded = await inventory_as_of(conn, as_of, node_id=node_id)
-        items = [
+        accelerators = [
             self.hardware.accelerator_body(r)
             for s in folded.nodes
             for r in accelerator_records(s)
             if status is None or r["status"] == status
         ]
-        return sorted(items, key=lambda a: a.id), folded.position
+        return nodes, sorted(accelerators, key=lambda a: a.id), folded.position
+
+    async def nodes_as_of(self, as_of: datetime, *, node_id: str | None = None) -> tuple[list[NodeBody], int]:
+        nodes, _, position = await self.inventory_as_of(as_of, node_id=node_id)
+        return nodes, position
+
+    async def accelerators_as_of(
+        self, as_of: datetime, *, node_id: str | None = None, status: str | None = None
+    ) -> tuple[list[AcceleratorBody], int]:
+        _, accelerators, position = await self.inventory_as_of(as_of, node_id=node_id, status=status)
+        return accelerators, position

@@ -7,67 +7,19 @@ Human tables on a TTY, JSON with `--json` (or when stdout is not a TTY, where it
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from api.config import ServerConfig
-from ledger.db import Database
+from api.cli.common import CliError, _config, _with_database, exit_code_of
+from api.services.errors import DomainError
 from ledger.logs import configure_logging
 
 VERSION = "0.1.0"
-
-
-class CliError(Exception):
-    """One line for the operator: what went wrong and what to do next."""
-
-
-def _config(args: argparse.Namespace) -> ServerConfig:
-    config = ServerConfig.from_env()
-    for name in (
-        "database_url",
-        "state_dir",
-        "node_id",
-        "host",
-        "port",
-        "collector_timeout",
-        "stale_after",
-        "offline_after",
-        "retention_hours",
-        "retention_interval",
-        "log_level",
-    ):
-        value = getattr(args, name, None)
-        if value is not None:
-            setattr(config, name, Path(value).expanduser() if name == "state_dir" else value)
-    if getattr(args, "startup_refresh", None) is not None:
-        config.startup_refresh = args.startup_refresh
-    return config
-
-
-def _with_database(config: ServerConfig, work: Callable[[Any], Awaitable[int]]) -> int:
-    """Run `work(pool)` against the configured (or embedded) database, migrated."""
-    from api.server import open_pool
-
-    database = Database(config.database_url, config.state_dir)
-
-    async def run() -> int:
-        pool = await open_pool(config, database)
-        try:
-            return await work(pool)
-        finally:
-            await pool.close()
-
-    try:
-        return asyncio.run(run())
-    finally:
-        database.close()
 
 
 def _print_json(value: Any) -> None:
@@ -78,7 +30,7 @@ def _print_json(value: Any) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from api.server import serve
+    from api.http.server import serve
 
     return serve(_config(args))
 
@@ -102,14 +54,14 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     config = _config(args)
 
     async def work(pool: Any) -> int:
-        from api.server import build_service
-        from api.service import NodeTombstoned
+        from api.services.errors import NodeIsDecommissioned
+        from api.wiring import build_service
 
         try:
             outcome = await build_service(pool, config).refresh()
-        except NodeTombstoned as exc:
+        except NodeIsDecommissioned as exc:
             raise CliError(
-                f"{exc}; a decommissioned identity cannot come back: re-provision this host under a "
+                f"{exc.detail}; a decommissioned identity cannot come back: re-provision this host under a "
                 "new identity (docs/operations/RUNBOOK_NODE_DECOMMISSION.md)"
             ) from exc
         if args.json or not sys.stdout.isatty():
@@ -223,13 +175,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
     as_of = _moment(args.as_of)
 
     async def work(pool: Any) -> int:
-        from api.repository import AuditRepository, HardwareRepository
+        from api.services.repository import AuditRepository, HardwareRepository
 
         hardware = HardwareRepository(pool)
         if as_of is not None:
             audit = AuditRepository(pool, hardware)
-            nodes, position = await audit.nodes_as_of(as_of, node_id=args.node)
-            accs, _ = await audit.accelerators_as_of(as_of, node_id=args.node)
+            # One fold of the log serves both tables.
+            nodes, accs, position = await audit.inventory_as_of(as_of, node_id=args.node)
             if fmt == "jsonl":
                 for node in nodes:
                     _print_json({"kind": "node", "as_of": as_of, "position": position, "node": node})
@@ -508,15 +460,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Agent plane (issue 4): `token ...`, `credential ...` (operator) and `agent enroll|run`.
     from agent.cli import register as register_agent_commands
-    from api.enrollment_cli import register as register_enrollment_commands
+    from api.cli.enrollment import register as register_enrollment_commands
 
     register_enrollment_commands(sub, _common)
     register_agent_commands(sub)
     # Work leases and permanent decommission (issue 5): `lease ...`, `decommission ...`.
-    from api.decommission_cli import register as register_decommission_commands
+    from api.cli.decommission import register as register_decommission_commands
 
     register_decommission_commands(sub, _common)
-    from api.completion import register as register_completion
+    from api.cli.completion import register as register_completion
 
     register_completion(sub)
     return parser
@@ -525,6 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.parser = parser
     level = getattr(args, "log_level", None) or os.environ.get("MODELFORGE_LOG_LEVEL", "INFO")
     json_env = os.environ.get("MODELFORGE_LOG_JSON")
     configure_logging(level=level, json=None if json_env is None else json_env == "1")
@@ -535,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         print(f"modelforge-hw: {exc}", file=sys.stderr)
         return 2
+    except DomainError as exc:
+        print(f"modelforge-hw: {exc.detail}", file=sys.stderr)
+        return exit_code_of(exc)
     except Exception as exc:
         from collectors.identity import IdentityError
 

@@ -1,6 +1,6 @@
 """`modelforge-hw lease ...` and `modelforge-hw decommission ...`: work leases and permanent node
 decommission from the server host, straight against the database (as `token` and `rebuild` are).
-The same operations are operator routes of the HTTP API (api/decommission_routes.py);
+The same operations are operator routes of the HTTP API (api/http/decommission.py);
 docs/operations/RUNBOOK_NODE_DECOMMISSION.md is the on-call procedure.
 
     modelforge-hw lease acquire NODE --owner O --reason R [--ttl 2h] [--json]
@@ -9,9 +9,9 @@ docs/operations/RUNBOOK_NODE_DECOMMISSION.md is the on-call procedure.
     modelforge-hw decommission preview NODE [--json]
     modelforge-hw decommission execute NODE --generation G --digest D --reason R [--json]
 
-NODE is a node id or the node's identity key. Exit codes: 0 done; 3 refused because the node
-changed since the preview or active work blocks it (409); 4 the node is decommissioned (410);
-5 unknown node or lease (404); 2 anything else refused (one line on stderr says why).
+NODE is a node id or the node's identity key. Exit codes (`api.cli.main.EXIT_CODES`): 0 done;
+3 refused because the node changed since the preview or active work blocks it; 4 the node is
+decommissioned; 5 unknown node or lease; 2 anything else refused (one line on stderr says why).
 """
 
 from __future__ import annotations
@@ -22,19 +22,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-EXIT_CONFLICT = 3
-EXIT_GONE = 4
-EXIT_NOT_FOUND = 5
-_EXIT = {409: EXIT_CONFLICT, 410: EXIT_GONE, 404: EXIT_NOT_FOUND}
-
 
 def _service(pool: Any) -> Any:
-    from api.decommission import DecommissionService
-    from api.service import HardwareInventoryService
-    from ledger.store import EventStore
-    from projections.inventory import ALL_PROJECTIONS
+    from api.wiring import build_services
 
-    return DecommissionService(HardwareInventoryService(EventStore(pool, ALL_PROJECTIONS)))
+    return build_services(pool).decommission
 
 
 def _print_json(value: Any) -> None:
@@ -54,26 +46,18 @@ def _actor(args: argparse.Namespace) -> str:
 
 
 def _run(args: argparse.Namespace, work: Callable[[Any], Any]) -> int:
-    from api.cli import _config, _with_database
-    from api.decommission import DecommissionError
-    from api.problems import PROBLEM_BASE
+    from api.cli.common import _config, _with_database, exit_code_of
+    from api.http.problems import problem_of
+    from api.services.errors import DomainError
 
     async def wrapped(pool: Any) -> int:
         try:
             return int(await work(_service(pool)))
-        except DecommissionError as exc:
+        except DomainError as exc:
             if getattr(args, "json", False):
-                _print_json(
-                    {
-                        "type": PROBLEM_BASE + exc.type,
-                        "title": exc.title,
-                        "status": exc.status,
-                        "detail": exc.detail,
-                        **exc.extensions,
-                    }
-                )
+                _print_json(problem_of(exc))
             print(f"modelforge-hw: {exc.detail}", file=sys.stderr)
-            return _EXIT.get(exc.status, 2)
+            return exit_code_of(exc)
 
     return _with_database(_config(args), wrapped)
 
@@ -153,7 +137,7 @@ def cmd_decommission_preview(args: argparse.Namespace) -> int:
             for b in p.blockers:
                 print(f"  {b.detail}")
             print(f"release them (modelforge-hw lease release {p.node_id} LEASE_ID), then preview again")
-            return EXIT_CONFLICT
+            return 3  # EXIT_CODES[Conflict]: something blocks it
         print(
             "execute with: modelforge-hw decommission execute "
             f"{p.node_id} --generation {p.generation} --digest {p.digest} --reason '...'"
@@ -183,7 +167,7 @@ def cmd_decommission_execute(args: argparse.Namespace) -> int:
 
 def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add `lease ...` and `decommission ...` to the `modelforge-hw` parser."""
-    from api.enrollment_cli import parse_duration
+    from api.cli.enrollment import parse_duration
 
     lease = sub.add_parser("lease", help="work leases: work that depends on a node blocks its decommission")
     lease_sub = lease.add_subparsers(dest="lease_command", required=True)

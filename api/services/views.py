@@ -1,4 +1,4 @@
-"""HTTP bodies (msgspec Structs) in the JSON shapes of NOTES.md section 8."""
+"""HTTP bodies (msgspec Structs) in the JSON shapes of docs/architecture.md ("HTTP shapes")."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from api.service import EventSummary
+from api.services.inventory import EventSummary
 from collectors.facts import Fact
 from ledger.events import EventMetadata, EventPayload
 

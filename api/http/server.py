@@ -1,4 +1,5 @@
-"""Wiring for a running server: database, collectors, service, app; used by `serve` and the CLI."""
+"""The server process: database, migrations, the app around the services `api.wiring` builds,
+uvicorn, retention; used by `serve`."""
 
 from __future__ import annotations
 
@@ -7,56 +8,30 @@ import contextlib
 import signal
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from pathlib import Path
-from typing import Any
 
 import asyncpg
 import structlog
 import uvicorn
 from litestar import Litestar
 
-from api.app import AppContext, create_app
 from api.config import ServerConfig, load_or_create_admin_token
-from api.enrollment import EnrollmentService
-from api.repository import HardwareRepository, LivenessPolicy
-from api.service import HardwareInventoryService
-from collectors.identity import NodeIdentity, resolve_identity
-from collectors.nvml import NvidiaNvmlCollector
-from collectors.system import SystemHostCollector
+from api.http.app import create_app
+from api.http.context import AppContext
+from api.wiring import build_services
 from ledger.db import Database, create_pool, migrate
 from ledger.retention import prune_observations
-from ledger.store import EventStore
-from projections.inventory import ALL_PROJECTIONS
 
 log = structlog.get_logger(__name__)
 
 
-def local_identity(config: ServerConfig) -> NodeIdentity:
-    return resolve_identity(configured=config.node_id, state_dir=config.state_dir)
-
-
-def build_service(
-    pool: asyncpg.Pool, config: ServerConfig, *, nvml: Any = None, root: Path | None = None
-) -> HardwareInventoryService:
-    store = EventStore(pool, ALL_PROJECTIONS)
-    host = SystemHostCollector(config.state_dir, root or Path("/"), timeout_seconds=config.collector_timeout)
-    return HardwareInventoryService(
-        store,
-        identity=local_identity(config),
-        host_collector=host,
-        nvml_collector=NvidiaNvmlCollector(nvml=nvml, timeout_seconds=config.collector_timeout),
-    )
-
-
 def build_context(pool: asyncpg.Pool, config: ServerConfig, admin_token_hash: str) -> AppContext:
-    service = build_service(pool, config)
-    repository = HardwareRepository(pool, LivenessPolicy(config.stale_after, config.offline_after))
+    services = build_services(pool, config)
     return AppContext(
         pool=pool,
-        service=service,
-        repository=repository,
+        service=services.inventory,
+        repository=services.repository,
         admin_token_hash=admin_token_hash,
-        enrollment=EnrollmentService(service),
+        services=services,
     )
 
 

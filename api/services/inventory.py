@@ -1,15 +1,17 @@
 """HardwareInventoryService: runs one refresh (local collectors) or one report (an agent's
-observation) as one serialized, idempotent unit per node.
+observation) as one unit of work on the node's stream (`ledger.unit_of_work`).
 
 Routes and the CLI call this; it never lets them touch NVML or SQL. Local refreshes and agent
-reports take the same path (`reconcile_observation`), so there is one code path for both.
+reports take the same decision (`reconcile_in`: the pure `reconcile` on the unit's state), so
+there is one code path for both.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Literal, Protocol
 
@@ -17,6 +19,8 @@ import asyncpg
 import msgspec
 import structlog
 
+from api.services.errors import NodeIsDecommissioned
+from collectors.identity import NodeIdentity
 from collectors.observations import HardwareObservation, HostCollectionError, HostObservation, NvmlScan
 from ledger.events import (
     EventMetadata,
@@ -28,8 +32,9 @@ from ledger.events import (
     decommission_audit_stream,
 )
 from ledger.node import NodeState, node_id_for
-from ledger.reconcile import NodeIdentity, reconcile
+from ledger.reconcile import reconcile
 from ledger.store import EventStore, StreamTombstoned, StreamVersionConflict, deterministic_event_id
+from ledger.unit_of_work import Committed, OpenStream, UnitOfWork
 from projections.inventory import INVENTORY
 
 log = structlog.get_logger(__name__)
@@ -71,16 +76,32 @@ class IngestCounters:
         self.events = 0
 
 
-class NodeTombstoned(Exception):
-    """The node was permanently decommissioned; nothing may revive it."""
-
-    def __init__(self, node_id: str) -> None:
-        super().__init__(f"node {node_id} is decommissioned (tombstoned); it cannot report or refresh")
-        self.node_id = node_id
-
-
 def _summaries(events: Sequence[RecordedEvent]) -> list[EventSummary]:
     return [EventSummary(e.global_position, e.stream_version, e.event_type, e.event_class) for e in events]
+
+
+@asynccontextmanager
+async def open_node(
+    nodes: UnitOfWork[NodeState], node_id: str, *, conn: asyncpg.Connection | None = None
+) -> AsyncIterator[OpenStream[NodeState]]:
+    """The node's stream as a unit of work; a tombstone (found at the lock, or refused by
+    `mf_append`) becomes the one domain error `NodeIsDecommissioned`."""
+    try:
+        async with nodes.open(node_id, conn=conn) as stream:
+            yield stream
+    except StreamTombstoned as exc:
+        raise NodeIsDecommissioned(node_id, exc.tombstoned_at) from None
+
+
+def reconcile_decision(
+    identity: NodeIdentity, observation: HardwareObservation, metadata: EventMetadata
+) -> Callable[[NodeState], list[NewEvent]]:
+    """The pure decision of a refresh or a report: the reconciler's events, with their metadata."""
+
+    def decide(state: NodeState) -> list[NewEvent]:
+        return [NewEvent(payload=p, metadata=metadata) for p in reconcile(observation, state, identity)]
+
+    return decide
 
 
 class HardwareInventoryService:
@@ -93,6 +114,7 @@ class HardwareInventoryService:
         nvml_collector: NvmlCollector | None = None,
     ) -> None:
         self.store = store
+        self.nodes: UnitOfWork[NodeState] = UnitOfWork(store, INVENTORY)
         self.identity = identity
         self.host_collector = host_collector
         self.nvml_collector = nvml_collector
@@ -103,6 +125,10 @@ class HardwareInventoryService:
     @property
     def pool(self) -> asyncpg.Pool:
         return self.store.pool
+
+    @property
+    def local_refresh_enabled(self) -> bool:
+        return not (self.identity is None or self.host_collector is None or self.nvml_collector is None)
 
     async def refresh(self) -> RefreshOutcome:
         """Observe this host with the local collectors and reconcile it into the ledger."""
@@ -124,8 +150,8 @@ class HardwareInventoryService:
                 observation = HardwareObservation(observed_at=received_at, host=host, nvml=nvml)
                 metadata = EventMetadata(received_at=received_at, source="local", observed_at=received_at)
                 return await self.reconcile_observation(self.identity, observation, metadata, started=started)
-            except NodeTombstoned as exc:
-                await self.record_revival_refused(node_id, "local_refresh", "local-refresh", str(exc))
+            except NodeIsDecommissioned as exc:
+                await self.record_revival_refused(node_id, "local_refresh", "local-refresh", exc.detail)
                 raise
 
     async def reconcile_observation(
@@ -135,71 +161,54 @@ class HardwareInventoryService:
         metadata: EventMetadata,
         *,
         started: float | None = None,
-        conn: asyncpg.Connection | None = None,
     ) -> RefreshOutcome:
-        """Reconcile one observation of a node: lock its stream, fold its state, decide, append.
-
-        With `conn` the work joins the caller's transaction (an agent report also records its
-        sequence there); otherwise it runs in its own. A failure inside records INVENTORY_FAILED
-        in a separate transaction and re-raises nothing but the outcome.
-        """
+        """Reconcile one observation of a node in a unit of work of its own. A failure inside
+        records INVENTORY_FAILED in a separate transaction and returns that outcome."""
         t0 = started if started is not None else time.perf_counter()
         node_id = node_id_for(identity.key)
         try:
-            if conn is None:
-                async with self.pool.acquire() as own, own.transaction():
-                    recorded, state = await self._reconcile_locked(
-                        own, node_id, identity, observation, metadata
-                    )
-            else:
-                recorded, state = await self._reconcile_locked(conn, node_id, identity, observation, metadata)
-        except (StreamTombstoned, NodeTombstoned):
-            raise NodeTombstoned(node_id) from None
+            async with open_node(self.nodes, node_id) as stream:
+                committed = await self.reconcile_in(stream, identity, observation, metadata)
         except StreamVersionConflict:
             raise  # cannot happen under the stream lock; surfaced rather than hidden
         except (asyncpg.PostgresError, OSError, ValueError) as exc:
-            if conn is not None:
-                raise
             log.error("refresh.failed", node_id=node_id, error=str(exc))
             return await self.record_failure(
                 node_id, "reconcile", str(exc), metadata.received_at, source=metadata.source, started=t0
             )
-        self.counters.refreshes += 1
-        self.counters.events += len(recorded)
-        outcome = RefreshOutcome(
+        state = committed.state
+        return RefreshOutcome(
             node_id=node_id,
             outcome="succeeded",
             inventory_status=state.inventory_status,
             reasons=list(state.inventory_reasons),
-            events=_summaries(recorded),
+            events=_summaries(committed.events),
             duration_seconds=time.perf_counter() - t0,
             nvml_status=observation.nvml.status,
         )
-        lifecycle = [e.event_type for e in recorded if e.event_class == "lifecycle"]
-        # Telemetry-only runs are the steady state of a fleet: debug, not a log line per report.
-        (log.info if lifecycle else log.debug)(
-            "refresh.succeeded", node_id=node_id, lifecycle_events=lifecycle, status=state.inventory_status
-        )
-        return outcome
 
-    async def _reconcile_locked(
+    async def reconcile_in(
         self,
-        conn: asyncpg.Connection,
-        node_id: str,
+        stream: OpenStream[NodeState],
         identity: NodeIdentity,
         observation: HardwareObservation,
         metadata: EventMetadata,
-    ) -> tuple[list[RecordedEvent], NodeState]:
-        info = await self.store.lock_stream(conn, node_id)
-        if info.tombstoned_at is not None:
-            raise NodeTombstoned(node_id)
-        state = await INVENTORY.load_state(conn, node_id)
-        payloads = reconcile(observation, state, identity)
-        events = [NewEvent(payload=p, metadata=metadata) for p in payloads]
-        result = await self.store.append(
-            node_id, info.version, events, conn=conn, locked=True, prior_states={INVENTORY.name: state}
+    ) -> Committed[NodeState]:
+        """Reconcile an observation inside an open unit of work (a refresh's own, or an agent
+        report's, which also checks and advances its sequence under the same lock)."""
+        committed = await stream.decide(reconcile_decision(identity, observation, metadata))
+        self.counters.refreshes += 1
+        self.counters.events += len(committed.events)
+        lifecycle = [e.event_type for e in committed.events if e.event_class == "lifecycle"]
+        # Telemetry-only runs are the steady state of a fleet: debug, not a log line per report.
+        (log.info if lifecycle else log.debug)(
+            "inventory.reconciled",
+            node_id=stream.stream_id,
+            source=metadata.source,
+            lifecycle_events=lifecycle,
+            status=committed.state.inventory_status,
         )
-        return result.events, INVENTORY.fold_all(state, result.events)
+        return committed
 
     async def record_revival_refused(
         self,
@@ -239,25 +248,18 @@ class HardwareInventoryService:
         """A failed run is persisted (INVENTORY_FAILED, its own transaction) and leaves the last
         good inventory as it was."""
         metadata = EventMetadata(received_at=received_at, source=source)
-        async with self.pool.acquire() as conn, conn.transaction():
-            info = await self.store.lock_stream(conn, node_id)
-            if info.tombstoned_at is not None:
-                raise NodeTombstoned(node_id)
-            result = await self.store.append(
-                node_id,
-                info.version,
-                [NewEvent(payload=InventoryFailed(stage=stage, reason=reason), metadata=metadata)],
-                conn=conn,
-                locked=True,
+        async with open_node(self.nodes, node_id) as stream:
+            committed = await stream.append(
+                [NewEvent(payload=InventoryFailed(stage=stage, reason=reason), metadata=metadata)]
             )
         self.counters.failures += 1
-        self.counters.events += len(result.events)
+        self.counters.events += len(committed.events)
         log.warning("refresh.failed", node_id=node_id, stage=stage, reason=reason)
         return RefreshOutcome(
             node_id=node_id,
             outcome="failed",
             inventory_status="failed",
             reasons=[f"{stage}: {reason}"],
-            events=_summaries(result.events),
+            events=_summaries(committed.events),
             duration_seconds=time.perf_counter() - started,
         )

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from api.repository import MetricSample
-from api.service import IngestCounters
+from api.services.inventory import IngestCounters
+from api.services.repository import MetricSample
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -11,8 +11,8 @@ with the read models updated in the same transaction:
 - token created/revoked: the token's own stream `enrollment-token-<id>`;
 - enrollment: ENROLLMENT_TOKEN_USED on the token's stream (locked first, so uses are counted
   exactly, across API processes) and CREDENTIAL_ISSUED on the node's stream (locked second);
-- a report: the node's stream, where the sequence check and the reconciliation happen in one
-  transaction under the node's lock (`HardwareInventoryService.reconcile_observation`).
+- a report: one unit of work on the node's stream: one lock, one state load, the sequence check,
+  the reconciliation (`HardwareInventoryService.reconcile_in`), one append, one fold.
 """
 
 from __future__ import annotations
@@ -40,8 +40,15 @@ from agent.protocol import (
     decode_report,
     validate_observation,
 )
-from api.problems import DomainProblem
-from api.service import HardwareInventoryService, NodeTombstoned
+from api.services.errors import (
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NodeIsDecommissioned,
+    NotFound,
+    Unauthenticated,
+)
+from api.services.inventory import HardwareInventoryService, open_node
 from collectors.identity import IdentityError, NodeIdentity, validate_identity_key
 from ledger.events import (
     CredentialIssued,
@@ -55,7 +62,10 @@ from ledger.events import (
     Source,
     enrollment_token_stream,
 )
-from ledger.node import node_id_for
+from ledger.node import CredentialState, NodeState, node_id_for
+from ledger.store import StreamTombstoned
+from ledger.unit_of_work import OpenStream, UnitOfWork
+from projections.agent import ENROLLMENT_TOKEN_PROJECTION, TokenState
 
 log = structlog.get_logger(__name__)
 
@@ -63,12 +73,12 @@ MAX_TOKEN_TTL = timedelta(days=30)
 MAX_TOKEN_USES = 100_000
 
 
-class AgentPlaneError(DomainProblem):
-    """A problem of enrollment, credentials or reports."""
+def _unauthorized(type_: str, detail: str) -> Unauthenticated:
+    return Unauthenticated(type_, "Authentication failed", detail)
 
 
-def _unauthorized(type_: str, detail: str) -> AgentPlaneError:
-    return AgentPlaneError(401, type_, "Authentication failed", detail)
+def _invalid(detail: str) -> InvalidRequest:
+    return InvalidRequest("invalid-parameter", "Invalid parameter", detail)
 
 
 # --- bodies ----------------------------------------------------------------------------------------
@@ -180,16 +190,10 @@ def _utcnow() -> datetime:
 # How many digests of accepted reports per stream are kept to recognize an unchanged retry.
 RECENT_REPORT_DIGESTS = 32
 
-# Under the node's stream lock: the credential's revocation (it may have been revoked since the
-# request was authenticated) and the stream's position, row-locked.
-_CHECK_REPORT_SQL = """
-WITH pos AS (
-    SELECT last_sequence, recent FROM agent_stream_positions
-    WHERE node_id = $2 AND stream = $3 FOR UPDATE
-)
-SELECT c.revoked_at, pos.last_sequence, pos.recent
-FROM hw_node_credentials c LEFT JOIN pos ON true
-WHERE c.credential_id = $1
+# Under the node's stream lock: the stream's position, row-locked. (The credential's revocation is
+# read from the node's folded state, which the unit of work already holds.)
+_POSITION_SQL = """
+SELECT last_sequence, recent FROM agent_stream_positions WHERE node_id = $1 AND stream = $2 FOR UPDATE
 """
 
 _ADVANCE_SQL = """
@@ -203,6 +207,82 @@ ON CONFLICT (node_id, stream) DO UPDATE SET
 """
 
 
+def token_body(state: TokenState, now: datetime) -> TokenBody:
+    uses_left = max(0, state.uses - state.used)
+    status: TokenStatus
+    if state.revoked_at is not None:
+        status = "revoked"
+    elif uses_left <= 0:
+        status = "used_up"
+    elif state.expires_at is not None and now >= state.expires_at:
+        status = "expired"
+    else:
+        status = "active"
+    return TokenBody(
+        token_id=state.token_id,
+        description=state.description,
+        status=status,
+        uses=state.uses,
+        uses_left=uses_left,
+        created_at=state.created_at,
+        expires_at=state.expires_at,
+        last_used_at=state.last_used_at,
+        revoked_at=state.revoked_at,
+        revoked_reason=state.revoked_reason,
+    )
+
+
+def credential_body(node_id: str, c: CredentialState) -> CredentialBody:
+    return CredentialBody(
+        credential_id=c.credential_id,
+        node_id=node_id,
+        identity_key=c.identity_key,
+        hostname=c.hostname,
+        enrollment_token_id=c.enrollment_token_id,
+        status="revoked" if c.revoked_at is not None else "active",
+        issued_at=c.issued_at,
+        revoked_at=c.revoked_at,
+        revoked_reason=c.revoked_reason,
+    )
+
+
+def token_refusal(state: TokenState, now: datetime) -> Unauthenticated | None:
+    """Why a token (its secret already checked) cannot be used now, or None: pure."""
+    if state.revoked_at is not None:
+        return _unauthorized("enrollment-token-revoked", "the enrollment token was revoked")
+    if state.expires_at is None or now >= state.expires_at:
+        when = state.expires_at.isoformat() if state.expires_at else "?"
+        return _unauthorized("enrollment-token-expired", f"the enrollment token expired at {when}")
+    if state.uses - state.used <= 0:
+        return _unauthorized(
+            "enrollment-token-used-up", f"the enrollment token's {state.uses} use(s) are spent"
+        )
+    return None
+
+
+def sequence_refusal(
+    stream: str, seq: int, last: int | None, recent: dict[str, str], digest: str
+) -> Conflict | None:
+    """A report's sequence against the stream's last accepted one: None to accept (or to answer
+    `duplicate`, decided by the caller), else the conflict: pure."""
+    if last is None or seq > last or recent.get(str(seq)) == digest:
+        return None
+    if seq == last:
+        detail = f"sequence {seq} of stream {stream} was already accepted with other content"
+    else:
+        detail = f"sequence {seq} of stream {stream} is older than the last accepted ({last})"
+        if str(seq) in recent:
+            detail += " and was accepted with other content"
+    return Conflict(
+        "sequence-conflict",
+        "Sequence already used",
+        detail,
+        stream=stream,
+        sequence=seq,
+        last_sequence=last,
+    )
+
+
 class EnrollmentService:
     def __init__(
         self,
@@ -212,10 +292,12 @@ class EnrollmentService:
     ) -> None:
         self.inventory = inventory
         self.store = inventory.store
+        self.nodes = inventory.nodes
+        self.tokens: UnitOfWork[TokenState] = UnitOfWork(inventory.store, ENROLLMENT_TOKEN_PROJECTION)
         self.clock = clock
         # credential id -> (secret digest, principal): immutable facts of a credential, cached so a
         # report costs no lookup. Revocation is never cached: it is checked inside the report's
-        # transaction, under the node's lock.
+        # unit of work, under the node's lock.
         self._principals: dict[str, tuple[str, Principal]] = {}
 
     @property
@@ -231,31 +313,19 @@ class EnrollmentService:
         self, ttl_seconds: float, uses: int, description: str = "", *, actor: str = "operator"
     ) -> TokenCreated:
         if not 1 <= ttl_seconds <= MAX_TOKEN_TTL.total_seconds():
-            raise AgentPlaneError(
-                400,
-                "invalid-parameter",
-                "Invalid parameter",
-                f"ttl must be between 1 second and {MAX_TOKEN_TTL.days} days",
-            )
+            raise _invalid(f"ttl must be between 1 second and {MAX_TOKEN_TTL.days} days")
         if not 1 <= uses <= MAX_TOKEN_USES:
-            raise AgentPlaneError(
-                400, "invalid-parameter", "Invalid parameter", f"uses must be between 1 and {MAX_TOKEN_USES}"
-            )
+            raise _invalid(f"uses must be between 1 and {MAX_TOKEN_USES}")
         if len(description) > 200:
-            raise AgentPlaneError(
-                400, "invalid-parameter", "Invalid parameter", "description is longer than 200 characters"
-            )
+            raise _invalid("description is longer than 200 characters")
         token_id, token, digest = _mint(ENROLLMENT_TOKEN_PREFIX)
         now = self.clock()
         expires_at = now + timedelta(seconds=ttl_seconds)
         event = EnrollmentTokenCreated(
             token_id=token_id, secret_sha256=digest, expires_at=expires_at, uses=uses, description=description
         )
-        await self.store.append(
-            enrollment_token_stream(token_id),
-            0,
-            [NewEvent(payload=event, metadata=self._meta("operator", actor, now))],
-        )
+        async with self.tokens.open(enrollment_token_stream(token_id)) as stream:
+            await stream.append([NewEvent(payload=event, metadata=self._meta("operator", actor, now))])
         log.info(
             "enrollment_token.created", enrollment_id=token_id, uses=uses, expires_at=expires_at.isoformat()
         )
@@ -263,77 +333,60 @@ class EnrollmentService:
             token_id=token_id, token=token, expires_at=expires_at, uses=uses, description=description
         )
 
-    def _token_body(self, r: asyncpg.Record, now: datetime) -> TokenBody:
-        status: TokenStatus
-        if r["revoked_at"] is not None:
-            status = "revoked"
-        elif r["uses_left"] <= 0:
-            status = "used_up"
-        elif r["expires_at"] is not None and now >= r["expires_at"]:
-            status = "expired"
-        else:
-            status = "active"
-        return TokenBody(
-            token_id=r["token_id"],
-            description=r["description"],
-            status=status,
-            uses=r["uses"],
-            uses_left=r["uses_left"],
-            created_at=r["created_at"],
-            expires_at=r["expires_at"],
-            last_used_at=r["last_used_at"],
-            revoked_at=r["revoked_at"],
-            revoked_reason=r["revoked_reason"],
-        )
-
     async def list_tokens(self) -> list[TokenBody]:
         async with self.pool.acquire() as conn:
             rows = await conn.fetch("SELECT * FROM hw_enrollment_tokens ORDER BY created_at, token_id")
         now = self.clock()
-        return [self._token_body(r, now) for r in rows]
+        return [
+            token_body(
+                TokenState(
+                    token_id=r["token_id"],
+                    created=True,
+                    description=r["description"],
+                    uses=r["uses"],
+                    used=r["uses"] - r["uses_left"],
+                    created_at=r["created_at"],
+                    expires_at=r["expires_at"],
+                    last_used_at=r["last_used_at"],
+                    revoked_at=r["revoked_at"],
+                    revoked_reason=r["revoked_reason"],
+                ),
+                now,
+            )
+            for r in rows
+        ]
 
     async def revoke_token(self, token_id: str, reason: str, *, actor: str = "operator") -> TokenBody:
-        stream = enrollment_token_stream(token_id)
-        async with self.pool.acquire() as conn, conn.transaction():
-            info = await self.store.lock_stream(conn, stream)
-            row = await conn.fetchrow("SELECT * FROM hw_enrollment_tokens WHERE token_id = $1", token_id)
-            if row is None:
-                raise AgentPlaneError(
-                    404, "enrollment-token-not-found", "Unknown enrollment token", f"no token {token_id!r}"
+        async with self.tokens.open(enrollment_token_stream(token_id)) as stream:
+            if not stream.state.created:
+                raise NotFound(
+                    "enrollment-token-not-found", "Unknown enrollment token", f"no token {token_id!r}"
                 )
             now = self.clock()
-            if row["revoked_at"] is None:
-                await self.store.append(
-                    stream,
-                    info.version,
+            if stream.state.revoked_at is None:
+                await stream.append(
                     [
                         NewEvent(
                             payload=EnrollmentTokenRevoked(token_id=token_id, reason=reason[:200]),
                             metadata=self._meta("operator", actor, now),
                         )
-                    ],
-                    conn=conn,
-                    locked=True,
+                    ]
                 )
-                row = await conn.fetchrow("SELECT * FROM hw_enrollment_tokens WHERE token_id = $1", token_id)
+            state = stream.state
         log.info("enrollment_token.revoked", enrollment_id=token_id)
-        return self._token_body(row, now)
+        return token_body(state, now)
 
     # --- enrollment ------------------------------------------------------------------------------
 
     async def enroll(self, presented: str | None, request: EnrollRequest) -> EnrollResponse:
         try:
             return await self._enroll(presented, request)
-        except AgentPlaneError as exc:
-            if exc.status == 410:
-                # Refused: the whole transaction rolled back, so the token's use is not spent.
-                token_id = (parse_secret(presented, ENROLLMENT_TOKEN_PREFIX) or ("?", ""))[0]
-                await self.inventory.record_revival_refused(
-                    node_id_for(request.identity_key.strip()),
-                    "enrollment",
-                    f"enrollment-token:{token_id}",
-                    exc.detail,
-                )
+        except NodeIsDecommissioned as exc:
+            # Refused: the whole transaction rolled back, so the token's use is not spent.
+            token_id = (parse_secret(presented, ENROLLMENT_TOKEN_PREFIX) or ("?", ""))[0]
+            await self.inventory.record_revival_refused(
+                exc.node_id, "enrollment", f"enrollment-token:{token_id}", exc.detail
+            )
             raise
 
     async def _enroll(self, presented: str | None, request: EnrollRequest) -> EnrollResponse:
@@ -346,12 +399,11 @@ class EnrollmentService:
         try:
             key = validate_identity_key(request.identity_key, what="identity_key")
         except IdentityError as exc:
-            raise AgentPlaneError(400, "invalid-identity", "Invalid node identity", str(exc)) from exc
+            raise InvalidRequest("invalid-identity", "Invalid node identity", str(exc)) from exc
         if not request.hostname.strip():
-            raise AgentPlaneError(400, "invalid-parameter", "Invalid parameter", "hostname is empty")
+            raise _invalid("hostname is empty")
         identity = NodeIdentity(key=key, source=request.identity_source)
         node_id = node_id_for(identity.key)
-        stream = enrollment_token_stream(token_id)
         async with self.pool.acquire() as conn:
             # The secret is checked before any lock: an unauthenticated caller serializes nothing.
             digest = await conn.fetchval(
@@ -361,88 +413,71 @@ class EnrollmentService:
                 raise _unauthorized("enrollment-token-invalid", "the enrollment token is not valid")
             async with conn.transaction():
                 # Token stream first, node stream second (the only order anything takes both).
-                token_info = await self.store.lock_stream(conn, stream)
-                row = await conn.fetchrow("SELECT * FROM hw_enrollment_tokens WHERE token_id = $1", token_id)
-                now = self.clock()
-                if row["revoked_at"] is not None:
-                    raise _unauthorized("enrollment-token-revoked", "the enrollment token was revoked")
-                if now >= row["expires_at"]:
-                    raise _unauthorized(
-                        "enrollment-token-expired",
-                        f"the enrollment token expired at {row['expires_at'].isoformat()}",
-                    )
-                if row["uses_left"] <= 0:
-                    raise _unauthorized(
-                        "enrollment-token-used-up", f"the enrollment token's {row['uses']} use(s) are spent"
-                    )
-                node_info = await self.store.lock_stream(conn, node_id)
-                if node_info.tombstoned_at is not None:
-                    raise AgentPlaneError(
-                        410,
-                        "node-decommissioned",
-                        "Node is decommissioned",
-                        f"node {node_id} is decommissioned",
-                    )
-                credential_id, credential, credential_digest = _mint(CREDENTIAL_PREFIX)
-                superseded = [
-                    r["credential_id"]
-                    for r in await conn.fetch(
-                        "SELECT credential_id FROM hw_node_credentials "
-                        "WHERE node_id = $1 AND revoked_at IS NULL ORDER BY credential_id",
-                        node_id,
-                    )
-                ]
-                meta = self._meta("agent", f"enrollment-token:{token_id}", now)
-                await self.store.append(
-                    stream,
-                    token_info.version,
-                    [
-                        NewEvent(
-                            payload=EnrollmentTokenUsed(
-                                token_id=token_id, node_id=node_id, credential_id=credential_id
-                            ),
-                            metadata=meta,
-                        )
-                    ],
-                    conn=conn,
-                    locked=True,
-                )
-                node_events: list[EventPayload] = [
-                    CredentialRevoked(credential_id=c, reason=f"superseded by credential {credential_id}")
-                    for c in superseded
-                ]
-                node_events.append(
-                    CredentialIssued(
-                        credential_id=credential_id,
-                        node_id=node_id,
-                        identity_key=identity.key,
-                        identity_source=identity.source,
-                        hostname=request.hostname.strip(),
-                        secret_sha256=credential_digest,
-                        enrollment_token_id=token_id,
-                    )
-                )
-                await self.store.append(
-                    node_id,
-                    node_info.version,
-                    [NewEvent(payload=p, metadata=meta) for p in node_events],
-                    conn=conn,
-                    locked=True,
-                )
-                streams = {
-                    r["stream"]: r["last_sequence"]
-                    for r in await conn.fetch(
-                        "SELECT stream, last_sequence FROM agent_stream_positions WHERE node_id = $1", node_id
-                    )
-                }
+                try:
+                    async with self.tokens.open(enrollment_token_stream(token_id), conn=conn) as token:
+                        now = self.clock()
+                        refusal = token_refusal(token.state, now)
+                        if refusal is not None:
+                            raise refusal
+                        async with open_node(self.nodes, node_id, conn=conn) as node:
+                            response = await self._issue(token, node, identity, request, now)
+                except StreamTombstoned as exc:  # a token stream is never tombstoned
+                    raise RuntimeError(str(exc)) from exc
         log.info(
             "agent.enrolled",
             node_id=node_id,
-            key_id=credential_id,
+            key_id=response.credential_id,
             enrollment_id=token_id,
             hostname=request.hostname,
-            superseded=superseded,
+            superseded=response.superseded_credentials,
         )
+        return response
+
+    async def _issue(
+        self,
+        token: OpenStream[TokenState],
+        node: OpenStream[NodeState],
+        identity: NodeIdentity,
+        request: EnrollRequest,
+        now: datetime,
+    ) -> EnrollResponse:
+        token_id = token.state.token_id
+        node_id = node.stream_id
+        credential_id, credential, credential_digest = _mint(CREDENTIAL_PREFIX)
+        superseded = sorted(c.credential_id for c in node.state.credentials.values() if c.revoked_at is None)
+        meta = self._meta("agent", f"enrollment-token:{token_id}", now)
+        await token.append(
+            [
+                NewEvent(
+                    payload=EnrollmentTokenUsed(
+                        token_id=token_id, node_id=node_id, credential_id=credential_id
+                    ),
+                    metadata=meta,
+                )
+            ]
+        )
+        node_events: list[EventPayload] = [
+            CredentialRevoked(credential_id=c, reason=f"superseded by credential {credential_id}")
+            for c in superseded
+        ]
+        node_events.append(
+            CredentialIssued(
+                credential_id=credential_id,
+                node_id=node_id,
+                identity_key=identity.key,
+                identity_source=identity.source,
+                hostname=request.hostname.strip(),
+                secret_sha256=credential_digest,
+                enrollment_token_id=token_id,
+            )
+        )
+        await node.append([NewEvent(payload=p, metadata=meta) for p in node_events])
+        streams = {
+            r["stream"]: r["last_sequence"]
+            for r in await node.conn.fetch(
+                "SELECT stream, last_sequence FROM agent_stream_positions WHERE node_id = $1", node_id
+            )
+        }
         return EnrollResponse(
             node_id=node_id,
             identity_key=identity.key,
@@ -476,11 +511,11 @@ class EnrollmentService:
         if row["revoked_at"] is not None:
             if row["tombstoned_at"] is not None:
                 # Revoked by the node's decommission: say so (410), so the agent stops for good.
-                detail = f"node {row['node_id']} is decommissioned"
+                gone = NodeIsDecommissioned(row["node_id"], row["tombstoned_at"])
                 await self.inventory.record_revival_refused(
-                    row["node_id"], "agent_report", f"credential:{credential_id}", detail
+                    row["node_id"], "agent_report", f"credential:{credential_id}", gone.detail
                 )
-                raise AgentPlaneError(410, "node-decommissioned", "Node is decommissioned", detail)
+                raise gone
             raise _unauthorized("credential-revoked", "the node credential was revoked")
         principal = Principal(
             credential_id=credential_id, node_id=row["node_id"], identity_key=row["identity_key"]
@@ -490,19 +525,6 @@ class EnrollmentService:
         self._principals[credential_id] = (row["secret_sha256"], principal)
         return principal
 
-    def _credential_body(self, r: asyncpg.Record) -> CredentialBody:
-        return CredentialBody(
-            credential_id=r["credential_id"],
-            node_id=r["node_id"],
-            identity_key=r["identity_key"],
-            hostname=r["hostname"],
-            enrollment_token_id=r["enrollment_token_id"],
-            status="revoked" if r["revoked_at"] is not None else "active",
-            issued_at=r["issued_at"],
-            revoked_at=r["revoked_at"],
-            revoked_reason=r["revoked_reason"],
-        )
-
     async def list_credentials(self, node_id: str | None = None) -> list[CredentialBody]:
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(
@@ -510,7 +532,23 @@ class EnrollmentService:
                 "ORDER BY node_id, issued_at, credential_id",
                 node_id,
             )
-        return [self._credential_body(r) for r in rows]
+        return [
+            credential_body(
+                r["node_id"],
+                CredentialState(
+                    credential_id=r["credential_id"],
+                    identity_key=r["identity_key"],
+                    hostname=r["hostname"],
+                    secret_sha256="",
+                    enrollment_token_id=r["enrollment_token_id"],
+                    issued_at=r["issued_at"],
+                    position=0,
+                    revoked_at=r["revoked_at"],
+                    revoked_reason=r["revoked_reason"],
+                ),
+            )
+            for r in rows
+        ]
 
     async def revoke_credential(
         self, credential_id: str, reason: str, *, actor: str = "operator"
@@ -519,33 +557,28 @@ class EnrollmentService:
             node_id = await conn.fetchval(
                 "SELECT node_id FROM hw_node_credentials WHERE credential_id = $1", credential_id
             )
-            if node_id is None:
-                raise AgentPlaneError(
-                    404, "credential-not-found", "Unknown credential", f"no credential {credential_id!r}"
-                )
-            async with conn.transaction():
-                info = await self.store.lock_stream(conn, node_id)
-                revoked = await conn.fetchval(
-                    "SELECT revoked_at FROM hw_node_credentials WHERE credential_id = $1", credential_id
-                )
-                if revoked is None:
-                    await self.store.append(
-                        node_id,
-                        info.version,
-                        [
-                            NewEvent(
-                                payload=CredentialRevoked(credential_id=credential_id, reason=reason[:200]),
-                                metadata=self._meta("operator", actor, self.clock()),
-                            )
-                        ],
-                        conn=conn,
-                        locked=True,
-                    )
-            row = await conn.fetchrow(
-                "SELECT * FROM hw_node_credentials WHERE credential_id = $1", credential_id
-            )
+        if node_id is None:
+            raise NotFound("credential-not-found", "Unknown credential", f"no credential {credential_id!r}")
+        try:
+            credential = await self._revoke(node_id, credential_id, reason, actor)
+        except NodeIsDecommissioned:
+            # The tombstone revoked every credential of the node already: show it as it stands.
+            return next(c for c in await self.list_credentials(node_id) if c.credential_id == credential_id)
         log.info("credential.revoked", node_id=node_id, key_id=credential_id)
-        return self._credential_body(row)
+        return credential_body(node_id, credential)
+
+    async def _revoke(self, node_id: str, credential_id: str, reason: str, actor: str) -> CredentialState:
+        async with open_node(self.nodes, node_id) as node:
+            if node.state.credentials[credential_id].revoked_at is None:
+                await node.append(
+                    [
+                        NewEvent(
+                            payload=CredentialRevoked(credential_id=credential_id, reason=reason[:200]),
+                            metadata=self._meta("operator", actor, self.clock()),
+                        )
+                    ]
+                )
+            return node.state.credentials[credential_id]
 
     async def list_streams(self, node_id: str | None = None) -> list[AgentStreamBody]:
         async with self.pool.acquire() as conn:
@@ -570,16 +603,16 @@ class EnrollmentService:
     # --- reports ---------------------------------------------------------------------------------
 
     async def accept_report(self, principal: Principal, raw: bytes, sent_at: datetime | None) -> ReportAck:
-        """Validate, check the sequence, and reconcile one report, all in one transaction under the
-        node's stream lock. Nothing is appended unless the report is accepted (a report for a
-        decommissioned node is refused with 410 and audited in a stream of its own)."""
+        """Validate, check the sequence, and reconcile one report: one unit of work on the node's
+        stream (one lock, one state load, one append, one fold). Nothing is appended unless the
+        report is accepted (a report for a decommissioned node is refused and audited in a stream
+        of its own)."""
         try:
             return await self._accept_report(principal, raw, sent_at)
-        except AgentPlaneError as exc:
-            if exc.status == 410:
-                await self.inventory.record_revival_refused(
-                    principal.node_id, "agent_report", f"credential:{principal.credential_id}", exc.detail
-                )
+        except NodeIsDecommissioned as exc:
+            await self.inventory.record_revival_refused(
+                principal.node_id, "agent_report", f"credential:{principal.credential_id}", exc.detail
+            )
             raise
 
     async def _accept_report(self, principal: Principal, raw: bytes, sent_at: datetime | None) -> ReportAck:
@@ -587,95 +620,73 @@ class EnrollmentService:
         try:
             report = decode_report(raw)
         except msgspec.ValidationError as exc:  # a DecodeError too: catch it first
-            raise AgentPlaneError(
-                400,
+            raise InvalidRequest(
                 "validation-failed",
                 "Request validation failed",
                 "the report does not match the schema",
                 errors=[str(exc)],
             ) from exc
         except msgspec.DecodeError as exc:
-            raise AgentPlaneError(400, "malformed-json", "Malformed JSON", str(exc)) from exc
+            raise InvalidRequest("malformed-json", "Malformed JSON", str(exc)) from exc
         if report.protocol != PROTOCOL_VERSION:
-            raise AgentPlaneError(
-                400,
+            raise InvalidRequest(
                 "unsupported-protocol",
                 "Unsupported protocol version",
                 f"this server speaks protocol {PROTOCOL_VERSION}, the report says {report.protocol}",
             )
         if report.stream not in STREAMS:
-            raise AgentPlaneError(
-                400,
+            raise InvalidRequest(
                 "unknown-stream",
                 "Unknown report stream",
                 f"stream must be one of {', '.join(STREAMS)}; got {report.stream[:64]!r}",
             )
         if node_id_for(report.identity_key) != report.node_id:
-            raise AgentPlaneError(
-                400, "node-id-mismatch", "Inconsistent node identity", "node_id is not the id of identity_key"
+            raise InvalidRequest(
+                "node-id-mismatch", "Inconsistent node identity", "node_id is not the id of identity_key"
             )
         if report.node_id != principal.node_id or report.identity_key != principal.identity_key:
-            raise AgentPlaneError(
-                403,
+            raise Forbidden(
                 "credential-node-mismatch",
                 "Credential of another node",
                 "this credential may publish only for the node it was issued to",
             )
         errors = validate_observation(report.observation)
         if errors:
-            raise AgentPlaneError(
-                400,
+            raise InvalidRequest(
                 "invalid-observation",
                 "Invalid observation",
                 f"{len(errors)} value(s) of the observation are not acceptable",
                 errors=errors[:50],
             )
         digest = hashlib.sha256(raw).hexdigest()
-        node_id, stream, seq = report.node_id, report.stream, report.sequence
-        async with self.pool.acquire() as conn, conn.transaction():
-            info = await self.store.lock_stream(conn, node_id)
-            if info.tombstoned_at is not None:
-                raise AgentPlaneError(
-                    410, "node-decommissioned", "Node is decommissioned", f"node {node_id} is decommissioned"
-                )
-            row = await conn.fetchrow(_CHECK_REPORT_SQL, principal.credential_id, node_id, stream)
-            if row is None or row["revoked_at"] is not None:
+        node_id, stream_name, seq = report.node_id, report.stream, report.sequence
+        async with open_node(self.nodes, node_id) as node:
+            credential = node.state.credentials.get(principal.credential_id)
+            if credential is None or credential.revoked_at is not None:
                 raise _unauthorized("credential-revoked", "the node credential was revoked")
-            last = row["last_sequence"]
-            if last is not None and seq <= last:
-                recent = row["recent"] or {}
-                if recent.get(str(seq)) == digest:
-                    return ReportAck(
-                        status="duplicate",
-                        node_id=node_id,
-                        stream=stream,
-                        sequence=seq,
-                        previous_sequence=last,
-                        gap=0,
-                        received_at=received_at,
-                        events=0,
-                    )
-                if seq == last:
-                    detail = f"sequence {seq} of stream {stream} was already accepted with other content"
-                else:
-                    detail = f"sequence {seq} of stream {stream} is older than the last accepted ({last})"
-                    if str(seq) in recent:
-                        detail += " and was accepted with other content"
-                raise AgentPlaneError(
-                    409,
-                    "sequence-conflict",
-                    "Sequence already used",
-                    detail,
-                    stream=stream,
+            row = await node.conn.fetchrow(_POSITION_SQL, node_id, stream_name)
+            last: int | None = row["last_sequence"] if row is not None else None
+            recent: dict[str, str] = (row["recent"] if row is not None else None) or {}
+            refusal = sequence_refusal(stream_name, seq, last, recent, digest)
+            if refusal is not None:
+                raise refusal
+            if last is not None and seq <= last:  # the same content again: an unchanged retry
+                return ReportAck(
+                    status="duplicate",
+                    node_id=node_id,
+                    stream=stream_name,
                     sequence=seq,
-                    last_sequence=last,
+                    previous_sequence=last,
+                    gap=0,
+                    received_at=received_at,
+                    events=0,
                 )
             gap = seq - (last or 0) - 1
             metadata = EventMetadata(
                 received_at=received_at,
                 source="agent",
                 observed_at=report.observed_at,
-                agent_stream=stream,
+                agent_stream=stream_name,
                 agent_sequence=seq,
                 agent_sent_at=sent_at,
                 agent_report_sha256=digest,
@@ -683,34 +694,29 @@ class EnrollmentService:
                 actor=f"credential:{principal.credential_id}",
             )
             identity = NodeIdentity(key=report.identity_key, source=report.identity_source)
-            try:
-                outcome = await self.inventory.reconcile_observation(
-                    identity, report.observation, metadata, conn=conn
-                )
-            except NodeTombstoned as exc:
-                raise AgentPlaneError(410, "node-decommissioned", "Node is decommissioned", str(exc)) from exc
-            recent = {k: v for k, v in (row["recent"] or {}).items() if int(k) > seq - RECENT_REPORT_DIGESTS}
-            recent[str(seq)] = digest
-            await conn.execute(
+            committed = await self.inventory.reconcile_in(node, identity, report.observation, metadata)
+            kept = {k: v for k, v in recent.items() if int(k) > seq - RECENT_REPORT_DIGESTS}
+            kept[str(seq)] = digest
+            await node.conn.execute(
                 _ADVANCE_SQL,
                 node_id,
-                stream,
+                stream_name,
                 seq,
                 max(0, gap),
-                recent,
+                kept,
                 report.observed_at,
                 received_at,
             )
         if gap > 0:
-            log.warning("agent.report_gap", node_id=node_id, stream=stream, sequence=seq, skipped=gap)
+            log.warning("agent.report_gap", node_id=node_id, stream=stream_name, sequence=seq, skipped=gap)
         return ReportAck(
             status="accepted",
             node_id=node_id,
-            stream=stream,
+            stream=stream_name,
             sequence=seq,
             previous_sequence=last,
             gap=max(0, gap),
             received_at=received_at,
-            events=len(outcome.events),
-            lifecycle_events=[e.event_type for e in outcome.events if e.event_class == "lifecycle"],
+            events=len(committed.events),
+            lifecycle_events=[e.event_type for e in committed.events if e.event_class == "lifecycle"],
         )

@@ -199,9 +199,10 @@ def render(shell: str, parser: argparse.ArgumentParser) -> str:
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    from api.cli import build_parser
-
-    sys.stdout.write(render(args.shell, build_parser()))
+    # The whole parser, as `api.cli.main` built it (handed over in the namespace, so this module
+    # does not import the module that imports it).
+    parser: argparse.ArgumentParser = args.parser
+    sys.stdout.write(render(args.shell, parser))
     return 0
 
 

@@ -7,20 +7,18 @@ under /api/v1 and the operator bearer token:
     POST /hardware/nodes/{node_id}/decommission/preview         generation, dependencies, blockers, digest
     POST /hardware/nodes/{node_id}/decommission                 execute        {generation, digest, reason}
 
-Routes do no SQL: they call the DecommissionService.
+Routes do no SQL: they call the DecommissionService, given to them as a dependency.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from litestar import Request, Router, get, post
+from litestar import Router, get, post
+from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
-from api.app import ctx, operator_guard
-from api.decommission import (
+from api.http.context import operator_guard
+from api.services.decommission import (
     DecommissionBody,
-    DecommissionError,
     DecommissionService,
     ExecuteRequest,
     LeaseBody,
@@ -28,17 +26,6 @@ from api.decommission import (
     LeaseRequest,
     PreviewBody,
 )
-from api.problems import handle_domain_problem
-
-
-def decommission_service(request: Request[Any, Any, Any]) -> DecommissionService:
-    """The context's DecommissionService (made on first use)."""
-    context = ctx(request)
-    service: DecommissionService | None = getattr(context, "decommission", None)
-    if service is None:
-        service = DecommissionService(context.service)
-        context.decommission = service  # type: ignore[attr-defined]
-    return service
 
 
 def _actor(given: str | None) -> str:
@@ -48,15 +35,17 @@ def _actor(given: str | None) -> str:
 
 
 @get("/hardware/nodes/{node_id:str}/leases", summary="A node's unreleased work leases")
-async def list_leases(request: Request[Any, Any, Any], node_id: FromPath[str]) -> dict[str, list[LeaseBody]]:
-    return {"items": await decommission_service(request).list_leases(node_id)}
+async def list_leases(
+    decommission: NamedDependency[DecommissionService], node_id: FromPath[str]
+) -> dict[str, list[LeaseBody]]:
+    return {"items": await decommission.list_leases(node_id)}
 
 
 @post("/hardware/nodes/{node_id:str}/leases", status_code=201, summary="Acquire a work lease on a node")
 async def acquire_lease(
-    request: Request[Any, Any, Any], node_id: FromPath[str], data: JSONBody[LeaseRequest]
+    decommission: NamedDependency[DecommissionService], node_id: FromPath[str], data: JSONBody[LeaseRequest]
 ) -> LeaseBody:
-    return await decommission_service(request).acquire_lease(
+    return await decommission.acquire_lease(
         node_id, data.owner, data.reason, data.ttl_seconds, actor=_actor(data.actor)
     )
 
@@ -67,15 +56,13 @@ async def acquire_lease(
     summary="Release a work lease",
 )
 async def release_lease(
-    request: Request[Any, Any, Any],
+    decommission: NamedDependency[DecommissionService],
     node_id: FromPath[str],
     lease_id: FromPath[str],
     data: JSONBody[LeaseReleaseRequest | None] = None,
 ) -> LeaseBody:
     body = data or LeaseReleaseRequest()
-    return await decommission_service(request).release_lease(
-        node_id, lease_id, body.reason, actor=_actor(body.actor)
-    )
+    return await decommission.release_lease(node_id, lease_id, body.reason, actor=_actor(body.actor))
 
 
 @post(
@@ -83,8 +70,8 @@ async def release_lease(
     status_code=200,
     summary="Preview a node's decommission: generation, dependencies, blockers, digest",
 )
-async def preview(request: Request[Any, Any, Any], node_id: FromPath[str]) -> PreviewBody:
-    return await decommission_service(request).preview(node_id)
+async def preview(decommission: NamedDependency[DecommissionService], node_id: FromPath[str]) -> PreviewBody:
+    return await decommission.preview(node_id)
 
 
 @post(
@@ -93,9 +80,9 @@ async def preview(request: Request[Any, Any, Any], node_id: FromPath[str]) -> Pr
     summary="Decommission a node for good (the preview's generation and digest)",
 )
 async def execute(
-    request: Request[Any, Any, Any], node_id: FromPath[str], data: JSONBody[ExecuteRequest]
+    decommission: NamedDependency[DecommissionService], node_id: FromPath[str], data: JSONBody[ExecuteRequest]
 ) -> DecommissionBody:
-    return await decommission_service(request).execute(
+    return await decommission.execute(
         node_id, data.generation, data.digest, data.reason, actor=_actor(data.actor)
     )
 
@@ -108,6 +95,5 @@ def decommission_routers() -> list[Router]:
             route_handlers=[list_leases, acquire_lease, release_lease, preview, execute],
             guards=[operator_guard],
             security=[{"bearer": []}],
-            exception_handlers={DecommissionError: handle_domain_problem},
         )
     ]

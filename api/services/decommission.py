@@ -15,7 +15,7 @@
   same transaction. The stream takes no event after it (`mf_append`: SQLSTATE MF410).
 
 Nothing here runs SQL on behalf of a route except through this service; the routes
-(api/decommission_routes.py) and the CLI (api/decommission_cli.py) both call it.
+(api/http/decommission.py) and the CLI (api/cli/decommission.py) both call it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import hashlib
 import json
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -32,8 +33,8 @@ import asyncpg
 import msgspec
 import structlog
 
-from api.problems import DomainProblem
-from api.service import EventSummary, HardwareInventoryService
+from api.services.errors import Conflict, InvalidRequest, NodeIsDecommissioned, NotFound
+from api.services.inventory import EventSummary, HardwareInventoryService, open_node
 from ledger.events import (
     CredentialRevoked,
     EventMetadata,
@@ -44,7 +45,8 @@ from ledger.events import (
     WorkLeaseReleased,
 )
 from ledger.node import NodeState, node_id_for
-from ledger.store import EventStore, StreamInfo
+from ledger.store import EventStore
+from ledger.unit_of_work import OpenStream
 from projections.inventory import INVENTORY
 
 log = structlog.get_logger(__name__)
@@ -56,31 +58,19 @@ REVOKED_REASON = "decommissioned"
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
-class DecommissionError(DomainProblem):
-    """A problem of leases or decommission."""
+def _invalid(detail: str) -> InvalidRequest:
+    return InvalidRequest("invalid-parameter", "Invalid parameter", detail)
 
 
-def _invalid(detail: str) -> DecommissionError:
-    return DecommissionError(400, "invalid-parameter", "Invalid parameter", detail)
+def _not_found(node_id: str) -> NotFound:
+    return NotFound("node-not-found", "Unknown node", f"no node with id {node_id!r}")
 
 
-def _not_found(node_id: str) -> DecommissionError:
-    return DecommissionError(404, "node-not-found", "Unknown node", f"no node with id {node_id!r}")
-
-
-def _gone(node_id: str, state: NodeState | None = None, at: datetime | None = None) -> DecommissionError:
-    when = (state.decommissioned_at if state is not None else None) or at
+def _gone(node_id: str, at: datetime | None) -> NodeIsDecommissioned:
     detail = f"node {node_id} is decommissioned"
-    if when is not None:
-        detail += f" (since {when.isoformat()})"
-    return DecommissionError(
-        410,
-        "node-decommissioned",
-        "Node is decommissioned",
-        detail + "; a decommissioned node can never be used again",
-        node_id=node_id,
-        decommissioned_at=when,
-    )
+    if at is not None:
+        detail += f" (since {at.isoformat()})"
+    return NodeIsDecommissioned(node_id, at, detail + "; a decommissioned node can never be used again")
 
 
 # --- bodies ----------------------------------------------------------------------------------------
@@ -340,17 +330,17 @@ class DecommissionService:
                     return candidate
         raise _not_found(ref)
 
-    async def _locked_state(self, conn: asyncpg.Connection, node_id: str) -> tuple[StreamInfo, NodeState]:
-        """Under the node's stream lock: where the stream stands and the node's folded state;
-        410 for a tombstone, 404 for a node that was never discovered."""
-        info = await self.store.lock_stream(conn, node_id)
-        if info.tombstoned_at is not None:
-            state = await INVENTORY.load_state(conn, node_id)
-            raise _gone(node_id, state, info.tombstoned_at)
-        state = await INVENTORY.load_state(conn, node_id)
-        if info.version == 0 or not state.discovered:
-            raise _not_found(node_id)
-        return info, state
+    @asynccontextmanager
+    async def _node(self, node_id: str) -> AsyncIterator[OpenStream[NodeState]]:
+        """The node's stream as a unit of work: gone for a tombstone, 404 for a node that was
+        never discovered."""
+        try:
+            async with open_node(self.inventory.nodes, node_id) as node:
+                if node.version == 0 or not node.state.discovered:
+                    raise _not_found(node_id)
+                yield node
+        except NodeIsDecommissioned as exc:
+            raise _gone(node_id, exc.decommissioned_at) from None
 
     # --- leases --------------------------------------------------------------------------------
 
@@ -368,19 +358,11 @@ class DecommissionService:
         if ttl_seconds is not None and not 1 <= ttl_seconds <= MAX_LEASE_TTL.total_seconds():
             raise _invalid(f"ttl must be between 1 second and {MAX_LEASE_TTL.days} days")
         lease_id = uuid.uuid4().hex
-        async with self.pool.acquire() as conn, conn.transaction():
-            info, state = await self._locked_state(conn, node_id)
+        async with self._node(node_id) as node:
             now = self.clock()
             expires_at = now + timedelta(seconds=ttl_seconds) if ttl_seconds is not None else None
             event = WorkLeaseAcquired(lease_id=lease_id, owner=owner, reason=reason, expires_at=expires_at)
-            await self.store.append(
-                node_id,
-                info.version,
-                [NewEvent(payload=event, metadata=self._meta(actor, now))],
-                conn=conn,
-                locked=True,
-                prior_states={INVENTORY.name: state},
-            )
+            await node.append([NewEvent(payload=event, metadata=self._meta(actor, now))])
         log.info("lease.acquired", node_id=node_id, lease_id=lease_id, owner=owner, actor=actor)
         return LeaseBody(
             lease_id=lease_id,
@@ -397,30 +379,23 @@ class DecommissionService:
         self, node_id: str, lease_id: str, reason: str = "released", *, actor: str = "operator"
     ) -> LeaseBody:
         reason = reason.strip()[:MAX_REASON]
-        async with self.pool.acquire() as conn, conn.transaction():
-            info, state = await self._locked_state(conn, node_id)
-            lease = state.leases.get(lease_id)
+        async with self._node(node_id) as node:
+            lease = node.state.leases.get(lease_id)
             if lease is None:
-                raise DecommissionError(
-                    404,
+                raise NotFound(
                     "lease-not-found",
                     "Unknown work lease",
                     f"node {node_id} holds no unreleased lease {lease_id!r} (released leases are in "
                     "GET /api/v1/hardware/events?type=WORK_LEASE_RELEASED)",
                 )
             now = self.clock()
-            await self.store.append(
-                node_id,
-                info.version,
+            await node.append(
                 [
                     NewEvent(
                         payload=WorkLeaseReleased(lease_id=lease_id, reason=reason),
                         metadata=self._meta(actor, now),
                     )
-                ],
-                conn=conn,
-                locked=True,
-                prior_states={INVENTORY.name: state},
+                ]
             )
         log.info("lease.released", node_id=node_id, lease_id=lease_id, actor=actor)
         return LeaseBody(
@@ -465,7 +440,7 @@ class DecommissionService:
         async with self.pool.acquire() as conn:
             state = await INVENTORY.load_state(conn, node_id)
         if state.status == "decommissioned":
-            raise _gone(node_id, state)
+            raise _gone(node_id, state.decommissioned_at)
         if not state.discovered:
             raise _not_found(node_id)
         return preview_of(state, self.clock())
@@ -502,13 +477,12 @@ class DecommissionService:
             raise _invalid("digest must be the 64 hex digits of the preview's digest")
         if generation < 0:
             raise _invalid("generation must be a non-negative integer")
-        async with self.pool.acquire() as conn, conn.transaction():
-            info, state = await self._locked_state(conn, node_id)
+        async with self._node(node_id) as node:
             now = self.clock()
-            current = preview_of(state, now)
+            current = preview_of(node.state, now)
             if current.generation != generation or current.digest != digest:
                 changes = (
-                    await self._changes_since(conn, node_id, generation)
+                    await self._changes_since(node.conn, node_id, generation)
                     if generation < current.generation
                     else []
                 )
@@ -523,8 +497,7 @@ class DecommissionService:
                         f"the dependencies of node {node_id} changed since the preview (generation "
                         f"{generation} unchanged, digest {digest[:12]}… -> {current.digest[:12]}…)"
                     )
-                raise DecommissionError(
-                    409,
+                raise Conflict(
                     "decommission-preview-stale",
                     "Node changed since the preview",
                     detail + "; nothing was changed: preview again",
@@ -537,8 +510,7 @@ class DecommissionService:
                 )
             if current.blockers:
                 names = "; ".join(b.detail for b in current.blockers)
-                raise DecommissionError(
-                    409,
+                raise Conflict(
                     "decommission-blocked",
                     "Active work blocks the decommission",
                     f"node {node_id} has {len(current.blockers)} active work lease(s): {names}; "
@@ -562,14 +534,7 @@ class DecommissionService:
                 )
             )
             meta = self._meta(actor, now)
-            result = await self.store.append(
-                node_id,
-                info.version,
-                [NewEvent(payload=p, metadata=meta) for p in payloads],
-                conn=conn,
-                locked=True,
-                prior_states={INVENTORY.name: state},
-            )
+            committed = await node.append([NewEvent(payload=p, metadata=meta) for p in payloads])
         log.warning(
             "node.decommissioned",
             node_id=node_id,
@@ -585,13 +550,13 @@ class DecommissionService:
             actor=actor,
             reason=reason,
             previewed_generation=generation,
-            generation=generation + len(result.events),
+            generation=generation + len(committed.events),
             digest=digest,
             revoked_credentials=revoked,
             decommissioned_accelerators=[a.accelerator_id for a in current.dependencies.accelerators],
             cleared_telemetry=current.dependencies.telemetry,
             events=[
                 EventSummary(e.global_position, e.stream_version, e.event_type, e.event_class)
-                for e in result.events
+                for e in committed.events
             ],
         )

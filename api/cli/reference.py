@@ -1,6 +1,6 @@
 """Reference pages generated from the code, so they cannot drift: the configuration reference
 (every flag and MODELFORGE_* variable with its default) and the event catalog (every event type
-and its fields). `python -m api.reference --write` regenerates them; a test fails when docs/ is
+and its fields). `python -m api.cli.reference --write` regenerates them; a test fails when docs/ is
 out of date."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import msgspec
 from api.config import SETTINGS
 from ledger.events import EVENT_TYPES, OBSERVATION_EVENT_TYPES, EventMetadata
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 CONFIG_PAGE = DOCS / "configuration.md"
 CATALOG_PAGE = DOCS / "event-catalog.md"
 
@@ -34,7 +34,7 @@ def render_config_reference() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from `api/config.py` (`python -m api.reference --write`); a test fails when this page",
+        "Generated from `api/config.py` (`python -m api.cli.reference --write`); a test fails when this page",
         "differs from the code. Flags win over environment variables, which win over defaults.",
         "",
         "| environment variable | flag | default | meaning |",
@@ -50,7 +50,7 @@ def render_event_catalog() -> str:
     lines = [
         "# Event catalog",
         "",
-        "Generated from `ledger/events.py` (`python -m api.reference --write`); a test fails when this",
+        "Generated from `ledger/events.py` (`python -m api.cli.reference --write`); a test fails when this",
         "page differs from the code. Every event is stored with `event_id`, `event_type`,",
         "`schema_version`, `data` (the fields below, jsonb), `metadata`, `recorded_at`, a global",
         "position and a stream version. `metadata` holds "
@@ -89,7 +89,7 @@ def main(argv: list[str]) -> int:
         return 0
     stale = [str(p) for p, text in pages.items() if not p.exists() or p.read_text(encoding="utf-8") != text]
     for p in stale:
-        print(f"out of date: {p} (run python -m api.reference --write)")
+        print(f"out of date: {p} (run python -m api.cli.reference --write)")
     return 1 if stale else 0
 
 

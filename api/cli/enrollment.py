@@ -1,6 +1,6 @@
 """`modelforge-hw token ...` and `modelforge-hw credential ...`: enrollment tokens and node
 credentials from the server host, straight against the database (as `refresh` and `rebuild` are).
-The same operations are operator routes of the HTTP API (api/agent_routes.py).
+The same operations are operator routes of the HTTP API (api/http/agent.py).
 
     modelforge-hw token create --ttl 1h --uses 3 [--description TEXT] [--json]
     modelforge-hw token list [--json]
@@ -30,23 +30,18 @@ def parse_duration(text: str) -> float:
 
 
 def _service(pool: Any) -> Any:
-    from api.enrollment import EnrollmentService
-    from api.service import HardwareInventoryService
-    from ledger.store import EventStore
-    from projections.inventory import ALL_PROJECTIONS
+    from api.wiring import build_services
 
-    return EnrollmentService(HardwareInventoryService(EventStore(pool, ALL_PROJECTIONS)))
+    return build_services(pool).agent_plane
 
 
 def _run(args: argparse.Namespace, work: Callable[[Any], Any]) -> int:
-    from api.cli import CliError, _config, _with_database
-    from api.enrollment import AgentPlaneError
+    """A refusal (`api.services.errors`) reaches `api.cli.main`, which prints it as one line and
+    exits with the code of its kind."""
+    from api.cli.common import _config, _with_database
 
     async def wrapped(pool: Any) -> int:
-        try:
-            return int(await work(_service(pool)))
-        except AgentPlaneError as exc:
-            raise CliError(exc.detail) from exc
+        return int(await work(_service(pool)))
 
     return _with_database(_config(args), wrapped)
 

@@ -11,7 +11,7 @@ Operator (bearer: the operator token):
     POST /agent-credentials/{credential_id}/revoke
     GET  /agent-streams?node_id=                last accepted sequence per (node, stream)
 
-Routes do no SQL: they call the EnrollmentService.
+Routes do no SQL: they call the EnrollmentService, given to them as a dependency.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from datetime import datetime
 from typing import Any
 
 from litestar import Request, Router, get, post
+from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody
 
 from agent.protocol import SENT_AT_HEADER, EnrollRequest, EnrollResponse, ReportAck
-from api.app import bearer, ctx, operator_guard
-from api.enrollment import (
-    AgentPlaneError,
+from api.http.context import bearer, operator_guard
+from api.services.agent_plane import (
     AgentStreamBody,
     CredentialBody,
     EnrollmentService,
@@ -35,17 +35,6 @@ from api.enrollment import (
     TokenCreated,
     TokenCreateRequest,
 )
-from api.problems import handle_domain_problem
-
-
-def enrollment_service(request: Request[Any, Any, Any]) -> EnrollmentService:
-    """The context's EnrollmentService (made on first use when the context was built without)."""
-    context = ctx(request)
-    service: EnrollmentService | None = getattr(context, "enrollment", None)
-    if service is None:
-        service = EnrollmentService(context.service)
-        context.enrollment = service
-    return service
 
 
 def _sent_at(request: Request[Any, Any, Any]) -> datetime | None:
@@ -63,15 +52,21 @@ def _sent_at(request: Request[Any, Any, Any]) -> datetime | None:
 
 
 @post("/agent/enroll", status_code=201, summary="Exchange an enrollment token for a node credential")
-async def enroll(request: Request[Any, Any, Any], data: JSONBody[EnrollRequest]) -> EnrollResponse:
-    return await enrollment_service(request).enroll(bearer(request), data)
+async def enroll(
+    request: Request[Any, Any, Any],
+    agent_plane: NamedDependency[EnrollmentService],
+    data: JSONBody[EnrollRequest],
+) -> EnrollResponse:
+    return await agent_plane.enroll(bearer(request), data)
 
 
 @post("/agent/reports", status_code=200, summary="Publish one report (the node credential as bearer)")
-async def report(request: Request[Any, Any, Any]) -> ReportAck:
-    service = enrollment_service(request)
+async def report(
+    request: Request[Any, Any, Any], agent_plane: NamedDependency[EnrollmentService]
+) -> ReportAck:
+    service = agent_plane
     principal = await service.authenticate(bearer(request))
-    raw = await request.body()  # over the size limit: 413 problem+json (api.problems.handle_http)
+    raw = await request.body()  # over the size limit: 413 problem+json (api.http.problems.handle_http)
     return await service.accept_report(principal, raw, _sent_at(request))
 
 
@@ -79,50 +74,55 @@ async def report(request: Request[Any, Any, Any]) -> ReportAck:
 
 
 @post("/enrollment-tokens", status_code=201, summary="Create an enrollment token (shown once)")
-async def create_token(request: Request[Any, Any, Any], data: JSONBody[TokenCreateRequest]) -> TokenCreated:
-    return await enrollment_service(request).create_token(data.ttl_seconds, data.uses, data.description)
+async def create_token(
+    agent_plane: NamedDependency[EnrollmentService], data: JSONBody[TokenCreateRequest]
+) -> TokenCreated:
+    return await agent_plane.create_token(data.ttl_seconds, data.uses, data.description)
 
 
 @get("/enrollment-tokens", summary="Enrollment tokens (never their secrets)")
-async def list_tokens(request: Request[Any, Any, Any]) -> dict[str, list[TokenBody]]:
-    return {"items": await enrollment_service(request).list_tokens()}
+async def list_tokens(agent_plane: NamedDependency[EnrollmentService]) -> dict[str, list[TokenBody]]:
+    return {"items": await agent_plane.list_tokens()}
 
 
 @post("/enrollment-tokens/{token_id:str}/revoke", status_code=200, summary="Revoke an enrollment token")
 async def revoke_token(
-    request: Request[Any, Any, Any], token_id: FromPath[str], data: JSONBody[RevokeRequest | None] = None
+    agent_plane: NamedDependency[EnrollmentService],
+    token_id: FromPath[str],
+    data: JSONBody[RevokeRequest | None] = None,
 ) -> TokenBody:
     reason = (data or RevokeRequest()).reason
-    return await enrollment_service(request).revoke_token(token_id, reason)
+    return await agent_plane.revoke_token(token_id, reason)
 
 
 @get("/agent-credentials", summary="Node credentials (never their secrets)")
 async def list_credentials(
-    request: Request[Any, Any, Any], node_id: FromQuery[str | None] = None
+    agent_plane: NamedDependency[EnrollmentService], node_id: FromQuery[str | None] = None
 ) -> dict[str, list[CredentialBody]]:
-    return {"items": await enrollment_service(request).list_credentials(node_id)}
+    return {"items": await agent_plane.list_credentials(node_id)}
 
 
 @post("/agent-credentials/{credential_id:str}/revoke", status_code=200, summary="Revoke a node credential")
 async def revoke_credential(
-    request: Request[Any, Any, Any], credential_id: FromPath[str], data: JSONBody[RevokeRequest | None] = None
+    agent_plane: NamedDependency[EnrollmentService],
+    credential_id: FromPath[str],
+    data: JSONBody[RevokeRequest | None] = None,
 ) -> CredentialBody:
     reason = (data or RevokeRequest()).reason
-    return await enrollment_service(request).revoke_credential(credential_id, reason)
+    return await agent_plane.revoke_credential(credential_id, reason)
 
 
 @get("/agent-streams", summary="Last accepted sequence per (node, agent stream)")
 async def list_streams(
-    request: Request[Any, Any, Any], node_id: FromQuery[str | None] = None
+    agent_plane: NamedDependency[EnrollmentService], node_id: FromQuery[str | None] = None
 ) -> dict[str, list[AgentStreamBody]]:
-    return {"items": await enrollment_service(request).list_streams(node_id)}
+    return {"items": await agent_plane.list_streams(node_id)}
 
 
 def agent_routers() -> list[Router]:
     """Fresh routers for one app (create_app registers them)."""
-    handlers: dict[int | type[Exception], Any] = {AgentPlaneError: handle_domain_problem}
     return [
-        Router(path="/api/v1", route_handlers=[enroll, report], exception_handlers=handlers),
+        Router(path="/api/v1", route_handlers=[enroll, report]),
         Router(
             path="/api/v1",
             route_handlers=[
@@ -135,6 +135,5 @@ def agent_routers() -> list[Router]:
             ],
             guards=[operator_guard],
             security=[{"bearer": []}],
-            exception_handlers=handlers,
         ),
     ]

@@ -1,0 +1,6 @@
+"""The operator command line `modelforge-hw` (`python -m api.cli`): argparse and exit codes only;
+the work is done by the services that `api.wiring` builds."""
+
+from api.cli.main import main
+
+__all__ = ["main"]

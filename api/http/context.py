@@ -1,0 +1,105 @@
+"""What every route shares: the process's `AppContext` (its services, built by `api.wiring`), the
+routes' Litestar dependencies (`Provide`), and the bearer-token guards."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+from litestar import Request
+from litestar.connection import ASGIConnection
+from litestar.datastructures import State
+from litestar.di import NamedDependency, Provide
+from litestar.exceptions import NotAuthorizedException
+from litestar.handlers.base import BaseRouteHandler
+
+from api.config import tokens_match
+from api.services.agent_plane import EnrollmentService
+from api.services.decommission import DecommissionService
+from api.services.inventory import HardwareInventoryService
+from api.services.repository import AuditRepository, HardwareRepository, ObservabilityRepository
+from api.wiring import Services
+
+
+class AppContext:
+    """What the routes need, built once per process (by `serve` or by a test)."""
+
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        service: HardwareInventoryService,
+        repository: HardwareRepository,
+        admin_token_hash: str,
+        local_refresh_enabled: bool = True,
+        services: Services | None = None,
+    ) -> None:
+        self.pool = pool
+        self.services = services or Services(service, repository)
+        self.service = self.services.inventory
+        self.repository = self.services.repository
+        self.admin_token_hash = admin_token_hash
+        self.local_refresh_enabled = local_refresh_enabled
+
+
+def ctx(request: Request[Any, Any, Any] | ASGIConnection[Any, Any, Any, Any]) -> AppContext:
+    context: AppContext = request.app.state.ctx
+    return context
+
+
+def _context(state: State) -> AppContext:
+    context: AppContext = state.ctx
+    return context
+
+
+def _inventory(context: NamedDependency[AppContext]) -> HardwareInventoryService:
+    return context.services.inventory
+
+
+def _agent_plane(context: NamedDependency[AppContext]) -> EnrollmentService:
+    return context.services.agent_plane
+
+
+def _decommission(context: NamedDependency[AppContext]) -> DecommissionService:
+    return context.services.decommission
+
+
+def _repository(context: NamedDependency[AppContext]) -> HardwareRepository:
+    return context.services.repository
+
+
+def _audit(context: NamedDependency[AppContext]) -> AuditRepository:
+    return context.services.audit
+
+
+def _telemetry(context: NamedDependency[AppContext]) -> ObservabilityRepository:
+    return context.services.observability
+
+
+# The routes' dependencies: each names one service of the process's context.
+DEPENDENCIES = {
+    "context": Provide(_context, sync_to_thread=False),
+    "inventory": Provide(_inventory, sync_to_thread=False),
+    "agent_plane": Provide(_agent_plane, sync_to_thread=False),
+    "decommission": Provide(_decommission, sync_to_thread=False),
+    "repository": Provide(_repository, sync_to_thread=False),
+    "audit": Provide(_audit, sync_to_thread=False),
+    "telemetry": Provide(_telemetry, sync_to_thread=False),
+}
+
+
+def bearer(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
+    header = connection.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+async def operator_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    # async: a sync guard would be run in a worker thread on every request, for no I/O at all.
+    token = bearer(connection)
+    if token is None:
+        raise NotAuthorizedException("an operator bearer token is required (Authorization: Bearer ...)")
+    if not tokens_match(token, ctx(connection).admin_token_hash):
+        raise NotAuthorizedException("the bearer token is not a valid operator token")

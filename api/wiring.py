@@ -1,0 +1,87 @@
+"""The one place that builds the services: the server (`api.http.server`), the CLI (`api.cli`)
+and the tests all call `build_services`, so a service is constructed the same way everywhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import asyncpg
+
+from api.config import ServerConfig
+from api.services.agent_plane import EnrollmentService
+from api.services.decommission import DecommissionService
+from api.services.inventory import HardwareInventoryService
+from api.services.repository import (
+    AuditRepository,
+    HardwareRepository,
+    LivenessPolicy,
+    ObservabilityRepository,
+)
+from collectors.identity import NodeIdentity, resolve_identity
+from collectors.nvml import NvidiaNvmlCollector
+from collectors.system import SystemHostCollector
+from ledger.store import EventStore
+from projections.inventory import ALL_PROJECTIONS
+
+
+class Services:
+    """Every service of one process, over one pool."""
+
+    def __init__(
+        self,
+        inventory: HardwareInventoryService,
+        repository: HardwareRepository,
+    ) -> None:
+        pool = inventory.pool
+        self.pool = pool
+        self.inventory = inventory
+        self.agent_plane = EnrollmentService(inventory)
+        self.decommission = DecommissionService(inventory)
+        self.repository = repository
+        self.audit = AuditRepository(pool, repository)
+        self.observability = ObservabilityRepository(pool)
+
+
+def event_store(pool: asyncpg.Pool) -> EventStore:
+    """The event store with every inline projection."""
+    return EventStore(pool, ALL_PROJECTIONS)
+
+
+def local_identity(config: ServerConfig) -> NodeIdentity:
+    return resolve_identity(configured=config.node_id, state_dir=config.state_dir)
+
+
+def build_service(
+    pool: asyncpg.Pool, config: ServerConfig, *, nvml: object = None, root: Path | None = None
+) -> HardwareInventoryService:
+    """The inventory service with this host's collectors (a server that may refresh itself)."""
+    host = SystemHostCollector(config.state_dir, root or Path("/"), timeout_seconds=config.collector_timeout)
+    return HardwareInventoryService(
+        event_store(pool),
+        identity=local_identity(config),
+        host_collector=host,
+        nvml_collector=NvidiaNvmlCollector(nvml=nvml, timeout_seconds=config.collector_timeout),
+    )
+
+
+def build_services(
+    pool: asyncpg.Pool,
+    config: ServerConfig | None = None,
+    *,
+    nvml: object = None,
+    inventory: HardwareInventoryService | None = None,
+    repository: HardwareRepository | None = None,
+) -> Services:
+    """Every service over `pool`. With `config`, the inventory service has this host's collectors
+    and the read side its liveness policy; without, the services only touch the database (the
+    CLI's `token`, `lease`, `decommission` commands)."""
+    if inventory is None:
+        inventory = (
+            build_service(pool, config, nvml=nvml)
+            if config is not None
+            else HardwareInventoryService(event_store(pool))
+        )
+    if repository is None:
+        liveness = LivenessPolicy(config.stale_after, config.offline_after) if config is not None else None
+        repository = HardwareRepository(pool, liveness)
+    return Services(inventory, repository)

@@ -1,0 +1,175 @@
+"""The pure decisions, with no database: the reconciler and the node fold (`reconcile`,
+`evolve`), the decommission preview and its blockers, and the agent plane's token and sequence
+checks. Hypothesis drives random node histories through decide -> record -> fold in memory."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from api.services.agent_plane import sequence_refusal, token_refusal
+from api.services.decommission import preview_of
+from collectors.identity import NodeIdentity
+from collectors.observations import HardwareObservation
+from ledger.events import (
+    AcceleratorDiscovered,
+    AcceleratorMissing,
+    NewEvent,
+    RecordedEvent,
+    WorkLeaseAcquired,
+    WorkLeaseReleased,
+)
+from ledger.node import NodeState, evolve, node_id_for
+from ledger.reconcile import reconcile
+from projections.agent import TokenState
+from tests.builders import T0, gpu, host, meta, scan
+from tests.test_projection_property import observation_of, steps
+
+IDENTITY = NodeIdentity(key="pure-node", source="configured")
+NODE = node_id_for(IDENTITY.key)
+
+
+class Log:
+    """An in-memory stream: records new events as the store would, and folds them."""
+
+    def __init__(self) -> None:
+        self.state = NodeState(node_id=NODE)
+        self.version = 0
+        self.events: list[RecordedEvent] = []
+
+    def append(self, events: list[NewEvent]) -> list[RecordedEvent]:
+        recorded = []
+        for e in events:
+            self.version += 1
+            r = RecordedEvent(
+                global_position=self.version,
+                stream_id=NODE,
+                stream_version=self.version,
+                event_id=e.event_id,
+                event_type=e.event_type,
+                event_class=e.event_class,
+                schema_version=1,
+                payload=e.payload,
+                metadata=e.metadata,
+                recorded_at=e.metadata.received_at,
+            )
+            self.state = evolve(self.state, r)
+            recorded.append(r)
+        self.events.extend(recorded)
+        return recorded
+
+    def observe(self, obs: HardwareObservation, at: datetime = T0) -> list[RecordedEvent]:
+        payloads = reconcile(obs, self.state, IDENTITY)
+        return self.append([NewEvent(payload=p, metadata=meta(at)) for p in payloads])
+
+
+def lifecycle(events: list[RecordedEvent]) -> list[str]:
+    return [e.event_type for e in events if e.event_class == "lifecycle"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(steps, min_size=1, max_size=10))
+def test_any_history_folds_to_the_same_state_from_the_log(history: list[dict]) -> None:  # type: ignore[type-arg]
+    log = Log()
+    for step in history:
+        log.observe(observation_of(step))
+    refolded = NodeState(node_id=NODE)
+    for e in log.events:
+        refolded = evolve(refolded, e)
+    assert refolded == log.state
+    # Identities never change: one accelerator per GPU UUID ever seen, ids derived from it.
+    seen = {f"GPU-00000000-0000-4000-8000-{n:012d}" for s in history for n in s["gpus"]}
+    assert set(log.state.accelerators) <= seen
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(steps, min_size=1, max_size=8))
+def test_observing_the_same_host_again_appends_observations_only(history: list[dict]) -> None:  # type: ignore[type-arg]
+    log = Log()
+    for step in history:
+        log.observe(observation_of(step))
+    last = observation_of(history[-1])
+    fingerprint = log.state.fingerprint
+    again = log.observe(last, T0 + timedelta(minutes=1))
+    assert lifecycle(again) == []
+    assert log.state.fingerprint == fingerprint
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(steps, min_size=1, max_size=8))
+def test_only_a_complete_enumeration_makes_a_gpu_missing(history: list[dict]) -> None:  # type: ignore[type-arg]
+    log = Log()
+    for step in history:
+        events = log.observe(observation_of(step))
+        if step["status"] != "complete":
+            assert not any(isinstance(e.payload, AcceleratorMissing) for e in events)
+
+
+def test_a_missing_gpu_seen_again_is_rediscovered_not_duplicated() -> None:
+    log = Log()
+    log.observe(HardwareObservation(observed_at=T0, host=host(), nvml=scan([gpu(0), gpu(1)])))
+    gone = log.observe(HardwareObservation(observed_at=T0, host=host(), nvml=scan([gpu(0)])))
+    assert lifecycle(gone) == ["ACCELERATOR_MISSING"]
+    back = log.observe(HardwareObservation(observed_at=T0, host=host(), nvml=scan([gpu(0), gpu(1)])))
+    found = [e.payload for e in back if isinstance(e.payload, AcceleratorDiscovered)]
+    assert len(found) == 1 and found[0].rediscovered
+    assert len(log.state.accelerators) == 2
+    assert all(a.status == "active" for a in log.state.accelerators.values())
+
+
+def lease(log: Log, lease_id: str, at: datetime, expires_at: datetime | None = None) -> None:
+    log.append(
+        [
+            NewEvent(
+                payload=WorkLeaseAcquired(lease_id=lease_id, owner="o", reason="r", expires_at=expires_at),
+                metadata=meta(at, "operator"),
+            )
+        ]
+    )
+
+
+def test_preview_blockers_are_the_active_leases_and_the_digest_binds_them() -> None:
+    log = Log()
+    log.observe(HardwareObservation(observed_at=T0, host=host(), nvml=scan([gpu(0)])))
+    now = T0 + timedelta(hours=1)
+    clear = preview_of(log.state, now)
+    assert clear.can_execute and clear.blockers == []
+    assert preview_of(log.state, now).digest == clear.digest  # same state, same digest
+    lease(log, "held", T0, None)
+    lease(log, "expired", T0, T0 + timedelta(minutes=5))
+    blocked = preview_of(log.state, now)
+    assert [b.lease_id for b in blocked.blockers] == ["held"]
+    assert not blocked.can_execute
+    assert blocked.generation == clear.generation + 2
+    assert blocked.digest != clear.digest
+    log.append([NewEvent(payload=WorkLeaseReleased(lease_id="held"), metadata=meta(now, "operator"))])
+    assert preview_of(log.state, now).can_execute
+
+
+@given(st.integers(1, 50), st.integers(0, 50), st.booleans())
+def test_a_sequence_is_refused_only_when_reused_with_other_content(seq: int, last: int, same: bool) -> None:
+    recent = {str(last): "a" * 64}
+    digest = "a" * 64 if same else "b" * 64
+    refusal = sequence_refusal("inventory", seq, last, recent, digest)
+    if seq > last or (seq == last and same):
+        assert refusal is None
+    else:
+        assert refusal is not None and refusal.extensions["last_sequence"] == last
+
+
+def test_a_token_is_refused_when_revoked_expired_or_used_up() -> None:
+    live = TokenState(token_id=uuid.uuid4().hex, created=True, uses=1, expires_at=T0 + timedelta(hours=1))
+    assert token_refusal(live, T0) is None
+    revoked = token_refusal(TokenState(**{**_fields(live), "revoked_at": T0}), T0)
+    assert revoked is not None and revoked.type == "enrollment-token-revoked"
+    expired = token_refusal(live, T0 + timedelta(hours=2))
+    assert expired is not None and expired.type == "enrollment-token-expired"
+    spent = token_refusal(TokenState(**{**_fields(live), "used": 1}), T0)
+    assert spent is not None and spent.type == "enrollment-token-used-up"
+
+
+def _fields(state: TokenState) -> dict[str, object]:
+    return {f: getattr(state, f) for f in state.__struct_fields__}

@@ -1,0 +1,83 @@
+"""How many SQL statements one steady-state agent report and one steady-state local refresh send
+(asyncpg's query logger sees every statement a connection sends, BEGIN and COMMIT included). The
+figures are in docs/performance.md: counted this way, a report sent 11 before the unit of work
+(two stream locks) and sends 10 now; a refresh sent and sends 9."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from agent.protocol import EnrollRequest
+from api.config import ServerConfig
+from api.wiring import Services, build_services
+from ledger.db import _keep_session, init_connection
+from tests.agent_support import report_body
+from tests.fakes.fake_pynvml import FakeNvml
+from tests.fixtures_nvml import multi_gpu_scenario
+
+REPORT_STATEMENTS = 10  # BEGIN, lock, state, position, append, 3 writes, advance, COMMIT
+REFRESH_STATEMENTS = 9  # BEGIN, lock, state, append, 4 writes, COMMIT
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+
+    def __call__(self, record: object) -> None:
+        self.queries.append(str(getattr(record, "query", "")))
+
+
+@pytest.fixture
+async def counted(database_dsn: str, tmp_path: Path) -> AsyncIterator[tuple[Services, Counter]]:
+    counter = Counter()
+
+    async def init(conn: asyncpg.Connection) -> None:
+        await init_connection(conn)  # the product's codecs, as `serve` sets them up
+        conn.add_query_logger(counter)
+
+    # One connection: every statement of the path goes through it, and nothing else does.
+    pool = await asyncpg.create_pool(database_dsn, min_size=1, max_size=1, init=init, reset=_keep_session)
+    try:
+        config = ServerConfig(state_dir=tmp_path / "state", node_id="counted-host", collector_timeout=5.0)
+        yield build_services(pool, config, nvml=FakeNvml(multi_gpu_scenario(2))), counter
+    finally:
+        await pool.close()
+
+
+async def test_a_steady_state_agent_report_sends_fewer_statements_than_before(
+    counted: tuple[Services, Counter],
+) -> None:
+    services, counter = counted
+    plane = services.agent_plane
+    token = await plane.create_token(3600, 1)
+    enrolled = await plane.enroll(
+        token.token, EnrollRequest(identity_key="counted-agent", identity_source="configured", hostname="h")
+    )
+    principal = await plane.authenticate(enrolled.credential)
+    first = await plane.accept_report(principal, report_body("counted-agent", 1, mem_avail=1), None)
+    assert first.status == "accepted" and first.lifecycle_events
+    counter.queries.clear()
+    second = await plane.accept_report(principal, report_body("counted-agent", 2, mem_avail=2), None)
+    assert second.status == "accepted" and second.lifecycle_events == [] and second.events > 0
+    assert len(counter.queries) == REPORT_STATEMENTS, counter.queries
+    # One lock and one state load per report (the unit of work), never two.
+    assert sum("mf_lock_stream" in q for q in counter.queries) == 1
+    assert sum("FROM projection_state" in q for q in counter.queries) == 1
+
+
+async def test_a_steady_state_local_refresh_sends_one_lock_and_one_state_load(
+    counted: tuple[Services, Counter],
+) -> None:
+    services, counter = counted
+    await services.inventory.refresh()
+    counter.queries.clear()
+    outcome = await services.inventory.refresh()
+    assert outcome.outcome == "succeeded"
+    assert all(e.event_class == "observation" for e in outcome.events)
+    assert len(counter.queries) == REFRESH_STATEMENTS, counter.queries
+    assert sum("mf_lock_stream" in q for q in counter.queries) == 1
+    assert sum("FROM projection_state" in q for q in counter.queries) == 1
