@@ -19,6 +19,7 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 
 from api import observability, problems
 from api.config import tokens_match
+from api.console import ConsolePlugin
 from api.repository import AuditRepository, BadCursor, HardwareRepository, ObservabilityRepository
 from api.schemas import (
     AcceleratorBody,
@@ -300,6 +301,7 @@ def create_app(
             components=Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}),
         ),
         lifespan=[lifespan] if lifespan else [],
+        plugins=[ConsolePlugin()],
         request_max_body_size=1024 * 1024,
         debug=False,
     )
