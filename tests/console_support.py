@@ -4,6 +4,7 @@ and (after a second report) a missing GPU; a stale node; an offline node without
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -66,7 +67,9 @@ async def seed_fleet(pool: asyncpg.Pool) -> datetime:
     await report(service, ONLINE, _gpus(with_missing=True), ago=1)
     await report(service, STALE, [gpu(7)], ago=120)
     await report(service, OFFLINE, [], ago=900)
-    before_changes = datetime.now(UTC)
+    # A whole second between the two, so the moment survives a form that keeps only seconds.
+    before_changes = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    await asyncio.sleep((before_changes - datetime.now(UTC)).total_seconds() + 0.05)
     # The A100 is gone from the next complete enumeration (missing); the kernel was upgraded.
     await report(service, ONLINE, _gpus(with_missing=False), kernel="6.8.0-50-generic")
     return before_changes
