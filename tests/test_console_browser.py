@@ -137,12 +137,15 @@ def wait_for(driver: WebDriver, css: str, timeout: float = 15.0) -> None:
 
 
 def shot(driver: WebDriver, name: str) -> None:
-    """A full-page screenshot for docs/console.md."""
+    """A full-page screenshot for docs/console.md (the viewport stretched to the page's height)."""
     SHOTS.mkdir(parents=True, exist_ok=True)
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1280, max(600, min(int(height) + 20, 2400)))
-    driver.save_screenshot(str(SHOTS / f"{name}.png"))
-    driver.set_window_size(1280, 900)
+    height = int(driver.execute_script("return document.documentElement.scrollHeight"))
+    metrics = {"width": 1280, "height": max(600, min(height, 3000)), "deviceScaleFactor": 1, "mobile": False}
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)  # type: ignore[attr-defined]
+    try:
+        driver.save_screenshot(str(SHOTS / f"{name}.png"))
+    finally:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})  # type: ignore[attr-defined]
 
 
 def login(driver: WebDriver, base: str, token: str = OPERATOR_TOKEN) -> None:
