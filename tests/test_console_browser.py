@@ -9,10 +9,12 @@ into docs/console/ (shown by docs/console.md).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -127,9 +129,22 @@ async def server(database_dsn: str, tmp_path: Path) -> object:
     proc = FakeNvmlServer(database_dsn, tmp_path).start()
     try:
         await proc.wait_healthy(60)
+        await startup_refresh_done(proc.url)
         yield proc
     finally:
         proc.stop()
+
+
+async def startup_refresh_done(url: str, within: float = 30.0) -> None:
+    """The server answers before its startup refresh has recorded its own host: wait for that."""
+    deadline = time.monotonic() + within
+    async with httpx.AsyncClient() as client:
+        while time.monotonic() < deadline:
+            r = await client.get(url + "/api/v1/hardware/nodes", headers=OPERATOR)
+            if r.status_code == 200 and r.json()["items"]:
+                return
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"the server's startup refresh recorded nothing within {within}s")
 
 
 def wait_for(driver: WebDriver, css: str, timeout: float = 15.0) -> None:
