@@ -61,6 +61,25 @@ async def report(
     assert outcome.outcome == "succeeded", outcome
 
 
+async def caught_up(pool: asyncpg.Pool, within: float = 120.0) -> None:
+    """Wait until the gap-safe read (what the timeline and events pages show) reaches the newest
+    event: its horizon is the oldest transaction running anywhere on the PostgreSQL server, so a
+    busy server (other tests' databases) holds just-written events back for a while."""
+    deadline = asyncio.get_running_loop().time() + within
+    async with pool.acquire() as conn:
+        newest = await conn.fetchval("SELECT max(global_position) FROM events")
+        while True:
+            visible = await conn.fetchval(
+                "SELECT max(global_position) FROM events WHERE tx_id < pg_snapshot_xmin(pg_current_snapshot())"
+            )
+            if newest is None or (visible is not None and visible >= newest):
+                return
+            assert asyncio.get_running_loop().time() < deadline, (
+                f"events up to {newest} not visible in {within}s"
+            )
+            await asyncio.sleep(0.1)
+
+
 async def seed_fleet(pool: asyncpg.Pool) -> datetime:
     """The fleet above; returns a moment after the first reports and before the changes."""
     service = HardwareInventoryService(EventStore(pool, ALL_PROJECTIONS))
@@ -72,4 +91,5 @@ async def seed_fleet(pool: asyncpg.Pool) -> datetime:
     await asyncio.sleep((before_changes - datetime.now(UTC)).total_seconds() + 0.05)
     # The A100 is gone from the next complete enumeration (missing); the kernel was upgraded.
     await report(service, ONLINE, _gpus(with_missing=False), kernel="6.8.0-50-generic")
+    await caught_up(pool)
     return before_changes

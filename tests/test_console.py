@@ -23,6 +23,7 @@ from tests.console_support import (
     ONLINE,
     STALE,
     ZERO_FAN_GPU,
+    caught_up,
     node_id,
     report,
     seed_fleet,
@@ -235,6 +236,7 @@ async def test_gpu_page_events_feed_and_decommission_preview(console: Console) -
     from projections.inventory import ALL_PROJECTIONS
 
     await report(HardwareInventoryService(EventStore(console.pool, ALL_PROJECTIONS)), "late-node", [])
+    await caught_up(console.pool)
     new = await console.page(feed)
     assert re.findall(r'data-position="\d+"', new) and "NODE_DISCOVERED" in new
     assert all(int(p) > int(listed[-1]) for p in re.findall(r'data-position="(\d+)"', new))

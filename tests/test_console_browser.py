@@ -291,7 +291,8 @@ async def test_events_page_follows_a_refresh_without_a_reload(
     def grown(d: WebDriver) -> bool:
         return len(d.find_elements(By.CSS_SELECTOR, "#event-rows tr")) >= len(positions) + expected
 
-    WebDriverWait(browser, 20).until(grown)
+    # Up to the gap-safe read's horizon, which other work on the PostgreSQL server can hold back.
+    WebDriverWait(browser, 120).until(grown)
     assert browser.execute_script("return window.__notReloaded === true")
     after = [
         int(p.get_attribute("data-position") or 0)
