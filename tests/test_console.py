@@ -150,6 +150,13 @@ async def test_fleet_overview_counts_filters_and_pages(console: Console) -> None
     assert len(by_id) == 2 and OFFLINE in by_id[1]
     assert "No node matches." in await console.page("/console/?q=%25")  # a literal %, not a wildcard
 
+    # The SQL that filters and counts by liveness agrees with the rule each row is judged by.
+    for state in ("online", "stale", "offline", "local"):
+        shown = re.findall(
+            r'class="state liveness-([a-z]+)"', await console.page(f"/console/?liveness={state}")
+        )
+        assert shown == [state] * int(re.search(rf'data-count="{state}">(\d+)<', html).group(1))  # type: ignore[union-attr]
+
     bad = await console.page("/console/?liveness=sideways", status=400)
     assert "liveness must be one of online, stale, offline, local" in bad
     assert "is not a date and time" in await console.page("/console/?as_of=yesterday", status=400)
