@@ -283,6 +283,8 @@ CREATE TABLE IF NOT EXISTS hw_nodes (
     lifecycle_version       bigint NOT NULL
 );
 CREATE INDEX IF NOT EXISTS hw_nodes_identity_idx ON hw_nodes (identity_key);
+-- The console lists nodes by hostname, a page at a time (api/console).
+CREATE INDEX IF NOT EXISTS hw_nodes_hostname_idx ON hw_nodes ((coalesce(hostname, '')), node_id);
 
 CREATE TABLE IF NOT EXISTS hw_accelerators (
     accelerator_id       text PRIMARY KEY,

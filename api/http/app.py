@@ -21,6 +21,7 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 
 from api.http import observability, problems
 from api.http.agent import agent_routers
+from api.http.console import ConsolePlugin
 from api.http.context import DEPENDENCIES, AppContext, operator_guard
 from api.http.decommission import decommission_routers
 from api.services.errors import Conflict, DomainError, InvalidRequest, Unavailable
@@ -266,6 +267,7 @@ def create_app(
         ),
         dependencies=DEPENDENCIES,
         lifespan=[lifespan] if lifespan else [],
+        plugins=[ConsolePlugin()],
         request_max_body_size=1024 * 1024,
         debug=False,
     )

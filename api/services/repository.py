@@ -37,6 +37,33 @@ class BadCursor(ValueError):
     pass
 
 
+class FleetQuery(msgspec.Struct, frozen=True):
+    """The console's fleet filters: a hostname, node id or identity key prefix; exact states."""
+
+    search: str = ""
+    liveness: str = ""
+    inventory_status: str = ""
+    status: str = ""
+
+
+class FleetRow(msgspec.Struct):
+    node: NodeBody
+    gpus_active: int
+    gpus_missing: int
+    gpu_models: list[str]
+
+
+class FleetCounts(msgspec.Struct):
+    total: int
+    liveness: dict[str, int]
+    inventory: dict[str, int]
+
+
+def _like_prefix(text: str) -> str:
+    """A LIKE pattern matching `text` as a literal prefix."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
 # Cursors are opaque to clients: base64url of a JSON array whose first element names the list it
 # pages, so a cursor from one list handed to another is refused (400), not misread.
 _Id = Annotated[str, msgspec.Meta(max_length=256, pattern="^[^\\x00]*$")]
@@ -44,6 +71,7 @@ _TxId = Annotated[int, msgspec.Meta(ge=0, le=MAX_TX_ID)]
 _Position = Annotated[int, msgspec.Meta(ge=0, le=MAX_POSITION)]
 _IdCursor = tuple[Literal["id"], _Id]
 _LogCursor = tuple[Literal["log"], _TxId, _Position]
+_FleetCursor = tuple[Literal["fleet"], _Id, _Id]
 
 
 def _encode(parts: tuple[Any, ...]) -> str:
@@ -65,6 +93,15 @@ def encode_id_cursor(last_id: str) -> str:
 def decode_id_cursor(cursor: str) -> str:
     _, last_id = _decode(cursor, _IdCursor)
     return str(last_id)
+
+
+def encode_fleet_cursor(hostname: str, node_id: str) -> str:
+    return _encode(("fleet", hostname, node_id))
+
+
+def decode_fleet_cursor(cursor: str) -> tuple[str, str]:
+    _, hostname, node_id = _decode(cursor, _FleetCursor)
+    return str(hostname), str(node_id)
 
 
 def encode_log_cursor(checkpoint: Checkpoint) -> str:
@@ -367,6 +404,90 @@ class HardwareRepository:
             f"{r['hostname'] or r['node_id']}: {reason}" for r in rows for reason in (r["reasons"] or [])
         ]
         return InventoryHealth(status=worst, reasons=reasons, nodes=len(rows))
+
+    # --- console reads (api/http/console): a filtered fleet page with its counts ----------------------
+
+    def _liveness_sql(self, now_arg: str) -> str:
+        """LivenessPolicy.judge in SQL, so the console can filter and count by it on the server."""
+        return (
+            "CASE WHEN n.status = 'decommissioned' THEN 'offline' WHEN n.source = 'local' THEN 'local' "
+            "WHEN t.received_at IS NULL THEN 'offline' "
+            f"WHEN t.received_at >= {now_arg} - make_interval(secs => {self.liveness.stale_after!r}) "
+            "THEN 'online' "
+            f"WHEN t.received_at >= {now_arg} - make_interval(secs => {self.liveness.offline_after!r}) "
+            "THEN 'stale' ELSE 'offline' END"
+        )
+
+    async def fleet_page(
+        self, query: FleetQuery, *, cursor: str | None, limit: int
+    ) -> tuple[list[FleetRow], FleetCounts, str | None]:
+        """One page of nodes (by hostname, then id) matching the query, each with its GPU summary,
+        and the counts by state over the whole fleet: two queries, whatever the fleet's size."""
+        now = datetime.now(UTC)
+        args: list[Any] = []
+        where = ["true"]
+        if query.search:
+            args.append(_like_prefix(query.search))
+            where.append(
+                f"(n.hostname ILIKE ${len(args)} OR n.node_id LIKE lower(${len(args)}) "
+                f"OR n.identity_key ILIKE ${len(args)})"
+            )
+        if query.liveness:
+            args += [now, query.liveness]
+            where.append(f"({self._liveness_sql(f'${len(args) - 1}::timestamptz')}) = ${len(args)}")
+        if query.inventory_status:
+            args.append(query.inventory_status)
+            where.append(f"n.inventory_status = ${len(args)}")
+        if query.status:
+            args.append(query.status)
+            where.append(f"n.status = ${len(args)}")
+        if cursor:
+            after_host, after_id = decode_fleet_cursor(cursor)
+            args += [after_host, after_id]
+            where.append(f"(coalesce(n.hostname, ''), n.node_id) > (${len(args) - 1}, ${len(args)})")
+        args.append(limit + 1)
+        page_sql = (
+            f"SELECT p.*, g.gpus_active, g.gpus_missing, g.gpu_models FROM ({_NODE_SELECT} "
+            f"WHERE {' AND '.join(where)} ORDER BY coalesce(n.hostname, ''), n.node_id LIMIT ${len(args)}) p "
+            "LEFT JOIN LATERAL (SELECT count(*) FILTER (WHERE a.status = 'active') AS gpus_active, "
+            "count(*) FILTER (WHERE a.status = 'missing') AS gpus_missing, "
+            "coalesce(jsonb_agg(DISTINCT a.name->>'value') FILTER (WHERE a.status <> 'decommissioned' "
+            "AND a.name->>'state' = 'known'), '[]'::jsonb) AS gpu_models "
+            "FROM hw_accelerators a WHERE a.node_id = p.node_id) g ON true "
+            "ORDER BY coalesce(p.hostname, ''), p.node_id"
+        )
+        counts_sql = (
+            f"SELECT {self._liveness_sql('$1::timestamptz')} AS console_liveness, "
+            "n.inventory_status AS console_inventory, "
+            "count(*) AS n FROM hw_nodes n LEFT JOIN hw_host_telemetry t ON t.node_id = n.node_id "
+            "GROUP BY 1, 2"
+        )
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(page_sql, *args)
+            count_rows = await conn.fetch(counts_sql, now)
+        items = [
+            FleetRow(
+                node=self.node_body(r, now),
+                gpus_active=r["gpus_active"] or 0,
+                gpus_missing=r["gpus_missing"] or 0,
+                gpu_models=sorted(r["gpu_models"] or []),
+            )
+            for r in rows[:limit]
+        ]
+        liveness: dict[str, int] = {}
+        inventory: dict[str, int] = {}
+        for r in count_rows:
+            liveness[r["console_liveness"]] = liveness.get(r["console_liveness"], 0) + r["n"]
+            inventory[r["console_inventory"]] = inventory.get(r["console_inventory"], 0) + r["n"]
+        next_cursor = None
+        if len(rows) > limit and items:
+            last = items[-1].node
+            next_cursor = encode_fleet_cursor(last.hostname or "", last.id)
+        return (
+            items,
+            FleetCounts(total=sum(liveness.values()), liveness=liveness, inventory=inventory),
+            next_cursor,
+        )
 
 
 class MetricSample(msgspec.Struct, frozen=True):

@@ -1,0 +1,39 @@
+"""The web console: read-only pages over the inventory, served by the API server (docs/console.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from litestar.config.app import AppConfig
+from litestar.plugins import InitPluginProtocol
+
+HERE = Path(__file__).resolve().parent
+STATIC_DIR = HERE / "static"
+TEMPLATE_DIR = HERE / "templates"
+
+
+class ConsolePlugin(InitPluginProtocol):
+    """Adds the console's routes and its Jinja template engine to the app."""
+
+    def on_app_init(self, app_config: AppConfig) -> AppConfig:
+        from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+        from litestar.contrib.jinja import JinjaTemplateEngine
+        from litestar.template.config import TemplateConfig
+
+        from api.http.console import views
+        from api.http.console.routes import console_routers
+
+        env = Environment(
+            loader=FileSystemLoader(TEMPLATE_DIR),
+            autoescape=select_autoescape(default=True),
+            undefined=StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        env.filters.update(
+            age=views.age, moment=views.moment, form_moment=views.form_moment, bytes=views.human_bytes
+        )
+        env.globals.update(fact_view=views.fact_view, event_lines=views.event_lines)
+        app_config.template_config = TemplateConfig(instance=JinjaTemplateEngine(engine_instance=env))
+        app_config.route_handlers.extend(console_routers())
+        return app_config

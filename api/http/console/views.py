@@ -1,0 +1,146 @@
+"""Pure presentation for the console: how a fact, an age or an event reads to an operator.
+
+No I/O here, so every rule is tested without a server (tests/test_console_views.py).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from collectors.facts import Fact, Known, TemporarilyFailed, Unavailable, Unknown, Unsupported
+
+
+class FactView(msgspec.Struct, frozen=True):
+    """A fact as the page shows it: `state` styles it, `text` is what is read, `reason` why."""
+
+    state: str
+    text: str
+    reason: str = ""
+
+
+_UNITS = (
+    ("_percent", " %"),
+    ("_celsius", " °C"),
+    ("_watts", " W"),
+    ("_mhz", " MHz"),
+)
+
+
+def human_bytes(n: int | float) -> str:
+    """Binary units, as nvidia-smi and free(1) print memory."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def known_text(name: str, value: Any) -> str:
+    """A known value with its unit, taken from the metric's name (a 0 stays a visible 0)."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int | float) and name.endswith("_bytes"):
+        return human_bytes(value)
+    if name == "performance_state" and isinstance(value, int):
+        return f"P{value}"
+    for suffix, unit in _UNITS:
+        if name.endswith(suffix) and isinstance(value, int | float):
+            shown = f"{value:.1f}" if isinstance(value, float) and not value.is_integer() else f"{value:g}"
+            return shown + unit
+    return str(value)
+
+
+def fact_view(name: str, fact: Fact | None) -> FactView:
+    """Unsupported, unavailable, failed, unknown and a measured value never read alike."""
+    if fact is None:
+        return FactView("unknown", "not reported")
+    if isinstance(fact, Known):
+        return FactView("known", known_text(name, fact.value))
+    if isinstance(fact, Unsupported):
+        return FactView("unsupported", "not supported", "the device does not have this sensor or feature")
+    if isinstance(fact, Unavailable):
+        return FactView("unavailable", "unavailable", fact.reason)
+    if isinstance(fact, TemporarilyFailed):
+        return FactView("temporarily_failed", "read failed", fact.reason)
+    if isinstance(fact, Unknown):
+        return FactView("unknown", "unknown")
+    raise TypeError(f"not a fact: {fact!r}")
+
+
+def age(then: datetime | None, now: datetime | None = None) -> str:
+    """How long ago, in the largest unit that keeps it short ("never" when it never happened)."""
+    if then is None:
+        return "never"
+    seconds = int(((now or datetime.now(UTC)) - then).total_seconds())
+    if seconds < 0:
+        return "in the future"
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
+        if seconds >= size:
+            return f"{seconds // size} {unit} ago"
+    return f"{seconds} s ago"
+
+
+def moment(value: datetime | None) -> str:
+    """UTC, to the second: the ledger's clock, the same for every reader."""
+    if value is None:
+        return "—"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, dict) and "state" in value:
+        return str(value["value"]) if value["state"] == "known" else str(value["state"])
+    if value is None:
+        return "—"
+    return str(value)
+
+
+def event_summary(event_type: str, data: dict[str, Any]) -> list[str]:
+    """One line per thing the event says; changes read `field: before -> after`."""
+    lines: list[str] = []
+    changes = data.get("changes")
+    if isinstance(changes, dict):
+        for field, change in sorted(changes.items()):
+            before = change.get("before") if isinstance(change, dict) else None
+            after = change.get("after") if isinstance(change, dict) else None
+            lines.append(f"{field}: {_plain(before)} -> {_plain(after)}")
+    if event_type == "ACCELERATOR_DISCOVERED":
+        name, index, pci = (_plain(data.get(k)) for k in ("name", "index", "pci_bus_id"))
+        what = f"{name} at index {index}, PCI {pci}"
+        lines.append(("rediscovered " if data.get("rediscovered") else "discovered ") + what)
+    for key in ("reason", "status", "stage", "detail", "hostname", "owner", "actor"):
+        if key in data and isinstance(data[key], str | int) and not isinstance(data[key], bool):
+            lines.append(f"{key}: {data[key]}")
+    if data.get("reasons"):
+        lines.append("reasons: " + "; ".join(str(r) for r in data["reasons"]))
+    uuid = data.get("uuid") or data.get("accelerator_uuid")
+    if uuid:
+        lines.append(f"GPU {uuid}")
+    return lines
+
+
+def event_lines(event_type: str, data: Any) -> list[str]:
+    """`event_summary` of an event's payload (a msgspec Struct, a dict or nothing)."""
+    plain = msgspec.to_builtins(data) if data is not None else {}
+    return event_summary(event_type, plain if isinstance(plain, dict) else {})
+
+
+def parse_moment(text: str | None) -> datetime | None:
+    """A form's date-time (`2026-12-01T02:10`, seconds optional) or ISO 8601; no offset means UTC.
+    ValueError, naming the expected form, for anything else."""
+    if text is None or not text.strip():
+        return None
+    try:
+        value = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ValueError(f"{text!r} is not a date and time (expected e.g. 2026-12-01T02:10, UTC)") from exc
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def form_moment(value: datetime | None) -> str:
+    """A moment as a datetime-local input shows it (UTC, to the second)."""
+    return "" if value is None else value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")

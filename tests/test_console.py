@@ -1,0 +1,270 @@
+"""The web console in process: auth by cookie, each page's content, filters, as-of, the live
+feed's cursor and the number of queries behind the fleet overview (real PostgreSQL, fake NVML)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from urllib.parse import parse_qs, urlsplit
+
+import asyncpg
+import httpx
+import pytest
+
+from api.config import token_hash
+from api.http.app import create_app
+from api.http.console.routes import COOKIE
+from api.http.context import AppContext
+from api.services.repository import HardwareRepository
+from ledger.db import init_connection
+from tests.console_support import (
+    MISSING_GPU,
+    NO_FAN_GPU,
+    OFFLINE,
+    ONLINE,
+    STALE,
+    ZERO_FAN_GPU,
+    caught_up,
+    node_id,
+    report,
+    seed_fleet,
+)
+
+TOKEN = "console-test-token-1"
+
+
+class Console:
+    def __init__(self, client: httpx.AsyncClient, queries: list[str], pool: asyncpg.Pool) -> None:
+        self.client = client
+        self.queries = queries
+        self.pool = pool
+
+    async def login(self) -> None:
+        r = await self.client.post("/console/login", data={"token": TOKEN, "next": "/console/"})
+        assert r.status_code == 303, r.text
+        self.client.cookies.set(COOKIE, TOKEN)
+
+    async def page(self, path: str, status: int = 200) -> str:
+        r = await self.client.get(path)
+        assert r.status_code == status, (path, r.status_code, r.text[:2000])
+        assert r.headers["content-type"].startswith("text/html")
+        return r.text
+
+
+@pytest.fixture
+async def console(database_dsn: str) -> AsyncIterator[Console]:
+    queries: list[str] = []
+
+    async def init(conn: asyncpg.Connection) -> None:
+        await init_connection(conn)
+        # Counted: what the page asks; not asyncpg's own reset when a connection goes back to the pool.
+        conn.add_query_logger(
+            lambda record: None if "RESET ALL" in record.query else queries.append(record.query)
+        )
+
+    pool = await asyncpg.create_pool(database_dsn, min_size=1, max_size=4, init=init)
+    assert pool is not None
+    from api.services.inventory import HardwareInventoryService
+    from ledger.store import EventStore
+    from projections.inventory import ALL_PROJECTIONS
+
+    context = AppContext(
+        pool=pool,
+        service=HardwareInventoryService(EventStore(pool, ALL_PROJECTIONS)),
+        repository=HardwareRepository(pool),
+        admin_token_hash=token_hash(TOKEN),
+        local_refresh_enabled=False,
+    )
+    app = create_app(context)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        yield Console(client, queries, pool)
+    await pool.close()
+
+
+def rows_of(html: str, table_id: str) -> list[str]:
+    body = html.split(f'id="{table_id}"', 1)[1].split("</table>", 1)[0]
+    return re.findall(r"<tr[ >].*?</tr>", body, flags=re.S)
+
+
+def cell(html: str, metric: str, gpu: str) -> str:
+    m = re.search(
+        rf'<td class="fact [^"]*" data-state="([a-z_]+)" data-metric="{metric}" data-gpu="{gpu}">(.*?)</td>',
+        html,
+        flags=re.S,
+    )
+    assert m, f"no {metric} cell for {gpu}"
+    return f"{m.group(1)}|{re.sub('<[^>]+>', '', m.group(2))}"
+
+
+async def test_pages_need_the_cookie_and_the_login_never_puts_the_token_in_a_url(console: Console) -> None:
+    r = await console.client.get("/console/nodes/x?as_of=2026-01-01T00:00")
+    assert r.status_code == 303
+    assert urlsplit(r.headers["location"]).path == "/console/login"
+    assert parse_qs(urlsplit(r.headers["location"]).query)["next"] == [
+        "/console/nodes/x?as_of=2026-01-01T00:00"
+    ]
+    polled = await console.client.get("/console/events/feed", headers={"HX-Request": "true"})
+    assert polled.status_code == 401 and polled.headers["hx-redirect"].startswith("/console/login")
+
+    refused = await console.client.post("/console/login", data={"token": "wrong", "next": "/console/"})
+    assert refused.status_code == 401 and "That token is not accepted." in refused.text
+    assert "set-cookie" not in refused.headers
+
+    ok = await console.client.post(
+        "/console/login", data={"token": f" {TOKEN} ", "next": "https://evil.example/"}
+    )
+    assert ok.status_code == 303 and ok.headers["location"] == "/console"
+    cookie = ok.headers["set-cookie"]
+    assert cookie.startswith(f"{COOKIE}={TOKEN};")
+    assert {"httponly", "samesite=strict", "path=/console"} <= {p.strip().lower() for p in cookie.split(";")}
+    assert TOKEN not in ok.headers["location"]
+
+    # A cookie holding anything but an accepted token is no login.
+    console.client.cookies.set(COOKIE, "forged")
+    assert (await console.client.get("/console/")).status_code == 303
+    await console.login()
+    page = await console.client.get("/console/")
+    assert page.status_code == 200
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    out = await console.client.post("/console/logout")
+    assert out.status_code == 303 and f'{COOKIE}=""' in out.headers["set-cookie"]
+
+
+async def test_fleet_overview_counts_filters_and_pages(console: Console) -> None:
+    await seed_fleet(console.pool)
+    await console.login()
+    html = await console.page("/console/")
+    assert re.search(r'data-count="total">3<', html)
+    for state, n in (("online", 1), ("stale", 1), ("offline", 1), ("local", 0)):
+        assert re.search(rf'data-count="{state}">{n}<', html), state
+    rows = rows_of(html, "fleet")
+    assert [re.search(r">([\w-]+)</a></th>", r).group(1) for r in rows[1:]] == [OFFLINE, ONLINE, STALE]  # type: ignore[union-attr]
+    online = next(r for r in rows if ONLINE in r)
+    assert "NVIDIA H200" in online and "1 missing" in online and ">2 <" in online.replace("\n", "")
+
+    stale = await console.page("/console/?liveness=stale")
+    assert len(rows_of(stale, "fleet")) == 2 and STALE in stale and ONLINE not in rows_of(stale, "fleet")[1]
+    by_host = rows_of(await console.page("/console/?q=GPU-"), "fleet")
+    assert len(by_host) == 3 and OFFLINE not in "".join(by_host)
+    prefix = node_id(OFFLINE)[:6]
+    by_id = rows_of(await console.page(f"/console/?q={prefix}"), "fleet")
+    assert len(by_id) == 2 and OFFLINE in by_id[1]
+    assert "No node matches." in await console.page("/console/?q=%25")  # a literal %, not a wildcard
+
+    # The SQL that filters and counts by liveness agrees with the rule each row is judged by.
+    for state in ("online", "stale", "offline", "local"):
+        shown = re.findall(
+            r'class="state liveness-([a-z]+)"', await console.page(f"/console/?liveness={state}")
+        )
+        assert shown == [state] * int(re.search(rf'data-count="{state}">(\d+)<', html).group(1))  # type: ignore[union-attr]
+
+    bad = await console.page("/console/?liveness=sideways", status=400)
+    assert "liveness must be one of online, stale, offline, local" in bad
+    assert "is not a date and time" in await console.page("/console/?as_of=yesterday", status=400)
+
+
+async def test_fleet_overview_pages_with_a_cursor(console: Console, monkeypatch: pytest.MonkeyPatch) -> None:
+    import api.http.console.routes as routes
+
+    monkeypatch.setattr(routes, "PAGE_SIZE", 2)
+    await seed_fleet(console.pool)
+    await console.login()
+    first = await console.page("/console/")
+    assert len(rows_of(first, "fleet")) == 3
+    next_url = re.search(r'<a href="([^"]+)" rel="next">', first).group(1).replace("&amp;", "&")  # type: ignore[union-attr]
+    second = await console.page(next_url)
+    assert len(rows_of(second, "fleet")) == 2 and STALE in second and 'rel="next"' not in second
+
+
+async def test_the_overview_runs_two_queries_whatever_the_fleet_size(console: Console) -> None:
+    await seed_fleet(console.pool)
+    await console.login()
+    console.queries.clear()
+    await console.page("/console/")
+    small = len(console.queries)
+
+    from api.services.inventory import HardwareInventoryService
+    from ledger.store import EventStore
+    from projections.inventory import ALL_PROJECTIONS
+    from tests.builders import gpu
+
+    service = HardwareInventoryService(EventStore(console.pool, ALL_PROJECTIONS))
+    for i in range(30):
+        await report(service, f"bulk-{i:03d}", [gpu(100 + i)])
+    console.queries.clear()
+    html = await console.page("/console/")
+    assert len(rows_of(html, "fleet")) == 34
+    assert small == len(console.queries) == 2, console.queries
+
+
+async def test_node_page_tells_unsupported_unavailable_and_zero_apart(console: Console) -> None:
+    before_changes = await seed_fleet(console.pool)
+    await console.login()
+    html = await console.page(f"/console/nodes/{node_id(ONLINE)}")
+    assert cell(html, "fan_speed_percent", ZERO_FAN_GPU) == "known|0 %"
+    assert cell(html, "fan_speed_percent", NO_FAN_GPU).startswith("unsupported|not supported")
+    assert cell(html, "power_watts", NO_FAN_GPU) == "unavailable|unavailable: NVML: NoPermission"
+    missing = next(r for r in rows_of(html, "gpus") if MISSING_GPU in r)
+    assert 'data-status="missing"' in missing and ">missing</span> since " in missing
+    assert "6.8.0-45-generic -&gt; 6.8.0-50-generic" in html
+    assert "ACCELERATOR_MISSING" in html and "NODE_DISCOVERED" in html
+    assert "last changed " in html
+
+    stamp = before_changes.strftime("%Y-%m-%dT%H:%M:%S.%f")
+    past = await console.page(f"/console/nodes/{node_id(ONLINE)}?as_of={stamp}")
+    assert "Showing the inventory as of" in past
+    assert 'data-status="missing"' not in past and "6.8.0-50-generic" not in past
+    assert "ACCELERATOR_MISSING" not in past
+    assert "no node" in await console.page(
+        f"/console/nodes/{node_id(ONLINE)}?as_of=2000-01-01T00:00", status=404
+    )
+    assert "no node nope" in await console.page("/console/nodes/nope", status=404)
+
+
+async def test_gpu_page_events_feed_and_decommission_preview(console: Console) -> None:
+    await seed_fleet(console.pool)
+    await console.login()
+    async with console.pool.acquire() as conn:
+        acc_id = await conn.fetchval(
+            "SELECT accelerator_id FROM hw_accelerators WHERE uuid = $1", MISSING_GPU
+        )
+    gpu_html = await console.page(f"/console/gpus/{acc_id}")
+    assert 'id="gpu-status">missing<' in gpu_html
+    assert "ACCELERATOR_DISCOVERED" in gpu_html and "ACCELERATOR_MISSING" in gpu_html
+    assert "NVIDIA A100-SXM4-40GB" in gpu_html
+
+    events = await console.page("/console/events?class=lifecycle")
+    listed = re.findall(r'data-position="(\d+)"', events)
+    assert listed and "ACCELERATOR_MISSING" in events and "HOST_TELEMETRY_OBSERVED" not in events
+    feed = re.search(r'id="event-feed" hx-get="([^"]+)"', events).group(1).replace("&amp;", "&")  # type: ignore[union-attr]
+    assert (await console.page(feed)).count("data-position") == 0
+
+    from api.services.inventory import HardwareInventoryService
+    from ledger.store import EventStore
+    from projections.inventory import ALL_PROJECTIONS
+
+    await report(HardwareInventoryService(EventStore(console.pool, ALL_PROJECTIONS)), "late-node", [])
+    await caught_up(console.pool)
+    new = await console.page(feed)
+    assert re.findall(r'data-position="\d+"', new) and "NODE_DISCOVERED" in new
+    assert all(int(p) > int(listed[-1]) for p in re.findall(r'data-position="(\d+)"', new))
+    again = re.search(r'hx-get="([^"]+)"', new).group(1).replace("&amp;", "&")  # type: ignore[union-attr]
+    assert (await console.page(again)).count("data-position") == 0
+    assert "STALE" not in (await console.page(f"/console/events?node={node_id(ONLINE)}"))
+
+    preview = await console.page(f"/console/nodes/{node_id(ONLINE)}/decommission")
+    assert 'id="can-execute"' in preview and "yes" in preview and MISSING_GPU in preview
+
+
+async def test_assets_are_served_here_and_pages_load_nothing_from_elsewhere(console: Console) -> None:
+    await seed_fleet(console.pool)
+    await console.login()
+    js = await console.client.get("/console/static/htmx.min.js")
+    assert js.status_code == 200 and "htmx" in js.text[:200]
+    for path in ("/console/", f"/console/nodes/{node_id(ONLINE)}", "/console/events", "/console/login"):
+        html = await console.page(path)
+        external = re.findall(r'(?:src|href|action)="(?!/)([^"#?][^"]*)"', html)
+        assert external == [], (path, external)
+        assert all(
+            re.search(rf'<label for="{i}"', html) for i in re.findall(r'<(?:input|select) id="([^"]+)"', html)
+        )

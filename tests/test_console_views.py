@@ -1,0 +1,106 @@
+"""The console's pure presentation rules, without a server: how facts, ages, moments and events read."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from api.http.console.views import age, event_summary, fact_view, form_moment, human_bytes, parse_moment
+from collectors.facts import UNSUPPORTED, Known, TemporarilyFailed, Unavailable, Unknown
+
+METRICS = [
+    "fan_speed_percent",
+    "utilization_gpu_percent",
+    "temperature_celsius",
+    "power_watts",
+    "clock_sm_mhz",
+    "memory_used_bytes",
+    "performance_state",
+]
+reasons = st.text(min_size=1, max_size=40).filter(str.strip)
+not_known = st.one_of(
+    st.just(UNSUPPORTED),
+    st.builds(Unknown),
+    st.builds(Unavailable, reason=reasons),
+    st.builds(TemporarilyFailed, reason=reasons),
+)
+
+
+@given(st.sampled_from(METRICS), not_known, st.integers(min_value=0, max_value=10**12))
+def test_no_missing_reading_ever_reads_like_a_measured_value(metric: str, fact: object, value: int) -> None:
+    missing = fact_view(metric, fact)  # type: ignore[arg-type]
+    measured = fact_view(metric, Known(value))
+    assert missing.state != "known" and measured.state == "known"
+    assert missing.text != measured.text
+    assert not any(ch.isdigit() for ch in missing.text), missing
+    if isinstance(fact, Unavailable | TemporarilyFailed):
+        assert missing.reason == fact.reason
+
+
+def test_a_zero_is_shown_as_zero_with_its_unit() -> None:
+    assert fact_view("fan_speed_percent", Known(0)).text == "0 %"
+    assert fact_view("power_watts", Known(26.84)).text == "26.8 W"
+    assert fact_view("temperature_celsius", Known(0)).text == "0 °C"
+    assert fact_view("performance_state", Known(8)).text == "P8"
+    assert fact_view("memory_used_bytes", Known(0)).text == "0 B"
+    assert fact_view("fan_speed_percent", None).state == "unknown"
+    assert fact_view("fan_speed_percent", UNSUPPORTED).text == "not supported"
+
+
+@given(st.integers(min_value=0, max_value=2**50))
+def test_bytes_use_binary_units_and_stay_short(n: int) -> None:
+    text = human_bytes(n)
+    number, unit = text.split(" ")
+    assert unit in ("B", "KiB", "MiB", "GiB", "TiB")
+    assert float(number) < 1024 or unit == "TiB"
+
+
+@given(st.integers(min_value=0, max_value=10 * 86400))
+def test_age_is_in_the_largest_whole_unit(seconds: int) -> None:
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    text = age(now - timedelta(seconds=seconds), now)
+    count, unit, ago = text.split(" ")
+    size = {"s": 1, "min": 60, "h": 3600, "d": 86400}[unit]
+    assert ago == "ago" and int(count) == seconds // size and (seconds < 60 or int(count) >= 1)
+    assert age(None, now) == "never" and age(now + timedelta(seconds=5), now) == "in the future"
+
+
+@given(st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1)))
+def test_a_form_moment_reads_back_as_the_same_utc_second(moment: datetime) -> None:
+    aware = moment.replace(tzinfo=UTC, microsecond=0)
+    assert parse_moment(form_moment(aware)) == aware
+
+
+def test_moments_without_offset_are_utc_and_bad_ones_say_what_is_expected() -> None:
+    assert parse_moment("2026-12-01T02:10") == datetime(2026, 12, 1, 2, 10, tzinfo=UTC)
+    assert parse_moment("2026-12-01T03:10+01:00") == datetime(2026, 12, 1, 2, 10, tzinfo=UTC)
+    assert parse_moment("") is None and parse_moment(None) is None
+    with pytest.raises(ValueError, match=r"expected e\.g\. 2026-12-01T02:10"):
+        parse_moment("yesterday")
+
+
+def test_changes_read_before_to_after() -> None:
+    lines = event_summary(
+        "HARDWARE_CHANGED",
+        {
+            "subject": "accelerator",
+            "changes": {
+                "pci_bus_id": {
+                    "before": {"state": "known", "value": "0000:18:00.0"},
+                    "after": {"state": "known", "value": "0000:2A:00.0"},
+                },
+                "index": {"before": {"state": "known", "value": 0}, "after": {"state": "unsupported"}},
+            },
+            "accelerator_uuid": "GPU-1",
+        },
+    )
+    assert lines == ["index: 0 -> unsupported", "pci_bus_id: 0000:18:00.0 -> 0000:2A:00.0", "GPU GPU-1"]
+    assert event_summary(
+        "ACCELERATOR_MISSING", {"uuid": "GPU-2", "reason": "absent from a complete scan"}
+    ) == [
+        "reason: absent from a complete scan",
+        "GPU GPU-2",
+    ]
