@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import asyncpg
 import structlog
-from litestar import Litestar, Request, Router, get, post
+from litestar import Litestar, Request, Response, Router, get, post
 from litestar.connection import ASGIConnection
 from litestar.exceptions import HTTPException, NotAuthorizedException, ValidationException
 from litestar.handlers.base import BaseRouteHandler
@@ -17,9 +17,10 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import FromPath, FromQuery, QueryParameter
 
-from api import observability, problems
+from api import metrics as prometheus
+from api import problems
 from api.config import tokens_match
-from api.repository import AuditRepository, BadCursor, HardwareRepository, ObservabilityRepository
+from api.repository import AuditRepository, BadCursor, HardwareRepository
 from api.schemas import (
     AcceleratorBody,
     AcceleratorPage,
@@ -55,7 +56,6 @@ class AppContext:
         self.service = service
         self.repository = repository
         self.audit = AuditRepository(pool, repository)
-        self.observability = ObservabilityRepository(pool)
         self.admin_token_hash = admin_token_hash
         self.local_refresh_enabled = local_refresh_enabled
         # api.enrollment.EnrollmentService (agent routes); made on first use when None.
@@ -245,14 +245,25 @@ async def list_events(
 
 @get(
     "/metrics",
-    summary="Latest telemetry in the Prometheus text format (known values only)",
-    media_type=observability.CONTENT_TYPE,
+    summary="Latest telemetry in the Prometheus text format (known values only); see docs/metrics.md",
+    media_type=prometheus.CONTENT_TYPE,
     guards=[operator_guard],
     security=[{"bearer": []}],
 )
-async def metrics(request: Request[Any, Any, Any]) -> str:
+async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     c = ctx(request)
-    return observability.render(await c.observability.samples(), c.service.counters)
+    counters = c.service.counters
+    snapshot = await prometheus.read_snapshot(
+        c.pool,
+        c.repository.liveness,
+        {"refreshes": counters.refreshes, "failures": counters.failures, "events": counters.events},
+    )
+    # Set here: Litestar would append a second `charset` to a text/ media type.
+    return Response(
+        prometheus.render(snapshot),
+        media_type=prometheus.CONTENT_TYPE,
+        headers={"content-type": prometheus.CONTENT_TYPE},
+    )
 
 
 def _aware(moment: datetime) -> datetime:
