@@ -30,6 +30,7 @@ from api.schemas import (
     NodePage,
     RefreshBody,
 )
+from api.scopes import OperatorTokens, viewer_may
 from api.service import HardwareInventoryService, NodeTombstoned, RefreshOutcome
 
 log = structlog.get_logger(__name__)
@@ -80,8 +81,19 @@ async def operator_guard(connection: ASGIConnection[Any, Any, Any, Any], _: Base
     token = bearer(connection)
     if token is None:
         raise NotAuthorizedException("an operator bearer token is required (Authorization: Bearer ...)")
-    if not tokens_match(token, ctx(connection).admin_token_hash):
-        raise NotAuthorizedException("the bearer token is not a valid operator token")
+    if tokens_match(token, ctx(connection).admin_token_hash):
+        return
+    # A read-only (viewer) token: reads pass, anything else is refused as out of its scope.
+    if await OperatorTokens(ctx(connection).pool).scope_of(token) == "viewer":
+        if viewer_may(connection.scope["method"], connection.scope["path"]):
+            return
+        raise problems.ProblemError(
+            403,
+            "insufficient-scope",
+            "Insufficient scope",
+            "a viewer token may only read metrics, the inventory and the audit log",
+        )
+    raise NotAuthorizedException("the bearer token is not a valid operator token")
 
 
 # --- health ------------------------------------------------------------------------------------

@@ -456,6 +456,10 @@ def build_parser() -> argparse.ArgumentParser:
     from api.decommission_cli import register as register_decommission_commands
 
     register_decommission_commands(sub, _common)
+    # Read-only operator tokens (issue 13): `viewer-token ...`.
+    from api.scopes_cli import register as register_viewer_commands
+
+    register_viewer_commands(sub, _common)
     from api.completion import register as register_completion
 
     register_completion(sub)
