@@ -323,6 +323,9 @@ def create_app(
             components=Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}),
         ),
         lifespan=[lifespan] if lifespan else [],
+        # Logging is ledger.logs' (one structlog stream); Litestar's default would install a
+        # plain-text root handler of its own.
+        logging_config=None,
         request_max_body_size=1024 * 1024,
         debug=False,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,12 @@ class EmbeddedPostgres:
         self._server: Any = None
 
     def start(self) -> str:
-        import pgserver  # a heavy import, and only needed without MODELFORGE_DATABASE_URL
+        with warnings.catch_warnings():
+            # pgserver asks platformdirs for a runtime directory (for one lock file) when it is
+            # imported; without XDG_RUNTIME_DIR (containers, cron, sudo) platformdirs warns and
+            # falls back to /tmp/runtime-$UID, which serves. Not worth a warning per command.
+            warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+            import pgserver  # a heavy import, and only needed without MODELFORGE_DATABASE_URL
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # pgserver reuses a server already running on this data directory, else starts one.
