@@ -61,7 +61,8 @@ def test_server_and_cli_write_one_json_stream(tmp_path: Path) -> None:
     assert any("Uvicorn running" in e["event"] for e in uvicorn), names
     assert all({"level", "timestamp"} <= set(e) for e in events)
     text = err.read_text() + out.read_text()
-    assert "pg_ctl" not in text and "Running commandline" not in text
+    assert "Running commandline" not in text and "Successful postgres command" not in text
+    assert not [e for e in events if e.get("logger") == "pgserver" and e["level"] == "info"]
     assert "XDG_RUNTIME_DIR" not in text
 
     done = subprocess.run(
