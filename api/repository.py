@@ -291,7 +291,8 @@ class HardwareRepository:
         query = (
             "SELECT global_position, stream_id, stream_version, event_id, event_type, event_class, "
             "schema_version, data::text AS data, metadata::text AS metadata, recorded_at, "
-            f"tx_id::text AS tx_id FROM events WHERE {' AND '.join(where)} "
+            # Not `AS tx_id`: ORDER BY would bind to the text alias and sort 1000 before 999.
+            f"tx_id::text AS tx_text FROM events WHERE {' AND '.join(where)} "
             f"ORDER BY tx_id, global_position LIMIT ${len(args)}"
         )
         async with self.pool.acquire() as conn:
@@ -315,7 +316,7 @@ class HardwareRepository:
         next_cursor = None
         if len(rows) > limit and items:
             last = rows[limit - 1]
-            next_cursor = encode_cursor(last["tx_id"], last["global_position"])
+            next_cursor = encode_cursor(last["tx_text"], last["global_position"])
         return items, next_cursor
 
     # --- health ----------------------------------------------------------------------------------

@@ -257,7 +257,8 @@ class EventStore:
         has a smaller tx_id than the horizon, and is read once the horizon moves past it.
         """
         query = (
-            f"SELECT {_EVENT_COLUMNS}, tx_id::text AS tx_id FROM events "
+            # Not `AS tx_id`: ORDER BY would bind to the text alias and sort 1000 before 999.
+            f"SELECT {_EVENT_COLUMNS}, tx_id::text AS tx_text FROM events "
             "WHERE (tx_id, global_position) > ($1::text::xid8, $2) "
             "AND tx_id < pg_snapshot_xmin(pg_current_snapshot()) "
             "ORDER BY tx_id, global_position LIMIT $3"
@@ -270,7 +271,7 @@ class EventStore:
         if not rows:
             return [], after
         last = rows[-1]
-        return [event_from_row(r) for r in rows], Checkpoint(int(last["tx_id"]), last["global_position"])
+        return [event_from_row(r) for r in rows], Checkpoint(int(last["tx_text"]), last["global_position"])
 
 
 def deterministic_event_id(*parts: Any) -> uuid.UUID:

@@ -1,5 +1,5 @@
 """One log stream (issue 13, item 6): with logs going to a file (not a TTY), every line the server
-writes is one JSON object: our events, uvicorn's, pgserver's, Python warnings. No `pg_ctl`
+writes is one JSON object: our events, uvicorn's, pgserver's. No `pg_ctl`
 command lines, no XDG_RUNTIME_DIR warning on a CLI command."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import logging
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import httpx
@@ -91,9 +90,6 @@ def test_foreign_loggers_and_warnings_render_like_our_events() -> None:
         logging.getLogger("uvicorn.error").info("Uvicorn running on %s", "http://x")
         logging.getLogger("pgserver").info("Running commandline: pg_ctl start")
         logging.getLogger("pgserver").error("Failed postgres command")
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.warn("something deprecated", DeprecationWarning, stacklevel=1)
     finally:
         # the logging setup is process-wide: give the other tests theirs back
         logging.captureWarnings(False)
@@ -108,4 +104,3 @@ def test_foreign_loggers_and_warnings_render_like_our_events() -> None:
     assert events[1]["logger"] == "uvicorn.error" and events[1]["level"] == "info"
     assert not any("pg_ctl" in e["event"] for e in events), "pgserver's INFO narration is held back"
     assert any(e["event"] == "Failed postgres command" and e["level"] == "error" for e in events)
-    assert any("something deprecated" in e["event"] and e["logger"] == "py.warnings" for e in events)
