@@ -8,11 +8,15 @@ import io
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 import structlog
 
 from ledger.logs import QUIET_LOGGERS, configure_logging
@@ -36,8 +40,20 @@ def env_without_runtime_dir(state: Path) -> dict[str, str]:
     return env
 
 
-def test_server_and_cli_write_one_json_stream(tmp_path: Path) -> None:
-    state = tmp_path / "state"
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    # Outside pytest's base temp dir: as root, pgserver runs PostgreSQL as user `pgserver`, which
+    # must traverse the path, and a pytest session started meanwhile (another checkout on this
+    # machine) resets /tmp/pytest-of-<user> to mode 0700.
+    path = Path(tempfile.mkdtemp(prefix="mf-log-test-"))
+    try:
+        yield path / "state"
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_server_and_cli_write_one_json_stream(tmp_path: Path, state_dir: Path) -> None:
+    state = state_dir
     port = free_port()
     out, err = tmp_path / "stdout", tmp_path / "stderr"
     proc = subprocess.Popen(
