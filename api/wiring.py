@@ -15,7 +15,6 @@ from api.services.repository import (
     AuditRepository,
     HardwareRepository,
     LivenessPolicy,
-    ObservabilityRepository,
 )
 from collectors.identity import NodeIdentity, resolve_identity
 from collectors.nvml import NvidiaNvmlCollector
@@ -39,7 +38,6 @@ class Services:
         self.decommission = DecommissionService(inventory)
         self.repository = repository
         self.audit = AuditRepository(pool, repository)
-        self.observability = ObservabilityRepository(pool)
 
 
 def event_store(pool: asyncpg.Pool) -> EventStore:

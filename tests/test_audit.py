@@ -243,14 +243,12 @@ async def test_metrics_export_known_values_only(make_api) -> None:  # type: igno
     r = await api.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     families = {f.name: f for f in text_string_to_metric_families(r.text)}
-    fan = {
-        s.labels["gpu_uuid"]: s.value for s in families["modelforge_accelerator_fan_speed_percent"].samples
-    }
+    fan = {s.labels["UUID"]: s.value for s in families["modelforge_gpu_fan_speed_ratio"].samples}
     assert fan == {sc.gpus[0].uuid: 0.0}, "a known 0 is 0; an unsupported fan is absent"
-    temps = families["modelforge_accelerator_temperature_celsius"].samples
-    assert {s.labels["gpu_uuid"] for s in temps} == {g.uuid for g in sc.gpus}
+    temps = families["modelforge_gpu_temperature_celsius"].samples
+    assert {s.labels["UUID"] for s in temps} == {g.uuid for g in sc.gpus}
     assert all(s.labels["node_id"] for s in temps)
-    assert "modelforge_host_memory_available_bytes" in families
-    assert "modelforge_ingest_events" in families or "modelforge_ingest_events_total" in families
+    assert "modelforge_node_memory_available_bytes" in families
+    assert "modelforge_ingest_events" in families
     lag = families["modelforge_projection_lag_events"].samples[0].value
     assert lag == 0

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ledger.db import LATEST_SCHEMA_VERSION
+
 
 def cli(*args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")}
@@ -21,7 +23,7 @@ def test_migrate_twice_and_refresh_json(database_dsn: str, tmp_path: Path) -> No
     for _ in range(2):
         r = cli("migrate", "--database-url", database_dsn)
         assert r.returncode == 0, r.stderr
-        assert "schema is at version 1" in r.stdout
+        assert f"schema is at version {LATEST_SCHEMA_VERSION}" in r.stdout
     env = {"MODELFORGE_NODE_ID": "cli-node", "MODELFORGE_STATE_DIR": str(tmp_path)}
     r = cli("refresh", "--json", "--database-url", database_dsn, env_extra=env)
     assert r.returncode == 0, r.stderr

@@ -172,7 +172,7 @@ async def test_preview_then_execute_tombstones_revokes_clears_read_models_and_ke
     assert [(c["status"], c["revoked_reason"]) for c in creds] == [("revoked", "decommissioned")]
     assert (await api.client.get("/api/v1/health")).json()["inventory"]["status"] == "pending"
     metrics = (await api.get("/metrics")).text
-    assert NODE not in metrics and 'modelforge_accelerators{status="decommissioned"} 2' in metrics
+    assert NODE not in metrics and 'modelforge_accelerators{status="decommissioned"} 2.0' in metrics
 
     # Point in time: just before the tombstone the node was active, with its telemetry.
     before_tomb = datetime.fromisoformat(tomb["recorded_at"]) - timedelta(microseconds=1)

@@ -200,7 +200,7 @@ async def test_hash_chain_links_lifecycle_events(store: EventStore) -> None:
 
 
 async def test_migrate_is_idempotent(pool: asyncpg.Pool) -> None:
-    from ledger.db import migrate
+    from ledger.db import LATEST_SCHEMA_VERSION, migrate
 
     snapshot = (
         "SELECT string_agg(table_name || '.' || column_name || ':' || data_type, ',' ORDER BY 1) "
@@ -209,8 +209,8 @@ async def test_migrate_is_idempotent(pool: asyncpg.Pool) -> None:
     async with pool.acquire() as conn:
         before = await conn.fetchval(snapshot)
         indexes = await conn.fetchval("SELECT count(*) FROM pg_indexes WHERE schemaname = 'public'")
-        assert await migrate(conn) == 1
-        assert await migrate(conn) == 1
+        assert await migrate(conn) == LATEST_SCHEMA_VERSION
+        assert await migrate(conn) == LATEST_SCHEMA_VERSION
         assert await conn.fetchval(snapshot) == before
         assert await conn.fetchval("SELECT count(*) FROM pg_indexes WHERE schemaname = 'public'") == indexes
-        assert await conn.fetchval("SELECT count(*) FROM schema_version") == 1
+        assert await conn.fetchval("SELECT count(*) FROM schema_version") == LATEST_SCHEMA_VERSION

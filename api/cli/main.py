@@ -39,7 +39,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     config = _config(args)
     if sys.stderr.isatty():
         where = "the embedded PostgreSQL" if not config.database_url else "MODELFORGE_DATABASE_URL"
-        sys.stderr.write(f"  applying schema.sql to {where} (idempotent)...\n")
+        sys.stderr.write(f"  migrating {where}: schema.sql, then numbered steps not yet applied...\n")
 
     async def work(pool: Any) -> int:
         async with pool.acquire() as conn:
@@ -399,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retention-interval", type=float, help="seconds between retention passes (0: off)")
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("migrate", help="apply schema.sql (idempotent)")
+    p = sub.add_parser("migrate", help="bring the database schema to this release (idempotent)")
     _common(p)
     p.set_defaults(func=cmd_migrate)
 
@@ -468,6 +468,10 @@ def build_parser() -> argparse.ArgumentParser:
     from api.cli.decommission import register as register_decommission_commands
 
     register_decommission_commands(sub, _common)
+    # Read-only operator tokens (issue 13): `viewer-token ...`.
+    from api.cli.scopes import register as register_viewer_commands
+
+    register_viewer_commands(sub, _common)
     from api.cli.completion import register as register_completion
 
     register_completion(sub)

@@ -12,21 +12,22 @@ from typing import Annotated, Any
 
 import asyncpg
 import structlog
-from litestar import Litestar, Router, get, post
+from litestar import Litestar, Response, Router, get, post
 from litestar.di import NamedDependency
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import FromPath, FromQuery, QueryParameter
 
-from api.http import observability, problems
+from api.http import problems
 from api.http.agent import agent_routers
 from api.http.console import ConsolePlugin
 from api.http.context import DEPENDENCIES, AppContext, operator_guard
 from api.http.decommission import decommission_routers
+from api.services import metrics as prometheus
 from api.services.errors import Conflict, DomainError, InvalidRequest, Unavailable
 from api.services.inventory import HardwareInventoryService, RefreshOutcome
-from api.services.repository import AuditRepository, BadCursor, HardwareRepository, ObservabilityRepository
+from api.services.repository import AuditRepository, BadCursor, HardwareRepository
 from api.services.views import (
     AcceleratorBody,
     AcceleratorPage,
@@ -212,15 +213,24 @@ async def list_events(
 
 @get(
     "/metrics",
-    summary="Latest telemetry in the Prometheus text format (known values only)",
-    media_type=observability.CONTENT_TYPE,
+    summary="Latest telemetry in the Prometheus text format (known values only); see docs/metrics.md",
+    media_type=prometheus.CONTENT_TYPE,
     guards=[operator_guard],
     security=[{"bearer": []}],
 )
-async def metrics(
-    telemetry: NamedDependency[ObservabilityRepository], inventory: NamedDependency[HardwareInventoryService]
-) -> str:
-    return observability.render(await telemetry.samples(), inventory.counters)
+async def metrics(context: NamedDependency[AppContext]) -> Response[bytes]:
+    counters = context.service.counters
+    snapshot = await prometheus.read_snapshot(
+        context.pool,
+        context.repository.liveness,
+        {"refreshes": counters.refreshes, "failures": counters.failures, "events": counters.events},
+    )
+    # Set here: Litestar would append a second `charset` to a text/ media type.
+    return Response(
+        prometheus.render(snapshot),
+        media_type=prometheus.CONTENT_TYPE,
+        headers={"content-type": prometheus.CONTENT_TYPE},
+    )
 
 
 def _aware(moment: datetime) -> datetime:
@@ -268,6 +278,9 @@ def create_app(
         dependencies=DEPENDENCIES,
         lifespan=[lifespan] if lifespan else [],
         plugins=[ConsolePlugin()],
+        # Logging is ledger.logs' (one structlog stream); Litestar's default would install a
+        # plain-text root handler of its own.
+        logging_config=None,
         request_max_body_size=1024 * 1024,
         debug=False,
     )

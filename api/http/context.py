@@ -16,8 +16,10 @@ from litestar.handlers.base import BaseRouteHandler
 from api.config import tokens_match
 from api.services.agent_plane import EnrollmentService
 from api.services.decommission import DecommissionService
+from api.services.errors import Forbidden
 from api.services.inventory import HardwareInventoryService
-from api.services.repository import AuditRepository, HardwareRepository, ObservabilityRepository
+from api.services.repository import AuditRepository, HardwareRepository
+from api.services.scopes import OperatorTokens, viewer_may
 from api.wiring import Services
 
 
@@ -72,10 +74,6 @@ def _audit(context: NamedDependency[AppContext]) -> AuditRepository:
     return context.services.audit
 
 
-def _telemetry(context: NamedDependency[AppContext]) -> ObservabilityRepository:
-    return context.services.observability
-
-
 # The routes' dependencies: each names one service of the process's context.
 DEPENDENCIES = {
     "context": Provide(_context, sync_to_thread=False),
@@ -84,7 +82,6 @@ DEPENDENCIES = {
     "decommission": Provide(_decommission, sync_to_thread=False),
     "repository": Provide(_repository, sync_to_thread=False),
     "audit": Provide(_audit, sync_to_thread=False),
-    "telemetry": Provide(_telemetry, sync_to_thread=False),
 }
 
 
@@ -101,5 +98,16 @@ async def operator_guard(connection: ASGIConnection[Any, Any, Any, Any], _: Base
     token = bearer(connection)
     if token is None:
         raise NotAuthorizedException("an operator bearer token is required (Authorization: Bearer ...)")
-    if not tokens_match(token, ctx(connection).admin_token_hash):
-        raise NotAuthorizedException("the bearer token is not a valid operator token")
+    if tokens_match(token, ctx(connection).admin_token_hash):
+        return
+    # A read-only (viewer) token: reads pass, anything else is refused as out of its scope.
+    if await OperatorTokens(ctx(connection).pool).scope_of(token) == "viewer":
+        method = connection.scope.get("method", "GET")  # a websocket has none: treat as a read
+        if viewer_may(str(method), connection.scope["path"]):
+            return
+        raise Forbidden(
+            "insufficient-scope",
+            "Insufficient scope",
+            "a viewer token may only read metrics, the inventory and the audit log",
+        )
+    raise NotAuthorizedException("the bearer token is not a valid operator token")

@@ -25,6 +25,7 @@ from litestar.response import Redirect, Template
 from api.config import tokens_match
 from api.http.console import views
 from api.services.repository import BadCursor, FleetQuery
+from api.services.scopes import OperatorTokens
 from api.services.views import AcceleratorBody, EventBody, NodeBody
 
 log = structlog.get_logger(__name__)
@@ -47,14 +48,19 @@ def _ctx(connection: ASGIConnection[Any, Any, Any, Any]) -> Any:
     return connection.app.state.ctx
 
 
-def token_accepted(connection: ASGIConnection[Any, Any, Any, Any], token: str) -> bool:
-    """The API's operator-route check, applied to the cookie's token."""
-    return bool(token) and tokens_match(token, _ctx(connection).admin_token_hash)
+async def token_accepted(connection: ASGIConnection[Any, Any, Any, Any], token: str) -> bool:
+    """The API's read check, applied to the cookie's token: the operator token, or a live viewer
+    token (every console page is a read)."""
+    if not token:
+        return False
+    if tokens_match(token, _ctx(connection).admin_token_hash):
+        return True
+    return await OperatorTokens(_ctx(connection).pool).scope_of(token) == "viewer"
 
 
 async def console_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     token = connection.cookies.get(COOKIE, "")
-    if not token_accepted(connection, token):
+    if not await token_accepted(connection, token):
         raise NotAuthorizedException("sign in to the console")
 
 
@@ -135,7 +141,7 @@ async def login(
     data: Annotated[LoginForm, Body(media_type=RequestEncodingType.URL_ENCODED)],
 ) -> Response[Any]:
     token = data.token.strip()
-    if not token_accepted(request, token):
+    if not await token_accepted(request, token):
         log.info("console.login_refused")
         return Template(
             template_name="login.html.j2",

@@ -1,0 +1,440 @@
+"""/metrics on prometheus-client: a custom Collector over a snapshot of the read models.
+
+The route reads the read models once per scrape (`read_snapshot`, async, one connection) and
+renders them through `ReadModelCollector` on a fresh registry, so a scrape is always the state
+of one moment and nothing is cached between scrapes.
+
+Naming follows the Prometheus rules: base units (`_bytes`, `_hertz`, `_celsius`, `_watts`), 0-1
+`_ratio` instead of percent, `_total` for counters. GPU series carry dcgm-exporter's label names
+(`gpu`, `UUID`, `modelName`, `Hostname`, `pci_bus_id`) so its dashboards work after a metric-name
+mapping; `node_id` is ours. An unsupported or failed metric is absent, a known 0 is 0 (the DCGM
+lesson). `METRICS` is the catalog; docs/metrics.md is rendered from it.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import asyncpg
+import msgspec
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from api.services.repository import LivenessPolicy, _fact
+from collectors.facts import Known
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+VERSION = "0.1.0"
+
+GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname", "pci_bus_id", "node_id")
+NODE_LABELS = ("Hostname", "node_id")
+LIVENESS_STATES = ("online", "stale", "offline", "local")
+INVENTORY_STATES = ("pending", "ok", "degraded", "failed")
+
+
+class MetricSpec(msgspec.Struct, frozen=True):
+    name: str
+    kind: Literal["gauge", "counter"]
+    help: str
+    labels: tuple[str, ...]
+    # the read-model telemetry key this metric comes from, and the factor to base units
+    source: str = ""
+    scale: float = 1.0
+
+
+def _gpu(name: str, source: str, help_: str, scale: float = 1.0) -> MetricSpec:
+    return MetricSpec(name, "gauge", help_, GPU_LABELS, source, scale)
+
+
+GPU_TELEMETRY = (
+    _gpu("modelforge_gpu_memory_used_bytes", "memory_used_bytes", "GPU framebuffer memory in use."),
+    _gpu("modelforge_gpu_memory_total_bytes", "memory_total_bytes", "GPU framebuffer memory total."),
+    _gpu("modelforge_gpu_utilization_ratio", "utilization_gpu_percent", "GPU utilization (0-1).", 0.01),
+    _gpu(
+        "modelforge_gpu_memory_utilization_ratio",
+        "utilization_memory_percent",
+        "GPU memory-controller utilization (0-1).",
+        0.01,
+    ),
+    _gpu("modelforge_gpu_temperature_celsius", "temperature_celsius", "GPU temperature."),
+    _gpu("modelforge_gpu_power_watts", "power_watts", "GPU power draw."),
+    _gpu("modelforge_gpu_clock_graphics_hertz", "clock_graphics_mhz", "GPU graphics clock.", 1e6),
+    _gpu("modelforge_gpu_clock_sm_hertz", "clock_sm_mhz", "GPU SM clock.", 1e6),
+    _gpu("modelforge_gpu_clock_memory_hertz", "clock_memory_mhz", "GPU memory clock.", 1e6),
+    _gpu("modelforge_gpu_fan_speed_ratio", "fan_speed_percent", "GPU fan speed, share of maximum.", 0.01),
+    _gpu(
+        "modelforge_gpu_performance_state",
+        "performance_state",
+        "GPU performance state number (0 = P0, maximum performance).",
+    ),
+)
+
+NODE_TELEMETRY = (
+    MetricSpec(
+        "modelforge_node_memory_available_bytes",
+        "gauge",
+        "Host memory available.",
+        NODE_LABELS,
+        "memory_available_bytes",
+    ),
+    MetricSpec(
+        "modelforge_node_memory_total_bytes", "gauge", "Host memory total.", NODE_LABELS, "memory_total_bytes"
+    ),
+)
+
+STORAGE = (
+    MetricSpec(
+        "modelforge_node_filesystem_used_bytes",
+        "gauge",
+        "Bytes used on a mount.",
+        (*NODE_LABELS, "mountpoint"),
+        "used_bytes",
+    ),
+    MetricSpec(
+        "modelforge_node_filesystem_size_bytes",
+        "gauge",
+        "Size of a mount.",
+        (*NODE_LABELS, "mountpoint"),
+        "total_bytes",
+    ),
+)
+
+BUILD_INFO = MetricSpec(
+    "modelforge_build_info", "gauge", "The server's version (always 1).", ("version", "python_version")
+)
+GPU_INFO = MetricSpec(
+    "modelforge_gpu_info",
+    "gauge",
+    "One series per known GPU (always 1); `status` is active or missing.",
+    (*GPU_LABELS, "status", "driver_version"),
+)
+NODE_LIVENESS = MetricSpec(
+    "modelforge_node_liveness",
+    "gauge",
+    "1 for the node's liveness state (by the central clock), 0 for the others.",
+    (*NODE_LABELS, "liveness"),
+)
+NODE_INVENTORY = MetricSpec(
+    "modelforge_node_inventory_status",
+    "gauge",
+    "1 for the node's inventory status, 0 for the others.",
+    (*NODE_LABELS, "status"),
+)
+NODE_LAST_SEEN = MetricSpec(
+    "modelforge_node_last_seen_timestamp_seconds",
+    "gauge",
+    "When the server last received a report or refresh from the node (Unix time).",
+    NODE_LABELS,
+)
+ACCELERATORS = MetricSpec(
+    "modelforge_accelerators", "gauge", "Accelerators known to the ledger, by status.", ("status",)
+)
+COUNTERS = (
+    MetricSpec(
+        "modelforge_ingest_refreshes_total",
+        "counter",
+        "Refreshes and agent reports reconciled by this process.",
+        (),
+        "refreshes",
+    ),
+    MetricSpec(
+        "modelforge_ingest_failures_total",
+        "counter",
+        "Refreshes that recorded INVENTORY_FAILED in this process.",
+        (),
+        "failures",
+    ),
+    MetricSpec("modelforge_ingest_events_total", "counter", "Events appended by this process.", (), "events"),
+)
+LOG_HEAD = MetricSpec("modelforge_log_head_position", "gauge", "Global position of the newest event.", ())
+PROJECTION_LAG = MetricSpec(
+    "modelforge_projection_lag_events",
+    "gauge",
+    "Events in the log not yet folded into the read models (inline folding: 0).",
+    (),
+)
+
+METRICS: tuple[MetricSpec, ...] = (
+    BUILD_INFO,
+    NODE_LIVENESS,
+    NODE_INVENTORY,
+    NODE_LAST_SEEN,
+    *NODE_TELEMETRY,
+    *STORAGE,
+    GPU_INFO,
+    *GPU_TELEMETRY,
+    ACCELERATORS,
+    *COUNTERS,
+    LOG_HEAD,
+    PROJECTION_LAG,
+)
+
+
+# --- the snapshot: what one scrape reads ----------------------------------------------------------
+
+
+class NodeRow(msgspec.Struct, frozen=True):
+    node_id: str
+    hostname: str
+    liveness: str
+    inventory_status: str
+    last_received_at: datetime | None
+    telemetry: dict[str, Any]
+    storage: list[tuple[str, Any, Any]]
+
+
+class GpuRow(msgspec.Struct, frozen=True):
+    node_id: str
+    hostname: str
+    uuid: str
+    status: str
+    index: str
+    model: str
+    pci_bus_id: str
+    driver_version: str
+    telemetry: dict[str, Any]
+
+
+class Snapshot(msgspec.Struct, frozen=True):
+    nodes: list[NodeRow]
+    gpus: list[GpuRow]
+    accelerator_counts: dict[str, int]
+    head: int
+    folded: int
+    counters: dict[str, int]
+
+
+def _known_text(raw: Any) -> str:
+    """A fact's value as a label: the empty string when it is not known."""
+    if raw is None:
+        return ""
+    fact = _fact(raw)
+    return str(fact.value) if isinstance(fact, Known) else ""
+
+
+def sample_value(raw: Any) -> float | None:
+    """A telemetry fact as a sample value, or None (absent) unless known and numeric.
+
+    A boolean or text in a numeric metric is garbage, not a number: absent, never 1 or 0.
+    """
+    if raw is None:
+        return None
+    fact = _fact(raw)
+    if not isinstance(fact, Known):
+        return None
+    value = fact.value
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and value[:1] == "P" and value[1:].isdigit():
+        return float(value[1:])
+    return None
+
+
+async def read_snapshot(
+    pool: asyncpg.Pool, liveness: LivenessPolicy, counters: dict[str, int], now: datetime | None = None
+) -> Snapshot:
+    now = now or datetime.now(UTC)
+    async with pool.acquire() as conn, conn.transaction(readonly=True, isolation="repeatable_read"):
+        node_rows = await conn.fetch(
+            "SELECT n.node_id, n.hostname, n.source, n.inventory_status, t.received_at, t.metrics, "
+            "coalesce((SELECT jsonb_agg(jsonb_build_array(s.mount, s.used_bytes, s.total_bytes) "
+            "ORDER BY s.mount) FROM hw_node_storage s WHERE s.node_id = n.node_id), '[]'::jsonb) "
+            "AS storage "
+            "FROM hw_nodes n LEFT JOIN hw_host_telemetry t ON t.node_id = n.node_id "
+            "WHERE n.status = 'active' ORDER BY n.node_id"
+        )
+        gpu_rows = await conn.fetch(
+            "SELECT a.node_id, n.hostname, a.uuid, a.status, a.device_index, a.name, a.pci_bus_id, "
+            "a.driver_version, t.metrics FROM hw_accelerators a "
+            "JOIN hw_nodes n ON n.node_id = a.node_id "
+            "LEFT JOIN hw_accelerator_telemetry t ON t.accelerator_id = a.accelerator_id "
+            "WHERE a.status IN ('active', 'missing') AND n.status = 'active' ORDER BY a.node_id, a.uuid"
+        )
+        counts = await conn.fetch("SELECT status, count(*) AS n FROM hw_accelerators GROUP BY status")
+        head = await conn.fetchval("SELECT coalesce(max(global_position), 0) FROM events")
+        folded = await conn.fetchval("SELECT coalesce(max(position), 0) FROM projection_state")
+    nodes = [
+        NodeRow(
+            node_id=r["node_id"],
+            hostname=r["hostname"] or "",
+            liveness=liveness.judge(r["source"], r["received_at"], now),
+            inventory_status=r["inventory_status"],
+            last_received_at=r["received_at"],
+            telemetry=dict(r["metrics"] or {}),
+            storage=[(m, used, total) for m, used, total in r["storage"]],
+        )
+        for r in node_rows
+    ]
+    gpus = [
+        GpuRow(
+            node_id=r["node_id"],
+            hostname=r["hostname"] or "",
+            uuid=r["uuid"],
+            status=r["status"],
+            index=_known_text(r["device_index"]),
+            model=_known_text(r["name"]),
+            pci_bus_id=_known_text(r["pci_bus_id"]),
+            driver_version=_known_text(r["driver_version"]),
+            # a missing GPU's last telemetry is history, not a current reading
+            telemetry=dict(r["metrics"] or {}) if r["status"] == "active" else {},
+        )
+        for r in gpu_rows
+    ]
+    return Snapshot(
+        nodes=nodes,
+        gpus=gpus,
+        accelerator_counts={r["status"]: int(r["n"]) for r in counts},
+        head=int(head),
+        folded=int(folded),
+        counters=counters,
+    )
+
+
+# --- the collector ---------------------------------------------------------------------------------
+
+
+def _family(spec: MetricSpec) -> GaugeMetricFamily | CounterMetricFamily:
+    if spec.kind == "counter":
+        # prometheus-client appends `_total` itself
+        return CounterMetricFamily(spec.name.removesuffix("_total"), spec.help, labels=spec.labels)
+    return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+
+
+class ReadModelCollector(Collector):
+    """Turns one snapshot of the read models into metric families."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.snapshot
+        build = _family(BUILD_INFO)
+        build.add_metric([VERSION, platform.python_version()], 1)
+        yield build
+
+        liveness, inventory = _family(NODE_LIVENESS), _family(NODE_INVENTORY)
+        last_seen = _family(NODE_LAST_SEEN)
+        node_telemetry = {spec.name: _family(spec) for spec in (*NODE_TELEMETRY, *STORAGE)}
+        for n in s.nodes:
+            base = [n.hostname, n.node_id]
+            for state in LIVENESS_STATES:
+                liveness.add_metric([*base, state], 1 if n.liveness == state else 0)
+            for state in INVENTORY_STATES:
+                inventory.add_metric([*base, state], 1 if n.inventory_status == state else 0)
+            if n.last_received_at is not None:
+                last_seen.add_metric(base, n.last_received_at.timestamp())
+            for spec in NODE_TELEMETRY:
+                value = sample_value(n.telemetry.get(spec.source))
+                if value is not None:
+                    node_telemetry[spec.name].add_metric(base, value * spec.scale)
+            for mount, used, total in n.storage:
+                for spec, raw in zip(STORAGE, (used, total), strict=True):
+                    value = sample_value(raw)
+                    if value is not None:
+                        node_telemetry[spec.name].add_metric([*base, mount], value)
+        yield liveness
+        yield inventory
+        yield last_seen
+        yield from node_telemetry.values()
+
+        info = _family(GPU_INFO)
+        gpu_telemetry = {spec.name: _family(spec) for spec in GPU_TELEMETRY}
+        for g in s.gpus:
+            labels = [g.index, g.uuid, g.model, g.hostname, g.pci_bus_id, g.node_id]
+            info.add_metric([*labels, g.status, g.driver_version], 1)
+            for spec in GPU_TELEMETRY:
+                value = sample_value(g.telemetry.get(spec.source))
+                if value is not None:  # unsupported / failed: absent, never 0
+                    gpu_telemetry[spec.name].add_metric(labels, value * spec.scale)
+        yield info
+        yield from gpu_telemetry.values()
+
+        accelerators = _family(ACCELERATORS)
+        for status, count in sorted(s.accelerator_counts.items()):
+            accelerators.add_metric([status], count)
+        yield accelerators
+        for spec in COUNTERS:
+            counter = _family(spec)
+            counter.add_metric([], s.counters.get(spec.source, 0))
+            yield counter
+        head = _family(LOG_HEAD)
+        head.add_metric([], s.head)
+        yield head
+        lag = _family(PROJECTION_LAG)
+        lag.add_metric([], max(0, s.head - s.folded))
+        yield lag
+
+
+def render(snapshot: Snapshot) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ReadModelCollector(snapshot))
+    return generate_latest(registry)
+
+
+# --- the catalog page -------------------------------------------------------------------------------
+
+
+def render_catalog() -> str:
+    lines = [
+        "# Metrics catalog",
+        "",
+        "<!-- Generated from api/services/metrics.py by `python -m api.services.metrics --write`; "
+        "do not edit. -->",
+        "",
+        "`GET /metrics` (an operator or viewer token) answers the Prometheus text format with",
+        f"Content-Type `{CONTENT_TYPE}`. Everything is read from the read models at scrape time.",
+        "A telemetry metric that is unsupported, unavailable or failed on a device is absent",
+        "(no series), never 0; a measured 0 is 0. Decommissioned nodes and their GPUs are not",
+        "exported (they still count in `modelforge_accelerators`).",
+        "",
+        "## Labels and dcgm-exporter",
+        "",
+        "GPU series use dcgm-exporter's label names, so its dashboards need only a metric-name mapping:",
+        "",
+        "| label | meaning | dcgm-exporter |",
+        "|---|---|---|",
+        "| `gpu` | device index on the node (empty when unknown) | `gpu` |",
+        "| `UUID` | the GPU's UUID (the accelerator's identity on its node) | `UUID` |",
+        "| `modelName` | product name, e.g. `NVIDIA H100 80GB HBM3` | `modelName` |",
+        "| `Hostname` | the node's current hostname (metadata, not identity) | `Hostname` |",
+        "| `pci_bus_id` | PCI bus id | `pci_bus_id` |",
+        "| `node_id` | the node's ledger id (stable; use it to join) | — |",
+        "",
+        "| modelforge | dcgm-exporter |",
+        "|---|---|",
+        "| `modelforge_gpu_utilization_ratio` | `DCGM_FI_DEV_GPU_UTIL` / 100 |",
+        "| `modelforge_gpu_memory_utilization_ratio` | `DCGM_FI_DEV_MEM_COPY_UTIL` / 100 |",
+        "| `modelforge_gpu_memory_used_bytes` | `DCGM_FI_DEV_FB_USED` × 2^20 |",
+        "| `modelforge_gpu_temperature_celsius` | `DCGM_FI_DEV_GPU_TEMP` |",
+        "| `modelforge_gpu_power_watts` | `DCGM_FI_DEV_POWER_USAGE` |",
+        "| `modelforge_gpu_clock_sm_hertz` | `DCGM_FI_DEV_SM_CLOCK` × 10^6 |",
+        "| `modelforge_gpu_clock_memory_hertz` | `DCGM_FI_DEV_MEM_CLOCK` × 10^6 |",
+        "",
+        "## Metrics",
+        "",
+        "| name | type | labels | from | help |",
+        "|---|---|---|---|---|",
+    ]
+    for spec in METRICS:
+        labels = ", ".join(f"`{label}`" for label in spec.labels) or "—"
+        scale = f" × {spec.scale:g}" if spec.scale != 1.0 else ""
+        source = f"`{spec.source}`{scale}" if spec.source else "—"
+        lines.append(f"| `{spec.name}` | {spec.kind} | {labels} | {source} | {spec.help} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+    if sys.argv[1:] == ["--write"]:
+        page.write_text(render_catalog(), encoding="utf-8")
+    else:
+        sys.stdout.write(render_catalog())

@@ -1,0 +1,95 @@
+"""deploy/prometheus and deploy/grafana: checked by promtool, and kept in step with the metrics
+catalog (api/services/metrics.py), so a renamed metric cannot leave a silent alert or an empty panel.
+
+promtool comes from Debian's `prometheus` package; when it is missing this installs it with
+apt-get, and FAILS (never skips) when it cannot.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from api.services.metrics import METRICS
+from tests.test_deploy import _apt_install
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMETHEUS = ROOT / "deploy" / "prometheus"
+DASHBOARD = ROOT / "deploy" / "grafana" / "modelforge-hardware.json"
+METRIC_NAME = re.compile(r"\bmodelforge_[a-z0-9_]+\b")
+ALERTS = (
+    "ModelForgeNodeStale",
+    "ModelForgeNodeOffline",
+    "ModelForgeGpuMissing",
+    "ModelForgeInventoryDegraded",
+)
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        why = _apt_install("prometheus")
+        path = shutil.which("promtool")
+        if path is None:
+            pytest.fail(f"promtool (Debian package prometheus) cannot be installed: {why or 'not on PATH'}")
+    return path
+
+
+@pytest.fixture
+def prometheus_dir(tmp_path: Path) -> Path:
+    """The shipped files, with the token file an operator puts beside them."""
+    target = tmp_path / "prometheus"
+    shutil.copytree(PROMETHEUS, target)
+    (target / "modelforge-viewer-token").write_text("mfv_placeholder\n", encoding="utf-8")
+    return target
+
+
+def promtool_run(promtool: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([promtool, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_promtool_checks_the_scrape_config(promtool: str, prometheus_dir: Path) -> None:
+    done = promtool_run(promtool, prometheus_dir, "check", "config", "prometheus.yml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 rule files found" in done.stdout
+
+
+def test_promtool_checks_the_alert_rules(promtool: str, prometheus_dir: Path) -> None:
+    done = promtool_run(promtool, prometheus_dir, "check", "rules", "alerts.yml")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_promtool_unit_tests_every_alert(promtool: str, prometheus_dir: Path) -> None:
+    done = promtool_run(promtool, prometheus_dir, "test", "rules", "alerts_test.yml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    tests = (PROMETHEUS / "alerts_test.yml").read_text(encoding="utf-8")
+    rules = (PROMETHEUS / "alerts.yml").read_text(encoding="utf-8")
+    for alert in re.findall(r"- alert: (\w+)", rules):
+        assert f"alertname: {alert}" in tests, f"{alert} has no promtool unit test"
+    assert set(ALERTS) <= set(re.findall(r"- alert: (\w+)", rules))
+
+
+def test_a_broken_rule_is_caught(promtool: str, prometheus_dir: Path) -> None:
+    rules = prometheus_dir / "alerts.yml"
+    rules.write_text(rules.read_text(encoding="utf-8").replace("== 1", "== =", 1), encoding="utf-8")
+    done = promtool_run(promtool, prometheus_dir, "check", "rules", "alerts.yml")
+    assert done.returncode != 0
+
+
+def test_rules_and_dashboard_use_only_exported_metrics() -> None:
+    exported = {m.name for m in METRICS}
+    rules = (PROMETHEUS / "alerts.yml").read_text(encoding="utf-8")
+    assert set(METRIC_NAME.findall(rules)) <= exported, set(METRIC_NAME.findall(rules)) - exported
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 10
+    for expr in exprs:
+        used = set(METRIC_NAME.findall(expr))
+        assert used and used <= exported, (expr, used - exported)
+    assert dashboard["uid"] and dashboard["title"]

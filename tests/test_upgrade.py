@@ -1,0 +1,143 @@
+"""Upgrades (issue 13, item 8): a database created and filled by 0.1.0 is migrated forward by
+`modelforge-hw migrate`, keeps every event, and passes `verify` and `rebuild --verify`.
+
+tests/fixtures/schema-0.1.0.sql is schema.sql as released in 0.1.0 (commit 1d2b71f);
+tests/fixtures/modelforge-0.1.0.sql is `pg_dump --column-inserts` of a database 0.1.0 made and
+filled (two local refreshes, two enrolled agents with three reports each), passed through
+tests/fixtures/renumber_xids.py so it restores into any cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from ledger.db import LATEST_SCHEMA_VERSION, migrate, migration_steps
+from tests.conftest import dsn_for_database
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SCHEMA_SNAPSHOT = """
+SELECT string_agg(x, E'\\n' ORDER BY x) FROM (
+    SELECT 'column ' || table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable AS x
+    FROM information_schema.columns WHERE table_schema = 'public'
+    UNION ALL SELECT 'index ' || indexdef FROM pg_indexes WHERE schemaname = 'public'
+    UNION ALL SELECT 'trigger ' || event_object_table || ' ' || trigger_name || ' ' || event_manipulation
+    FROM information_schema.triggers WHERE trigger_schema = 'public'
+    UNION ALL SELECT 'function ' || p.proname || ' ' || md5(p.prosrc) FROM pg_proc p
+    JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public'
+) s
+"""
+EVENTS = (
+    "SELECT global_position, tx_id::text AS tx, event_id, stream_id, stream_version, event_type, "
+    "data::text AS data, metadata::text AS metadata, recorded_at, hash FROM events ORDER BY global_position"
+)
+
+
+@pytest.fixture
+async def empty_database(pg_server_dsn: str) -> AsyncIterator[str]:
+    name = f"mf_upgrade_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(pg_server_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        yield dsn_for_database(pg_server_dsn, name)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+async def run_sql_file(dsn: str, path: Path) -> None:
+    # A connection of its own: the dump empties search_path for its session.
+    sql = await asyncio.to_thread(path.read_text, encoding="utf-8")
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+def cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")}
+    env["MODELFORGE_DATABASE_URL"] = dsn
+    return subprocess.run(
+        [sys.executable, "-m", "api.cli", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+async def test_a_filled_0_1_0_database_migrates_forward_keeping_every_event(empty_database: str) -> None:
+    await run_sql_file(empty_database, FIXTURES / "modelforge-0.1.0.sql")
+    conn = await asyncpg.connect(empty_database)
+    try:
+        assert await conn.fetchval("SELECT max(version) FROM schema_version") == 1
+        before = await conn.fetch(EVENTS)
+        assert len(before) >= 40 and {r["event_type"] for r in before} >= {
+            "NODE_DISCOVERED",
+            "ACCELERATOR_DISCOVERED",
+            "CREDENTIAL_ISSUED",
+            "HOST_TELEMETRY_OBSERVED",
+        }
+    finally:
+        await conn.close()
+
+    done = cli(empty_database, "migrate")
+    assert done.returncode == 0, done.stderr
+    assert f"schema is at version {LATEST_SCHEMA_VERSION}" in done.stdout
+
+    conn = await asyncpg.connect(empty_database)
+    try:
+        after = await conn.fetch(EVENTS)
+        versions = [r["version"] for r in await conn.fetch("SELECT version FROM schema_version ORDER BY 1")]
+    finally:
+        await conn.close()
+    assert [dict(r) for r in after] == [dict(r) for r in before], "every event kept, byte for byte"
+    assert versions == list(range(1, LATEST_SCHEMA_VERSION + 1))
+
+    verify = cli(empty_database, "verify")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    rebuilt = cli(empty_database, "rebuild", "--verify")
+    assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+    # the upgraded database serves its old inventory
+    conn = await asyncpg.connect(empty_database)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM hw_nodes") == 3
+        assert await conn.fetchval("SELECT count(*) FROM hw_accelerators") == 6
+    finally:
+        await conn.close()
+
+
+async def test_migrated_0_1_0_schema_equals_a_fresh_one(empty_database: str, database_dsn: str) -> None:
+    await run_sql_file(empty_database, FIXTURES / "schema-0.1.0.sql")
+    old = await asyncpg.connect(empty_database)
+    fresh = await asyncpg.connect(database_dsn)
+    try:
+        assert await migrate(old) == LATEST_SCHEMA_VERSION
+        assert await old.fetchval(SCHEMA_SNAPSHOT) == await fresh.fetchval(SCHEMA_SNAPSHOT)
+        # and again: a migrated database is left alone
+        assert await migrate(old) == LATEST_SCHEMA_VERSION
+        assert await old.fetchval("SELECT count(*) FROM schema_version") == LATEST_SCHEMA_VERSION
+    finally:
+        await old.close()
+        await fresh.close()
+
+
+async def test_a_database_newer_than_the_release_is_refused(database_dsn: str) -> None:
+    conn = await asyncpg.connect(database_dsn)
+    try:
+        await conn.execute("INSERT INTO schema_version (version) VALUES ($1)", LATEST_SCHEMA_VERSION + 1)
+        with pytest.raises(RuntimeError, match="newer than this release"):
+            await migrate(conn)
+    finally:
+        await conn.close()
+
+
+def test_steps_are_numbered_in_order_from_two() -> None:
+    steps = migration_steps()
+    assert [s.version for s in steps] == list(range(2, LATEST_SCHEMA_VERSION + 1))
+    assert all(s.sql.strip() for s in steps)
