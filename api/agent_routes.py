@@ -21,6 +21,8 @@ from datetime import datetime
 from typing import Any
 
 from litestar import Request, Router, get, post
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
 from litestar.params import FromPath, FromQuery, JSONBody
 
 from agent.protocol import SENT_AT_HEADER, EnrollRequest, EnrollResponse, ReportAck
@@ -62,7 +64,17 @@ def _sent_at(request: Request[Any, Any, Any]) -> datetime | None:
 # --- agent -----------------------------------------------------------------------------------------
 
 
-@post("/agent/enroll", status_code=201, summary="Exchange an enrollment token for a node credential")
+async def enrollment_token_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    # A guard runs before the body is read: no token, no parsing.
+    await enrollment_service(connection).check_enrollment_token(bearer(connection))  # type: ignore[arg-type]
+
+
+@post(
+    "/agent/enroll",
+    status_code=201,
+    summary="Exchange an enrollment token for a node credential",
+    guards=[enrollment_token_guard],
+)
 async def enroll(request: Request[Any, Any, Any], data: JSONBody[EnrollRequest]) -> EnrollResponse:
     return await enrollment_service(request).enroll(bearer(request), data)
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import asyncpg
 import structlog
-from litestar import Litestar, Request, Router, get, post
+from litestar import Litestar, Request, Response, Router, get, post
 from litestar.connection import ASGIConnection
 from litestar.exceptions import HTTPException, NotAuthorizedException, ValidationException
 from litestar.handlers.base import BaseRouteHandler
@@ -17,7 +17,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import FromPath, FromQuery, QueryParameter
 
-from api import observability, problems
+from api import guards, observability, problems, readiness
 from api.config import tokens_match
 from api.repository import AuditRepository, BadCursor, HardwareRepository, ObservabilityRepository
 from api.schemas import (
@@ -87,24 +87,26 @@ async def operator_guard(connection: ASGIConnection[Any, Any, Any, Any], _: Base
 # --- health ------------------------------------------------------------------------------------
 
 
-@get("/health", summary="Process and inventory health (no auth)")
-async def health(request: Request[Any, Any, Any]) -> HealthBody:
+@get("/health", summary="Process and inventory health (no auth); 503 while the database is unreachable")
+async def health(request: Request[Any, Any, Any]) -> Response[HealthBody]:
     c = ctx(request)
     try:
         inventory = await c.repository.inventory_health()
         database = "ok"
-    except (asyncpg.PostgresError, OSError) as exc:
+    except (asyncpg.PostgresError, *readiness.DATABASE_UNAVAILABLE) as exc:
         log.warning("health.database_unavailable", error=str(exc))
         from api.schemas import InventoryHealth
 
         inventory = InventoryHealth(status="pending", reasons=["database unavailable"], nodes=0)
         database = "unavailable"
-    return HealthBody(
+    body = HealthBody(
         status="ok" if database == "ok" else "degraded",
         database=database,  # type: ignore[arg-type]
         inventory=inventory,
         version=VERSION,
     )
+    # Not ready without its database: 503, so a health check (compose, a load balancer) acts.
+    return Response(body, status_code=200 if database == "ok" else 503)
 
 
 # --- hardware ----------------------------------------------------------------------------------
@@ -272,7 +274,7 @@ def create_app(
     operator = Router(
         path="/api/v1", route_handlers=HARDWARE_ROUTES, guards=[operator_guard], security=[{"bearer": []}]
     )
-    public = Router(path="/api/v1", route_handlers=[health])
+    public = Router(path="/api/v1", route_handlers=[health, readiness.live])
     from api.agent_routes import agent_routers  # here: agent_routes imports this module
     from api.decommission_routes import decommission_routers  # likewise
 
@@ -290,8 +292,10 @@ def create_app(
             BadCursor: problems.handle_bad_cursor,
             ValidationException: problems.handle_validation,
             HTTPException: problems.handle_http,
+            **readiness.exception_handlers(),
             Exception: problems.handle_unexpected,
         },
+        middleware=[guards.refuse_hostile_input],
         openapi_config=OpenAPIConfig(
             title="ModelForge hardware plane",
             version=VERSION,
