@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import asyncpg
@@ -36,6 +37,21 @@ DATABASE_UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.TooManyConnectionsError,
     asyncpg.InterfaceError,
 )
+
+
+class _NoTraceback(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info = None  # the warning line says enough; an outage is not a bug
+        record.exc_text = None
+        return True
+
+
+def quiet_reconnect_tracebacks() -> None:
+    """asyncpg's pool logs a traceback each time it fails to reconnect during an outage; keep
+    its one-line warning only (idempotent)."""
+    pool_log = logging.getLogger("asyncpg.pool")
+    if not any(isinstance(f, _NoTraceback) for f in pool_log.filters):
+        pool_log.addFilter(_NoTraceback())
 
 
 class Liveness(msgspec.Struct, frozen=True):

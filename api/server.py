@@ -15,6 +15,7 @@ import structlog
 import uvicorn
 from litestar import Litestar
 
+from api import readiness
 from api.app import AppContext, create_app
 from api.config import ServerConfig, load_or_create_admin_token
 from api.enrollment import EnrollmentService
@@ -26,6 +27,7 @@ from collectors.system import SystemHostCollector
 from ledger.db import Database, create_pool, migrate
 from ledger.retention import prune_observations
 from ledger.store import EventStore
+from ledger.supervisor import EmbeddedSupervisor, run_with_supervisor
 from projections.inventory import ALL_PROJECTIONS
 
 log = structlog.get_logger(__name__)
@@ -77,6 +79,8 @@ async def retention_loop(pool: asyncpg.Pool, config: ServerConfig) -> None:
 
 
 def make_app(config: ServerConfig, dsn: str, admin_token_hash: str) -> Litestar:
+    readiness.quiet_reconnect_tracebacks()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         pool = await create_pool(dsn, min_size=2, max_size=10)
@@ -132,7 +136,14 @@ def serve(config: ServerConfig) -> int:
         # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal; turn that into a
         # normal exit so the embedded PostgreSQL below is stopped too.
         signal.signal(signal.SIGTERM, _exit_normally)
-        asyncio.run(server.serve())
+        supervisor = None
+        if database.embedded is not None and database.embedded.server is not None:
+            supervisor = EmbeddedSupervisor(
+                database.embedded.server, dsn, on_give_up=lambda: setattr(server, "should_exit", True)
+            )
+        asyncio.run(run_with_supervisor(server.serve(), supervisor))
+        if supervisor is not None and supervisor.gave_up:
+            return 1  # the embedded PostgreSQL is gone for good: let systemd/compose restart us
         return 0 if server.started else 1
     finally:
         database.close()
