@@ -36,6 +36,8 @@ DATABASE_UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.CrashShutdownError,
     asyncpg.TooManyConnectionsError,
     asyncpg.InterfaceError,
+    # What asyncpg raises on a pooled connection whose server vanished in the middle of an operation.
+    asyncpg.InternalClientError,
 )
 
 
