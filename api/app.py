@@ -17,7 +17,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import FromPath, FromQuery, QueryParameter
 
-from api import guards, observability, problems, readiness
+from api import guards, observability, openapi_contract, problems, readiness
 from api.config import tokens_match
 from api.repository import AuditRepository, BadCursor, HardwareRepository, ObservabilityRepository
 from api.schemas import (
@@ -296,6 +296,7 @@ def create_app(
             Exception: problems.handle_unexpected,
         },
         middleware=[guards.refuse_hostile_input],
+        plugins=[openapi_contract.IntegerIsANumber()],
         openapi_config=OpenAPIConfig(
             title="ModelForge hardware plane",
             version=VERSION,
