@@ -130,8 +130,9 @@ class EmbeddedSupervisor:
                 log.warning(
                     "embedded_postgres.restart_failed", attempt=attempt, error=f"{type(exc).__name__}: {exc}"
                 )
-                # The dead postmaster's backends may still hold its shared memory for a moment.
-                await asyncio.sleep(min(0.5 * 2**attempt, 8.0))
+                if attempt < self.attempts:
+                    # The dead postmaster's backends may still hold its shared memory for a moment.
+                    await asyncio.sleep(min(0.5 * 2**attempt, 8.0))
                 continue
             if dsn != self.dsn:
                 # The pool cannot follow a new address; a fresh process will find it.

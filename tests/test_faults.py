@@ -251,3 +251,27 @@ async def account(db: Embedded, agents: list[AgentProcess]) -> dict[str, int]:
         "duplicated": duplicated,
         "gaps": int(gaps[0]["n"]),
     }
+
+
+async def test_a_database_that_cannot_start_again_makes_the_server_exit_non_zero(workdir: Path) -> None:
+    """The postmaster dies and its configuration no longer lets it start: after its attempts the
+    server exits 1 (so systemd or compose starts a fresh one) instead of serving 503s forever."""
+    server = ServerProcess("", workdir)
+    db = Embedded(workdir / "server-state")
+    server.start()
+    try:
+        await server.wait_healthy(within=60)
+        with (db.data / "postgresql.auto.conf").open("a") as conf:
+            conf.write("\nshared_buffers = 'not a size'\n")
+        os.kill(db.postmaster_pid(), signal.SIGKILL)
+        assert server.proc is not None
+        code = await asyncio.to_thread(server.proc.wait, 60)
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.stop()
+    log = server.log_text()
+    assert code == 1, log[-3000:]
+    assert log.count("embedded_postgres.restart_failed") == 5 and "embedded_postgres.gave_up" in log, log[
+        -3000:
+    ]
+    assert "Traceback" not in log, log[-3000:]
