@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
@@ -104,11 +103,12 @@ def check_body(body: bytes) -> None:
 def _checked_receive(receive: Receive) -> Receive:
     """A `receive` that reads the whole body on first use, checks it, and hands it on unchanged."""
     pending: list[Message] = []
-    state: dict[str, Any] = {"read": False}
+    read = False
 
     async def checked() -> Message:
-        if not state["read"]:
-            state["read"] = True
+        nonlocal read
+        if not read:
+            read = True
             size = 0
             while True:
                 message = await receive()
@@ -118,7 +118,7 @@ def _checked_receive(receive: Receive) -> Receive:
                 size += len(message.get("body", b""))
                 if not message.get("more_body", False) or size > MAX_SCANNED_BODY:
                     break
-            if size <= MAX_SCANNED_BODY and pending and pending[-1]["type"] == "http.request":
+            if size <= MAX_SCANNED_BODY and pending[-1]["type"] == "http.request":
                 check_body(b"".join(m.get("body", b"") for m in pending if m["type"] == "http.request"))
         if pending:
             return pending.pop(0)
