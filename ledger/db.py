@@ -135,12 +135,20 @@ class EmbeddedPostgres:
             warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
             import pgserver  # a heavy import, and only needed without MODELFORGE_DATABASE_URL
 
+        from ledger.supervisor import prune_dead_handles
+
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        prune_dead_handles(self.data_dir)  # a killed process's pid would keep PostgreSQL running
         # pgserver reuses a server already running on this data directory, else starts one.
         self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")  # type: ignore[attr-defined]
         uri = str(self._server.get_uri())
         log.info("embedded_postgres.started", data_dir=str(self.data_dir))
         return uri
+
+    @property
+    def server(self) -> Any:
+        """The pgserver handle while started (ledger.supervisor watches it)."""
+        return self._server
 
     def stop(self) -> None:
         if self._server is not None:

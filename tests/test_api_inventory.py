@@ -7,6 +7,7 @@ import asyncio
 import psutil
 import pytest
 
+from tests.agent_support import wait_for
 from tests.fakes.fake_pynvml import FakeGpu
 from tests.fixtures_nvml import multi_gpu_scenario, rtx_4090_driver_535
 
@@ -96,6 +97,20 @@ async def test_nvml_unavailable_after_gpus_keeps_them_active(make_api) -> None: 
     assert [a["status"] for a in accs] == ["active", "active"]
 
 
+async def audited(api, event_type: str, count: int) -> list[dict]:  # type: ignore[no-untyped-def,type-arg]
+    """The events of a type as GET /hardware/events shows them, once it shows `count`: the audit
+    read is gap-safe, so it shows a transaction once every older one on the server has ended
+    (another database's too, e.g. a parallel test run's)."""
+
+    async def read() -> list[dict] | None:  # type: ignore[type-arg]
+        items: list[dict] = (await api.get("/api/v1/hardware/events", params={"type": event_type})).json()[
+            "items"
+        ]  # type: ignore[type-arg]
+        return items if len(items) >= count else None
+
+    return await wait_for(read, 30, f"{count} {event_type} in the audit log", every=0.1)  # type: ignore[no-any-return]
+
+
 async def test_gpu_absent_from_complete_enumeration_is_missing_then_rediscovered(make_api) -> None:  # type: ignore[no-untyped-def]
     api = make_api(multi_gpu_scenario(3))
     await api.refresh()
@@ -105,18 +120,14 @@ async def test_gpu_absent_from_complete_enumeration_is_missing_then_rediscovered
     assert accs[gone.uuid]["status"] == "missing"
     missing = (await api.get("/api/v1/hardware/accelerators", params={"status": "missing"})).json()["items"]
     assert [a["uuid"] for a in missing] == [gone.uuid]
-    events = (await api.get("/api/v1/hardware/events", params={"type": "ACCELERATOR_MISSING"})).json()[
-        "items"
-    ]
+    events = await audited(api, "ACCELERATOR_MISSING", 1)
     assert len(events) == 1 and events[0]["data"]["uuid"] == gone.uuid
     api.scenario.gpus.append(gone)
     await api.refresh()
     accs = (await api.get("/api/v1/hardware/accelerators")).json()["items"]
     assert len(accs) == 3 and all(a["status"] == "active" for a in accs)
-    rediscovered = (
-        await api.get("/api/v1/hardware/events", params={"type": "ACCELERATOR_DISCOVERED"})
-    ).json()
-    assert [e["data"]["rediscovered"] for e in rediscovered["items"]] == [False, False, False, True]
+    rediscovered = await audited(api, "ACCELERATOR_DISCOVERED", 4)
+    assert [e["data"]["rediscovered"] for e in rediscovered] == [False, False, False, True]
 
 
 async def test_index_and_pci_change_is_one_accelerator_with_hardware_changed(make_api) -> None:  # type: ignore[no-untyped-def]
@@ -130,7 +141,7 @@ async def test_index_and_pci_change_is_one_accelerator_with_hardware_changed(mak
     assert len(accs) == 2
     by_uuid = {x["uuid"]: x for x in accs}
     assert by_uuid[a.uuid]["index"] == 1 and by_uuid[b.uuid]["index"] == 0
-    changes = (await api.get("/api/v1/hardware/events", params={"type": "HARDWARE_CHANGED"})).json()["items"]
+    changes = await audited(api, "HARDWARE_CHANGED", 2)
     assert len(changes) == 2
     ch = next(c for c in changes if c["data"]["accelerator_uuid"] == a.uuid)["data"]["changes"]
     assert ch["index"] == {"before": {"state": "known", "value": 0}, "after": {"state": "known", "value": 1}}

@@ -21,11 +21,13 @@ from datetime import datetime
 from typing import Any
 
 from litestar import Request, Router, get, post
+from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency
+from litestar.handlers.base import BaseRouteHandler
 from litestar.params import FromPath, FromQuery, JSONBody
 
 from agent.protocol import SENT_AT_HEADER, EnrollRequest, EnrollResponse, ReportAck
-from api.http.context import bearer, operator_guard
+from api.http.context import bearer, ctx, operator_guard
 from api.services.agent_plane import (
     AgentStreamBody,
     CredentialBody,
@@ -51,7 +53,17 @@ def _sent_at(request: Request[Any, Any, Any]) -> datetime | None:
 # --- agent -----------------------------------------------------------------------------------------
 
 
-@post("/agent/enroll", status_code=201, summary="Exchange an enrollment token for a node credential")
+async def enrollment_token_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    # A guard runs before the body is read: no token, no parsing.
+    await ctx(connection).services.agent_plane.check_enrollment_token(bearer(connection))
+
+
+@post(
+    "/agent/enroll",
+    status_code=201,
+    summary="Exchange an enrollment token for a node credential",
+    guards=[enrollment_token_guard],
+)
 async def enroll(
     request: Request[Any, Any, Any],
     agent_plane: NamedDependency[EnrollmentService],

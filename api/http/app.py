@@ -19,7 +19,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import FromPath, FromQuery, QueryParameter
 
-from api.http import problems
+from api.http import guards, openapi_contract, problems, readiness
 from api.http.agent import agent_routers
 from api.http.console import ConsolePlugin
 from api.http.context import DEPENDENCIES, AppContext, operator_guard
@@ -50,23 +50,25 @@ MAX_WAIT_SECONDS = 60
 # --- health ------------------------------------------------------------------------------------
 
 
-@get("/health", summary="Process and inventory health (no auth)")
-async def health(repository: NamedDependency[HardwareRepository]) -> HealthBody:
+@get("/health", summary="Process and inventory health (no auth); 503 while the database is unreachable")
+async def health(repository: NamedDependency[HardwareRepository]) -> Response[HealthBody]:
     try:
         inventory = await repository.inventory_health()
         database = "ok"
-    except (asyncpg.PostgresError, OSError) as exc:
+    except (asyncpg.PostgresError, *readiness.DATABASE_UNAVAILABLE) as exc:
         log.warning("health.database_unavailable", error=str(exc))
         from api.services.views import InventoryHealth
 
         inventory = InventoryHealth(status="pending", reasons=["database unavailable"], nodes=0)
         database = "unavailable"
-    return HealthBody(
+    body = HealthBody(
         status="ok" if database == "ok" else "degraded",
         database=database,  # type: ignore[arg-type]
         inventory=inventory,
         version=VERSION,
     )
+    # Not ready without its database: 503, so a health check (compose, a load balancer) acts.
+    return Response(body, status_code=200 if database == "ok" else 503)
 
 
 # --- hardware ----------------------------------------------------------------------------------
@@ -251,7 +253,7 @@ def create_app(
     operator = Router(
         path="/api/v1", route_handlers=HARDWARE_ROUTES, guards=[operator_guard], security=[{"bearer": []}]
     )
-    public = Router(path="/api/v1", route_handlers=[health])
+    public = Router(path="/api/v1", route_handlers=[health, readiness.live])
 
     app = Litestar(
         route_handlers=[
@@ -267,8 +269,11 @@ def create_app(
             BadCursor: problems.handle_bad_cursor,
             ValidationException: problems.handle_validation,
             HTTPException: problems.handle_http,
+            **readiness.exception_handlers(),
             Exception: problems.handle_unexpected,
         },
+        middleware=[guards.refuse_hostile_input],
+        plugins=[openapi_contract.IntegerIsANumber(), ConsolePlugin()],
         openapi_config=OpenAPIConfig(
             title="ModelForge hardware plane",
             version=VERSION,
@@ -277,7 +282,6 @@ def create_app(
         ),
         dependencies=DEPENDENCIES,
         lifespan=[lifespan] if lifespan else [],
-        plugins=[ConsolePlugin()],
         # Logging is ledger.logs' (one structlog stream); Litestar's default would install a
         # plain-text root handler of its own.
         logging_config=None,

@@ -15,11 +15,13 @@ import uvicorn
 from litestar import Litestar
 
 from api.config import ServerConfig, load_or_create_admin_token
+from api.http import readiness
 from api.http.app import create_app
 from api.http.context import AppContext
 from api.wiring import build_services
 from ledger.db import Database, create_pool, migrate
 from ledger.retention import prune_observations
+from ledger.supervisor import EmbeddedSupervisor, run_with_supervisor
 
 log = structlog.get_logger(__name__)
 
@@ -52,6 +54,8 @@ async def retention_loop(pool: asyncpg.Pool, config: ServerConfig) -> None:
 
 
 def make_app(config: ServerConfig, dsn: str, admin_token_hash: str) -> Litestar:
+    readiness.quiet_reconnect_tracebacks()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         pool = await create_pool(dsn, min_size=2, max_size=10)
@@ -107,7 +111,14 @@ def serve(config: ServerConfig) -> int:
         # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal; turn that into a
         # normal exit so the embedded PostgreSQL below is stopped too.
         signal.signal(signal.SIGTERM, _exit_normally)
-        asyncio.run(server.serve())
+        supervisor = None
+        if database.embedded is not None and database.embedded.server is not None:
+            supervisor = EmbeddedSupervisor(
+                database.embedded.server, dsn, on_give_up=lambda: setattr(server, "should_exit", True)
+            )
+        asyncio.run(run_with_supervisor(server.serve(), supervisor))
+        if supervisor is not None and supervisor.gave_up:
+            return 1  # the embedded PostgreSQL is gone for good: let systemd/compose restart us
         return 0 if server.started else 1
     finally:
         database.close()

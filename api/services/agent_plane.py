@@ -295,10 +295,6 @@ class EnrollmentService:
         self.nodes = inventory.nodes
         self.tokens: UnitOfWork[TokenState] = UnitOfWork(inventory.store, ENROLLMENT_TOKEN_PROJECTION)
         self.clock = clock
-        # credential id -> (secret digest, principal): immutable facts of a credential, cached so a
-        # report costs no lookup. Revocation is never cached: it is checked inside the report's
-        # unit of work, under the node's lock.
-        self._principals: dict[str, tuple[str, Principal]] = {}
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -388,6 +384,22 @@ class EnrollmentService:
                 exc.node_id, "enrollment", f"enrollment-token:{token_id}", exc.detail
             )
             raise
+
+    async def check_enrollment_token(self, presented: str | None) -> None:
+        """401 unless `presented` is the secret of a known enrollment token: run before the body
+        is read, so an unauthenticated caller costs no parsing. Its state (revoked, expired, used
+        up) is checked again under the token's lock by `enroll`."""
+        parsed = parse_secret(presented, ENROLLMENT_TOKEN_PREFIX)
+        if parsed is None:
+            raise _unauthorized(
+                "enrollment-token-invalid", "an enrollment token is required (Bearer mfe_...)"
+            )
+        async with self.pool.acquire() as conn:
+            digest = await conn.fetchval(
+                "SELECT secret_sha256 FROM hw_enrollment_tokens WHERE token_id = $1", parsed[0]
+            )
+        if digest is None or not _matches(parsed[1], digest):
+            raise _unauthorized("enrollment-token-invalid", "the enrollment token is not valid")
 
     async def _enroll(self, presented: str | None, request: EnrollRequest) -> EnrollResponse:
         parsed = parse_secret(presented, ENROLLMENT_TOKEN_PREFIX)
@@ -494,11 +506,8 @@ class EnrollmentService:
         if parsed is None:
             raise _unauthorized("credential-invalid", "a node credential is required (Bearer mfc_...)")
         credential_id, secret = parsed
-        cached = self._principals.get(credential_id)
-        if cached is not None:
-            if not _matches(secret, cached[0]):
-                raise _unauthorized("credential-invalid", "the node credential is not valid")
-            return cached[1]
+        # Looked up every time, never cached: a revoked credential gets 401 on its next request,
+        # whatever it then asks for (one indexed read per report).
         async with self.pool.acquire() as conn:
             row = await conn.fetchrow(
                 "SELECT c.node_id, c.identity_key, c.secret_sha256, c.revoked_at, s.tombstoned_at "
@@ -517,13 +526,9 @@ class EnrollmentService:
                 )
                 raise gone
             raise _unauthorized("credential-revoked", "the node credential was revoked")
-        principal = Principal(
+        return Principal(
             credential_id=credential_id, node_id=row["node_id"], identity_key=row["identity_key"]
         )
-        if len(self._principals) >= 100_000:
-            self._principals.clear()
-        self._principals[credential_id] = (row["secret_sha256"], principal)
-        return principal
 
     async def list_credentials(self, node_id: str | None = None) -> list[CredentialBody]:
         async with self.pool.acquire() as conn:
