@@ -12,6 +12,7 @@ from typing import Literal, TypeAlias
 import msgspec
 
 from collectors.facts import Fact
+from collectors.gpu_health import AcceleratorHealthSignals
 
 ScanStatus: TypeAlias = Literal["complete", "incomplete", "unavailable"]
 
@@ -78,6 +79,8 @@ class AcceleratorObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=
     mig_mode: Fact  # "enabled" | "disabled"
     # Latest-state telemetry: keys are ACCELERATOR_METRICS.
     telemetry: dict[str, Fact]
+    # Health signals (collectors.gpu_health); None from an agent that does not collect them.
+    health: AcceleratorHealthSignals | None = None
 
 
 class NvmlScan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
