@@ -14,13 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import msgspec
+
 from collectors.facts import Fact, TemporarilyFailed, Unavailable, Unknown
 from collectors.identity import NodeIdentity
 from collectors.observations import AcceleratorObservation, HardwareObservation
 from ledger.events import (
     AcceleratorDiscovered,
+    AcceleratorHealthChanged,
     AcceleratorMissing,
     AcceleratorTelemetryObserved,
+    AcceleratorXidObserved,
     EventPayload,
     FactChange,
     HardwareChanged,
@@ -29,6 +33,7 @@ from ledger.events import (
     NodeDiscovered,
     NodeMetadataChanged,
 )
+from ledger.health import HEALTHY, judge, recent_xids
 from ledger.node import AcceleratorState, NodeState, accelerator_id_for
 
 _TRANSIENT = (TemporarilyFailed, Unknown, Unavailable)
@@ -161,6 +166,8 @@ def reconcile(
                 )
             )
 
+    events.extend(_health_events(observation, state))
+
     if nvml.status == "complete":
         for gpu_uuid, acc in sorted(state.accelerators.items()):
             if acc.status == "active" and gpu_uuid not in seen:
@@ -196,6 +203,44 @@ def reconcile(
                 accelerator_id=accelerator_id_for(node_id, obs.uuid),
                 uuid=obs.uuid,
                 telemetry=dict(obs.telemetry),
+                health=None if obs.health is None else msgspec.structs.replace(obs.health, xids=[]),
             )
         )
+    return events
+
+
+def _health_events(observation: HardwareObservation, state: NodeState) -> list[EventPayload]:
+    """Each new XID once, and a verdict change (ledger/health.py) of each observed GPU.
+
+    Follows the inventory events of the same refresh, whose fold judges a (re)discovered GPU
+    afresh, so `before` is `healthy` for it."""
+    events: list[EventPayload] = []
+    now = observation.observed_at
+    for obs in observation.nvml.accelerators:
+        acc = state.accelerators.get(obs.uuid)
+        accelerator_id = accelerator_id_for(state.node_id, obs.uuid)
+        known = list(acc.xids) if acc is not None else []
+        seen = {(x.code, x.at) for x in known}
+        for xid in obs.health.xids if obs.health is not None else []:
+            if (xid.code, xid.at) in seen:
+                continue  # the same occurrence reported again
+            seen.add((xid.code, xid.at))
+            known.append(xid)
+            events.append(
+                AcceleratorXidObserved(accelerator_id=accelerator_id, uuid=obs.uuid, code=xid.code, at=xid.at)
+            )
+        before = acc.health if acc is not None and acc.status == "active" else HEALTHY
+        after = judge(obs.health, recent_xids(known, now))
+        if after != before:
+            events.append(
+                AcceleratorHealthChanged(
+                    accelerator_id=accelerator_id,
+                    uuid=obs.uuid,
+                    before=before.status,
+                    after=after.status,
+                    action=after.action,
+                    reasons=list(after.reasons),
+                    before_reasons=[r.code for r in before.reasons],
+                )
+            )
     return events
