@@ -10,6 +10,7 @@ Verdicts are not decided here: `ledger.health` holds the rule table.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -67,6 +68,16 @@ class AcceleratorHealthSignals(msgspec.Struct, frozen=True, forbid_unknown_field
     # Known(True) while the XID event set is registered for this GPU; the failure otherwise.
     xid_events: Fact
     xids: list[XidOccurrence] = []
+
+
+def _same_device(a: Any, b: Any) -> bool:
+    """Whether two NVML device handles (ctypes pointers in pynvml) point at the same device."""
+    if a is b:
+        return True
+    try:
+        return bool(ctypes.cast(a, ctypes.c_void_p).value == ctypes.cast(b, ctypes.c_void_p).value)
+    except (TypeError, ctypes.ArgumentError):
+        return False
 
 
 def _int(value: object) -> int:
@@ -216,6 +227,7 @@ class XidWatch:
         self._nvml: Any = None
         self._set: Any = None
         self._registered: dict[str, Fact] = {}  # GPU UUID -> Known(True) or why not
+        self._handles: dict[str, Any] = {}  # GPU UUID -> the handle registered
         self._lock = threading.Lock()
 
     def status(self, uuid: str) -> Fact:
@@ -240,6 +252,7 @@ class XidWatch:
                 try:
                     nvml.nvmlDeviceRegisterEvents(handle, xid, self._set)
                     self._registered[uuid] = Known(True)
+                    self._handles[uuid] = handle
                 except Exception as err:
                     self._registered[uuid] = classify(err, "nvmlDeviceRegisterEvents")
 
@@ -259,10 +272,18 @@ class XidWatch:
                         # The set is broken (GPU lost, driver reloaded): register afresh next time.
                         self._close_locked()
                     break
-                uuid = uuid_of(data.device)
+                # A GPU that fell off the bus (XID 79) no longer answers its UUID: recognize it
+                # by the handle it was registered with.
+                uuid = uuid_of(data.device) or self._uuid_by_handle(data.device)
                 if uuid is not None:
                     out.setdefault(uuid, []).append(XidOccurrence(code=int(data.eventData), at=self._clock()))
         return out
+
+    def _uuid_by_handle(self, device: Any) -> str | None:
+        for uuid, handle in self._handles.items():
+            if _same_device(handle, device):
+                return uuid
+        return None
 
     def close(self) -> None:
         with self._lock:
@@ -270,7 +291,7 @@ class XidWatch:
 
     def _close_locked(self) -> None:
         nvml, event_set = self._nvml, self._set
-        self._nvml, self._set, self._registered = None, None, {}
+        self._nvml, self._set, self._registered, self._handles = None, None, {}, {}
         if event_set is None:
             return
         try:

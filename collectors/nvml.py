@@ -25,7 +25,7 @@ from collectors.facts import (
     Unavailable,
     Unsupported,
 )
-from collectors.gpu_health import XidWatch, collect_signals
+from collectors.gpu_health import XidOccurrence, XidWatch, collect_signals
 from collectors.observations import AcceleratorObservation, NvmlScan
 
 T = TypeVar("T")
@@ -285,19 +285,23 @@ class _Scanner:
                 problems.append(f"GPU at index {index}: {problem}")
             else:
                 accelerators.append(device)
-        accelerators = self.with_xids(accelerators)
+        accelerators, unlisted_xids = self.with_xids(accelerators)
         return NvmlScan(
             status="incomplete" if problems else "complete",
             reason="; ".join(problems) if problems else None,
             driver_version=driver,
             cuda_driver_version=cuda,
             accelerators=accelerators,
+            unlisted_xids=unlisted_xids,
         )
 
-    def with_xids(self, accelerators: list[AcceleratorObservation]) -> list[AcceleratorObservation]:
-        """Register new GPUs for critical XIDs and drain what is pending, without blocking."""
-        if self.xids is None or not accelerators:
-            return accelerators
+    def with_xids(
+        self, accelerators: list[AcceleratorObservation]
+    ) -> tuple[list[AcceleratorObservation], dict[str, list[XidOccurrence]]]:
+        """Register new GPUs for critical XIDs and drain what is pending, without blocking.
+        Also returns the XIDs of registered GPUs this scan could not list (fallen off the bus)."""
+        if self.xids is None:
+            return accelerators, {}
         self.xids.register(self.nvml, self.handles, lambda err, call: classify_error(self.nvml, err, call))
 
         def uuid_of(device: Any) -> str | None:
@@ -316,7 +320,8 @@ class _Scanner:
                 obs.health, xid_events=self.xids.status(obs.uuid), xids=drained.get(obs.uuid, [])
             )
             out.append(msgspec.structs.replace(obs, health=health))
-        return out
+        listed = {obs.uuid for obs in accelerators}
+        return out, {uuid: xids for uuid, xids in sorted(drained.items()) if uuid not in listed}
 
     def device(self, index: int) -> tuple[AcceleratorObservation | None, str | None]:
         handle, why = self.identity_call("nvmlDeviceGetHandleByIndex", index)

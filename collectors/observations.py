@@ -12,7 +12,7 @@ from typing import Literal, TypeAlias
 import msgspec
 
 from collectors.facts import Fact
-from collectors.gpu_health import AcceleratorHealthSignals
+from collectors.gpu_health import AcceleratorHealthSignals, XidOccurrence
 
 ScanStatus: TypeAlias = Literal["complete", "incomplete", "unavailable"]
 
@@ -96,6 +96,8 @@ class NvmlScan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     driver_version: Fact
     cuda_driver_version: Fact  # "13.1"
     accelerators: list[AcceleratorObservation]
+    # XIDs (by GPU UUID) of GPUs this scan could not list, e.g. XID 79: fallen off the bus.
+    unlisted_xids: dict[str, list[XidOccurrence]] = {}
 
 
 class CollectorRun(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -196,3 +196,17 @@ def test_fake_ecc_follows_the_mode() -> None:
     assert fake.nvmlDeviceGetTotalEccErrors(handle, 0, 1) == 3
     assert fake.nvmlDeviceGetCurrentClocksEventReasons(handle) == nvmlClocksEventReasonGpuIdle
     fake.nvmlShutdown()
+
+
+def test_an_xid_of_a_gpu_that_fell_off_the_bus_is_kept(collectors: list[NvidiaNvmlCollector]) -> None:
+    scenario = multi_gpu_scenario(2)
+    fake = FakeNvml(scenario)
+    collector = collector_for(fake, collectors)
+    assert collector.collect().status == "complete"
+    lost = scenario.gpus[1]
+    fake.xid(lost.uuid, 79)
+    lost.lost = True  # its handle and UUID calls now fail, as after XID 79
+    scan = collector.collect()
+    assert scan.status == "incomplete"
+    assert [g.uuid for g in scan.accelerators] == [scenario.gpus[0].uuid]
+    assert [x.code for x in scan.unlisted_xids[lost.uuid]] == [79]

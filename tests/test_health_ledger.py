@@ -237,3 +237,23 @@ async def test_rebuild_and_as_of_reproduce_the_verdicts(store: EventStore) -> No
     assert records == live
     report = await rebuild(store.pool, ALL_PROJECTIONS, verify=True)
     assert report.differences == []
+
+
+def test_a_gpu_that_fell_off_the_bus_is_failed_by_its_xid() -> None:
+    node = Node()
+    node.refresh(obs(healthy_gpu(0), healthy_gpu(1)))
+    xid = XidOccurrence(code=79, at=T0 + timedelta(minutes=1))
+    incomplete = msgspec.structs.replace(
+        scan([healthy_gpu(0)], status="incomplete", reason="GPU at index 1: GPU is lost"),
+        unlisted_xids={gpu(1).uuid: [xid]},
+    )
+    payloads = node.refresh(HardwareObservation(observed_at=xid.at, host=host(), nvml=incomplete))
+    health = [
+        p for p in lifecycle(payloads) if isinstance(p, AcceleratorXidObserved | AcceleratorHealthChanged)
+    ]
+    assert [type(p) for p in health] == [AcceleratorXidObserved, AcceleratorHealthChanged]
+    assert isinstance(health[1], AcceleratorHealthChanged)
+    assert (health[1].uuid, health[1].after, health[1].action) == (gpu(1).uuid, "failed", "service")
+    acc = node.state.accelerators[gpu(1).uuid]
+    assert acc.status == "active"  # an incomplete scan marks nothing missing
+    assert (acc.health.status, [r.code for r in acc.health.reasons]) == ("failed", ["xid_79"])

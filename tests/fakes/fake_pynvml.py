@@ -291,7 +291,7 @@ class EventSet:
     """An NVML event set: valid only within the NVML session that created it."""
 
     session: int
-    gpus: dict[int, tuple[FakeGpu, int]] = field(default_factory=dict)  # id(gpu) -> (gpu, index)
+    gpus: dict[int, tuple[FakeGpu, Handle]] = field(default_factory=dict)  # id(gpu) -> (gpu, handle)
     pending: list[EventData] = field(default_factory=list)
     freed: bool = False
 
@@ -385,11 +385,10 @@ class FakeNvml:
     def xid(self, gpu_uuid: str, code: int) -> None:
         """The driver reports XID `code` on a GPU: queued in every live set registered for it."""
         for event_set in self.event_sets:
-            for gpu, index in event_set.gpus.values():
+            for gpu, handle in event_set.gpus.values():
                 if gpu.uuid == gpu_uuid and not event_set.freed and event_set.session == self._session:
-                    event_set.pending.append(
-                        EventData(Handle(gpu, index), nvmlEventTypeXidCriticalError, code)
-                    )
+                    # NVML hands back the device's handle (the pointer the caller registered).
+                    event_set.pending.append(EventData(handle, nvmlEventTypeXidCriticalError, code))
 
     def release(self) -> None:
         """Wake every hung call now (tests call this so no thread outlives them)."""
@@ -610,7 +609,7 @@ class FakeNvml:
             raise NVMLError_NotSupported()
         if event_types & ~nvmlEventTypeXidCriticalError:
             raise NVMLError_NotSupported()  # the fake knows only XIDs
-        live.gpus[id(gpu)] = (gpu, handle.index)
+        live.gpus[id(gpu)] = (gpu, handle)
 
     def nvmlEventSetWait_v2(self, event_set: EventSet, timeout_ms: int) -> EventData:
         self._enter("event_set_wait")
