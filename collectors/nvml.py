@@ -307,7 +307,7 @@ class _Scanner:
         def uuid_of(device: Any) -> str | None:
             try:
                 return _text(self.nvml.nvmlDeviceGetUUID(device)).strip() or None
-            except Exception:  # an XID of a GPU that is gone cannot be attributed
+            except Exception:  # a GPU that is gone: the watch matches its registered handle instead
                 return None
 
         drained = self.xids.drain(uuid_of)
