@@ -306,6 +306,14 @@ CREATE TABLE IF NOT EXISTS hw_accelerators (
     UNIQUE (node_id, uuid)
 );
 CREATE INDEX IF NOT EXISTS hw_accelerators_status_idx ON hw_accelerators (status, accelerator_id);
+-- GPU health verdict (ledger/health.py, docs/gpu-health.md): healthy | degraded | failed.
+ALTER TABLE hw_accelerators ADD COLUMN IF NOT EXISTS health_status text NOT NULL DEFAULT 'healthy';
+ALTER TABLE hw_accelerators ADD COLUMN IF NOT EXISTS health_action text NOT NULL DEFAULT 'none';
+ALTER TABLE hw_accelerators ADD COLUMN IF NOT EXISTS health_reasons jsonb NOT NULL DEFAULT '[]';
+-- GPU health verdict (ledger/health.py, docs/gpu-health.md): healthy | degraded | failed.
+ALTER TABLE hw_accelerators ADD COLUMN IF NOT EXISTS health_status text NOT NULL DEFAULT 'healthy';
+ALTER TABLE hw_accelerators ADD COLUMN IF NOT EXISTS health_action text NOT NULL DEFAULT 'none';
+ALTER TABLE hw_accelerators ADD COLUMN IF NOT EXISTS health_reasons jsonb NOT NULL DEFAULT '[]';
 
 CREATE TABLE IF NOT EXISTS hw_node_storage (
     node_id      text NOT NULL,
@@ -333,6 +341,10 @@ CREATE TABLE IF NOT EXISTS hw_accelerator_telemetry (
     received_at     timestamptz,
     position        bigint NOT NULL
 );
+-- The health signals of the same collection (collectors/gpu_health.py); null from older agents.
+ALTER TABLE hw_accelerator_telemetry ADD COLUMN IF NOT EXISTS health_signals jsonb;
+-- The health signals of the same collection (collectors/gpu_health.py); null from older agents.
+ALTER TABLE hw_accelerator_telemetry ADD COLUMN IF NOT EXISTS health_signals jsonb;
 
 CREATE TABLE IF NOT EXISTS hw_fingerprints (
     node_id      text PRIMARY KEY,

@@ -248,6 +248,32 @@ class _Host(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     storage: Annotated[list[_Storage], msgspec.Meta(max_length=MAX_MOUNTS)]
 
 
+# GPU health signals (collectors/gpu_health.py, docs/gpu-health.md); optional, so reports of agents
+# that do not collect them stay valid.
+MAX_XIDS = 256  # per GPU per report: the collector drains at most this many per collection
+ErrorCount: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]  # int64: msgspec bounds
+CountOrFlag: TypeAlias = ErrorCount | bool
+
+
+class _XidOccurrence(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    code: Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
+    at: AwareDatetime
+
+
+Xids: TypeAlias = Annotated[list[_XidOccurrence], msgspec.Meta(max_length=MAX_XIDS)]
+
+
+class _HealthSignals(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    clock_event_reasons: Annotated[dict[ShortText, _fact_of(bool)], msgspec.Meta(max_length=32)]  # type: ignore[valid-type]
+    ecc_mode: _fact_of(Literal["enabled", "disabled"])  # type: ignore[valid-type]
+    ecc_errors: Annotated[dict[ShortText, _fact_of(ErrorCount)], msgspec.Meta(max_length=8)]  # type: ignore[valid-type]
+    remapped_rows: Annotated[dict[ShortText, _fact_of(CountOrFlag)], msgspec.Meta(max_length=8)]  # type: ignore[valid-type]
+    retired_pages: Annotated[dict[ShortText, _fact_of(CountOrFlag)], msgspec.Meta(max_length=8)]  # type: ignore[valid-type]
+    pcie_replay_count: _fact_of(ErrorCount)  # type: ignore[valid-type]
+    xid_events: _fact_of(bool)  # type: ignore[valid-type]
+    xids: Xids = []
+
+
 class _Accelerator(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     uuid: GpuUuid
     index: _fact_of(GpuIndex)  # type: ignore[valid-type]
@@ -257,6 +283,7 @@ class _Accelerator(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     compute_capability: _fact_of(ShortText)  # type: ignore[valid-type]
     mig_mode: _fact_of(MigMode)  # type: ignore[valid-type]
     telemetry: _AcceleratorTelemetry  # type: ignore[valid-type]
+    health: _HealthSignals | None = None
 
 
 class _Nvml(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -265,6 +292,7 @@ class _Nvml(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     driver_version: _fact_of(ShortText)  # type: ignore[valid-type]
     cuda_driver_version: _fact_of(ShortText)  # type: ignore[valid-type]
     accelerators: Annotated[list[_Accelerator], msgspec.Meta(max_length=MAX_ACCELERATORS)]
+    unlisted_xids: Annotated[dict[GpuUuid, Xids], msgspec.Meta(max_length=MAX_ACCELERATORS)] = {}
 
 
 class _CollectorRun(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

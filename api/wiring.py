@@ -19,8 +19,10 @@ from api.services.repository import (
 from collectors.identity import NodeIdentity, resolve_identity
 from collectors.nvml import NvidiaNvmlCollector
 from collectors.system import SystemHostCollector
+from ledger.db import migrate
 from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS
+from projections.rebuild import rebuild_outdated
 
 
 class Services:
@@ -83,3 +85,12 @@ def build_services(
         liveness = LivenessPolicy(config.stale_after, config.offline_after) if config is not None else None
         repository = HardwareRepository(pool, liveness)
     return Services(inventory, repository)
+
+
+async def prepare_database(pool: asyncpg.Pool) -> int:
+    """Bring a database to this release: the schema's numbered steps, then a rebuild from the log
+    of every read model whose shape changed (docs/upgrades.md). Returns the schema version."""
+    async with pool.acquire() as conn:
+        version = await migrate(conn)
+    await rebuild_outdated(pool, ALL_PROJECTIONS)
+    return version

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeAlias, TypeVar
 
+import msgspec
+
 from collectors._worker import SingleFlightWorker, WorkerBusy, WorkerTimeout
 from collectors.facts import (
     UNKNOWN,
@@ -23,6 +25,7 @@ from collectors.facts import (
     Unavailable,
     Unsupported,
 )
+from collectors.gpu_health import XidOccurrence, XidWatch, collect_signals
 from collectors.observations import AcceleratorObservation, NvmlScan
 
 T = TypeVar("T")
@@ -69,6 +72,11 @@ class NvidiaNvmlCollector:
         self._nvml = nvml
         self.timeout_seconds = timeout_seconds
         self._worker: SingleFlightWorker[NvmlScan] = SingleFlightWorker("nvml-collector")
+        self._xids = XidWatch()
+
+    def close(self) -> None:
+        """Free the XID event set and its NVML session reference."""
+        self._xids.close()
 
     def collect(self) -> NvmlScan:
         """One scan, blocking the calling thread for at most `timeout_seconds`."""
@@ -130,7 +138,7 @@ class NvidiaNvmlCollector:
         except Exception as err:
             return _unavailable_scan(*_init_failure(nvml, err))
         try:
-            return _Scanner(nvml).scan()
+            return _Scanner(nvml, self._xids).scan()
         finally:
             try:
                 nvml.nvmlShutdown()
@@ -227,8 +235,10 @@ def _pstate(value: object) -> Fact:
 class _Scanner:
     """One scan inside an initialized NVML session."""
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: Any, xids: XidWatch | None = None) -> None:
         self.nvml = nvml
+        self.xids = xids
+        self.handles: dict[str, Any] = {}
 
     def call(self, name: str, *args: Any) -> _Ok[Any] | Failure:
         try:
@@ -275,13 +285,43 @@ class _Scanner:
                 problems.append(f"GPU at index {index}: {problem}")
             else:
                 accelerators.append(device)
+        accelerators, unlisted_xids = self.with_xids(accelerators)
         return NvmlScan(
             status="incomplete" if problems else "complete",
             reason="; ".join(problems) if problems else None,
             driver_version=driver,
             cuda_driver_version=cuda,
             accelerators=accelerators,
+            unlisted_xids=unlisted_xids,
         )
+
+    def with_xids(
+        self, accelerators: list[AcceleratorObservation]
+    ) -> tuple[list[AcceleratorObservation], dict[str, list[XidOccurrence]]]:
+        """Register new GPUs for critical XIDs and drain what is pending, without blocking.
+        Also returns the XIDs of registered GPUs this scan could not list (fallen off the bus)."""
+        if self.xids is None:
+            return accelerators, {}
+        self.xids.register(self.nvml, self.handles, lambda err, call: classify_error(self.nvml, err, call))
+
+        def uuid_of(device: Any) -> str | None:
+            try:
+                return _text(self.nvml.nvmlDeviceGetUUID(device)).strip() or None
+            except Exception:  # a GPU that is gone: the watch matches its registered handle instead
+                return None
+
+        drained = self.xids.drain(uuid_of)
+        out: list[AcceleratorObservation] = []
+        for obs in accelerators:
+            if obs.health is None:
+                out.append(obs)
+                continue
+            health = msgspec.structs.replace(
+                obs.health, xid_events=self.xids.status(obs.uuid), xids=drained.get(obs.uuid, [])
+            )
+            out.append(msgspec.structs.replace(obs, health=health))
+        listed = {obs.uuid for obs in accelerators}
+        return out, {uuid: xids for uuid, xids in sorted(drained.items()) if uuid not in listed}
 
     def device(self, index: int) -> tuple[AcceleratorObservation | None, str | None]:
         handle, why = self.identity_call("nvmlDeviceGetHandleByIndex", index)
@@ -298,6 +338,7 @@ class _Scanner:
             return None, "nvmlDeviceGetUUID returned an empty UUID"
 
         nvml = self.nvml
+        self.handles[uuid] = handle
         memory = self.call("nvmlDeviceGetMemoryInfo", handle)
         memory_total = self.fact(memory, "nvmlDeviceGetMemoryInfo", lambda m: _known_int(m.total))
         memory_used = self.fact(memory, "nvmlDeviceGetMemoryInfo", lambda m: _known_int(m.used))
@@ -360,6 +401,12 @@ class _Scanner:
                 lambda modes: Known("enabled" if _int(modes[0]) == mig_enable else "disabled"),
             ),
             telemetry=telemetry,
+            health=collect_signals(
+                nvml,
+                handle,
+                lambda name, *args: getattr(nvml, name)(*args),
+                lambda err, call: classify_error(nvml, err, call),
+            ),
         )
         return observation, None
 

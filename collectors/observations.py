@@ -12,6 +12,7 @@ from typing import Literal, TypeAlias
 import msgspec
 
 from collectors.facts import Fact
+from collectors.gpu_health import AcceleratorHealthSignals, XidOccurrence
 
 ScanStatus: TypeAlias = Literal["complete", "incomplete", "unavailable"]
 
@@ -94,6 +95,8 @@ class AcceleratorObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=
     mig_mode: Fact  # "enabled" | "disabled"
     # Latest-state telemetry: keys are ACCELERATOR_METRICS.
     telemetry: dict[str, Fact]
+    # Health signals (collectors.gpu_health); None from an agent that does not collect them.
+    health: AcceleratorHealthSignals | None = None
 
 
 class NvmlScan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -109,6 +112,8 @@ class NvmlScan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     driver_version: Fact
     cuda_driver_version: Fact  # "13.1"
     accelerators: list[AcceleratorObservation]
+    # XIDs (by GPU UUID) of GPUs this scan could not list, e.g. XID 79: fallen off the bus.
+    unlisted_xids: dict[str, list[XidOccurrence]] = {}
 
 
 class CollectorRun(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

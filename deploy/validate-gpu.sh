@@ -3,7 +3,9 @@
 #   start the server on a throwaway state directory (embedded PostgreSQL), POST /refresh twice,
 #   compare the /nodes and /accelerators identities of both, print the typed metrics, and compare
 #   every GPU with `nvidia-smi --query-gpu=...` (the optional direct diagnostic; NVML remains the
-#   implementation's only source). Exits non-zero on any mismatch.
+#   implementation's only source). Then compares the GPU health signals the NVML collector reads
+#   (collectors/gpu_health.py: ECC mode and counts, row remapping, page retirement, PCIe replays,
+#   hardware clock event reasons) with `nvidia-smi -q -x`. Exits non-zero on any mismatch.
 #
 # Usage: deploy/validate-gpu.sh            (from the repository root, after the README's run setup)
 #        PYTHON=/path/to/python deploy/validate-gpu.sh
@@ -117,4 +119,119 @@ if failures:
         print("   - " + f)
     sys.exit(1)
 print(f"== VALIDATION PASSED: {len(accs)} GPU(s), identities stable across two refreshes, facts match nvidia-smi")
+PY
+
+# -- GPU health signals: the collector (NVML) against `nvidia-smi -q -x` ------------------------
+"$PYTHON" - "$STATE/nvidia-smi-q.xml" <<'PY'
+import subprocess, sys
+import xml.etree.ElementTree as ET
+
+from collectors.facts import Known
+from collectors.nvml import NvidiaNvmlCollector
+
+collector = NvidiaNvmlCollector(timeout_seconds=30)
+scan = collector.collect()
+collector.close()
+# Counters only grow: read NVML first, nvidia-smi second, and accept NVML <= nvidia-smi.
+xml_text = subprocess.run(["nvidia-smi", "-q", "-x"], capture_output=True, text=True, check=True).stdout
+open(sys.argv[1], "w").write(xml_text)
+gpus = ET.fromstring(xml_text).findall("gpu") if xml_text.strip() else []
+by_uuid = {a.uuid: a for a in scan.accelerators}
+failures: list[str] = []
+print(f"== health signals: NVML scan {scan.status}, nvidia-smi -q lists {len(gpus)} GPU(s)")
+
+
+def text(node, path):
+    found = node.find(path)
+    return None if found is None or found.text is None else found.text.strip()
+
+
+def number(value):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def check(uuid, what, fact, smi):
+    """smi: None (absent), "N/A", or a value; `fact` must be not-known exactly where smi is N/A."""
+    print(f"     {what:40} nvml={fact!r:55} nvidia-smi={smi!r}")
+    if smi is None:
+        return
+    if smi == "N/A":
+        if isinstance(fact, Known):
+            failures.append(f"{uuid} {what}: NVML says {fact.value!r}, nvidia-smi N/A")
+        return
+    if not isinstance(fact, Known):
+        failures.append(f"{uuid} {what}: NVML says {fact!r}, nvidia-smi {smi!r}")
+        return
+    expected = {"Enabled": "enabled", "Disabled": "disabled", "Yes": True, "No": False,
+                "Active": True, "Not Active": False}.get(smi, smi)
+    if isinstance(fact.value, int) and not isinstance(fact.value, bool) and number(smi) is not None:
+        if fact.value > number(smi):
+            failures.append(f"{uuid} {what}: NVML {fact.value} > nvidia-smi {smi}")
+    elif fact.value != expected:
+        failures.append(f"{uuid} {what}: NVML {fact.value!r} != nvidia-smi {smi!r}")
+
+
+def ecc_total(node, corrected):
+    """The total corrected/uncorrected count of one ECC block in any of nvidia-smi's layouts."""
+    if node is None:
+        return None
+    legacy = text(node, "single_bit/total" if corrected else "double_bit/total")
+    if legacy is not None:
+        return legacy
+    names = ("sram_correctable", "dram_correctable") if corrected else ("sram_uncorrectable", "dram_uncorrectable")
+    values = [text(node, n) for n in names]
+    if all(v is None for v in values):
+        return None
+    if all(v in (None, "N/A") for v in values):
+        return "N/A"
+    return str(sum(number(v) or 0 for v in values))
+
+
+if len(gpus) != len(scan.accelerators):
+    failures.append(f"nvidia-smi -q lists {len(gpus)} GPUs, NVML {len(scan.accelerators)}")
+for g in gpus:
+    uuid = text(g, "uuid")
+    acc = by_uuid.get(uuid)
+    if acc is None or acc.health is None:
+        failures.append(f"{uuid} from nvidia-smi -q has no NVML health signals")
+        continue
+    h = acc.health
+    print(f"== GPU {uuid}")
+    check(uuid, "ecc_mode", h.ecc_mode, text(g, "ecc_mode/current_ecc"))
+    for counter in ("volatile", "aggregate"):
+        block = g.find(f"ecc_errors/{counter}")
+        check(uuid, f"ecc corrected {counter}", h.ecc_errors[f"corrected_{counter}"], ecc_total(block, True))
+        check(uuid, f"ecc uncorrected {counter}", h.ecc_errors[f"uncorrected_{counter}"], ecc_total(block, False))
+    rows = g.find("remapped_rows")
+    if rows is not None and (rows.text or "").strip() == "N/A":
+        for name in ("correctable", "uncorrectable", "pending", "failure"):
+            check(uuid, f"remapped rows {name}", h.remapped_rows[name], "N/A")
+    elif rows is not None:
+        for name, tag in (("correctable", "remapped_row_corr"), ("uncorrectable", "remapped_row_unc"),
+                          ("pending", "remapped_row_pending"), ("failure", "remapped_row_failure")):
+            check(uuid, f"remapped rows {name}", h.remapped_rows[name], text(rows, tag))
+    check(uuid, "retired pages single_bit", h.retired_pages["single_bit"],
+          text(g, "retired_pages/multiple_single_bit_retirement/retired_count"))
+    check(uuid, "retired pages double_bit", h.retired_pages["double_bit"],
+          text(g, "retired_pages/double_bit_retirement/retired_count"))
+    check(uuid, "retired pages pending", h.retired_pages["pending"], text(g, "retired_pages/pending_retirement"))
+    check(uuid, "pcie replay count", h.pcie_replay_count, text(g, "pci/replay_counter"))
+    # Hardware reasons only: software ones (idle, power cap) change with the load from one read
+    # to the next.
+    for name in ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"):
+        smi = text(g, f"clocks_event_reasons/clocks_event_reason_{name}")
+        if smi is None:
+            smi = text(g, f"clocks_throttle_reasons/clocks_throttle_reason_{name}")
+        check(uuid, f"clock event {name}", h.clock_event_reasons[name], smi)
+    print(f"     {'xid event set':40} {h.xid_events!r}")
+
+if failures:
+    print("== HEALTH VALIDATION FAILED")
+    for f in failures:
+        print("   - " + f)
+    sys.exit(1)
+print(f"== HEALTH VALIDATION PASSED: {len(gpus)} GPU(s), NVML health signals match nvidia-smi -q")
 PY

@@ -17,7 +17,9 @@ from typing import Literal, TypeAlias
 import msgspec
 
 from collectors.facts import Fact, FactValue
+from collectors.gpu_health import AcceleratorHealthSignals
 from collectors.observations import CpuInfo, OsInfo, StorageObservation
+from ledger.health import HealthAction, HealthReason, HealthStatus
 
 SCHEMA_VERSION = 1
 
@@ -83,6 +85,29 @@ class HardwareChanged(_Event, frozen=True, tag="HARDWARE_CHANGED"):
     changes: dict[str, FactChange]
     accelerator_id: str | None = None
     accelerator_uuid: str | None = None
+
+
+class AcceleratorHealthChanged(_Event, frozen=True, tag="ACCELERATOR_HEALTH_CHANGED"):
+    """The accelerator's health verdict (ledger/health.py, docs/gpu-health.md) changed: `before`
+    -> `after`, with the reasons and the recommended action of the new verdict."""
+
+    accelerator_id: str
+    uuid: str
+    before: HealthStatus
+    after: HealthStatus
+    action: HealthAction
+    reasons: list[HealthReason]
+    before_reasons: list[str] = []  # the previous verdict's reason codes
+
+
+class AcceleratorXidObserved(_Event, frozen=True, tag="ACCELERATOR_XID_OBSERVED"):
+    """One XID error the driver reported for the GPU, recorded once: `at` is when the collector
+    drained it from NVML's event API (the observer's clock)."""
+
+    accelerator_id: str
+    uuid: str
+    code: int
+    at: datetime
 
 
 class InventoryStatusChanged(_Event, frozen=True, tag="INVENTORY_STATUS_CHANGED"):
@@ -219,6 +244,9 @@ class AcceleratorTelemetryObserved(_Event, frozen=True, tag="ACCELERATOR_TELEMET
     accelerator_id: str
     uuid: str
     telemetry: dict[str, Fact]
+    # The health signals of the same collection (counters that only grow are telemetry); its XIDs
+    # are recorded as ACCELERATOR_XID_OBSERVED instead, so `xids` is empty here.
+    health: AcceleratorHealthSignals | None = None
 
 
 EventPayload: TypeAlias = (
@@ -227,6 +255,8 @@ EventPayload: TypeAlias = (
     | AcceleratorDiscovered
     | AcceleratorMissing
     | HardwareChanged
+    | AcceleratorHealthChanged
+    | AcceleratorXidObserved
     | InventoryStatusChanged
     | InventoryFailed
     | HostTelemetryObserved

@@ -15,6 +15,7 @@ from typing import Literal, TypeAlias
 import msgspec
 
 from collectors.facts import UNKNOWN, Fact, Known
+from collectors.gpu_health import AcceleratorHealthSignals, XidOccurrence
 from collectors.observations import (
     ACCELERATOR_INVENTORY_FACTS,
     DRIVER_FACTS,
@@ -25,8 +26,10 @@ from collectors.observations import (
 )
 from ledger.events import (
     AcceleratorDiscovered,
+    AcceleratorHealthChanged,
     AcceleratorMissing,
     AcceleratorTelemetryObserved,
+    AcceleratorXidObserved,
     CredentialIssued,
     CredentialRevoked,
     HardwareChanged,
@@ -40,6 +43,7 @@ from ledger.events import (
     WorkLeaseAcquired,
     WorkLeaseReleased,
 )
+from ledger.health import HEALTHY, XID_WINDOW, HealthVerdict
 
 # Fixed namespaces: the same identity key gives the same node id on any machine, in any process.
 NODE_ID_NAMESPACE = uuid.UUID("6f1d7c1e-3b0a-5a8e-9f61-4d2b8c0e7a10")
@@ -69,6 +73,7 @@ class Telemetry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     observed_at: datetime | None
     received_at: datetime
     position: int
+    health: AcceleratorHealthSignals | None = None  # accelerators only
 
 
 class AcceleratorState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -88,6 +93,19 @@ class AcceleratorState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     position: int
     missing_since: datetime | None = None
     telemetry: Telemetry | None = None
+    health: HealthVerdict = HEALTHY
+    # The XIDs recorded lately (within XID_WINDOW of the newest, at most MAX_RECENT_XIDS): what
+    # the verdict counts and what a repeated report of the same occurrence is recognized by.
+    xids: list[XidOccurrence] = []
+
+
+MAX_RECENT_XIDS = 64
+
+
+def _remember_xid(xids: list[XidOccurrence], new: XidOccurrence) -> list[XidOccurrence]:
+    kept = sorted([*xids, new], key=lambda x: (x.at, x.code))
+    newest = kept[-1].at
+    return [x for x in kept if x.at > newest - XID_WINDOW][-MAX_RECENT_XIDS:]
 
 
 class LastRun(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -372,6 +390,9 @@ def evolve(state: NodeState, event: RecordedEvent) -> NodeState:
                 last_seen_at=at,
                 position=event.global_position,
                 telemetry=None,
+                # A (re)discovered GPU is judged afresh by the same refresh; its XIDs still count.
+                health=HEALTHY,
+                xids=previous.xids if previous else [],
             )
             s = msgspec.structs.replace(s, accelerators={**s.accelerators, p.uuid: acc})
         case AcceleratorMissing():
@@ -408,6 +429,18 @@ def evolve(state: NodeState, event: RecordedEvent) -> NodeState:
                     **acc_updates,
                 )
                 s = msgspec.structs.replace(s, accelerators={**s.accelerators, acc.uuid: acc})
+        case AcceleratorHealthChanged():
+            acc0 = s.accelerators.get(p.uuid)
+            if acc0 is not None:
+                verdict = HealthVerdict(status=p.after, action=p.action, reasons=list(p.reasons))
+                acc = msgspec.structs.replace(acc0, health=verdict, position=event.global_position)
+                s = msgspec.structs.replace(s, accelerators={**s.accelerators, p.uuid: acc})
+        case AcceleratorXidObserved():
+            acc0 = s.accelerators.get(p.uuid)
+            if acc0 is not None:
+                xids = _remember_xid(acc0.xids, XidOccurrence(code=p.code, at=p.at))
+                acc = msgspec.structs.replace(acc0, xids=xids)
+                s = msgspec.structs.replace(s, accelerators={**s.accelerators, p.uuid: acc})
         case InventoryStatusChanged():
             s = msgspec.structs.replace(
                 s,
@@ -464,6 +497,7 @@ def evolve(state: NodeState, event: RecordedEvent) -> NodeState:
                         observed_at=event.metadata.observed_at,
                         received_at=at,
                         position=event.global_position,
+                        health=p.health,
                     ),
                 )
                 s = msgspec.structs.replace(s, accelerators={**s.accelerators, p.uuid: acc})

@@ -14,13 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import msgspec
+
 from collectors.facts import Fact, TemporarilyFailed, Unavailable, Unknown
+from collectors.gpu_health import AcceleratorHealthSignals, XidOccurrence
 from collectors.identity import NodeIdentity
 from collectors.observations import ACCELERATOR_INVENTORY_FACTS, AcceleratorObservation, HardwareObservation
 from ledger.events import (
     AcceleratorDiscovered,
+    AcceleratorHealthChanged,
     AcceleratorMissing,
     AcceleratorTelemetryObserved,
+    AcceleratorXidObserved,
     EventPayload,
     FactChange,
     HardwareChanged,
@@ -29,6 +34,7 @@ from ledger.events import (
     NodeDiscovered,
     NodeMetadataChanged,
 )
+from ledger.health import HEALTHY, HealthVerdict, judge, recent_xids
 from ledger.node import AcceleratorState, NodeState, accelerator_id_for
 
 _TRANSIENT = (TemporarilyFailed, Unknown, Unavailable)
@@ -155,6 +161,8 @@ def reconcile(
                 )
             )
 
+    events.extend(_health_events(observation, state))
+
     if nvml.status == "complete":
         for gpu_uuid, acc in sorted(state.accelerators.items()):
             if acc.status == "active" and gpu_uuid not in seen:
@@ -190,6 +198,57 @@ def reconcile(
                 accelerator_id=accelerator_id_for(node_id, obs.uuid),
                 uuid=obs.uuid,
                 telemetry=dict(obs.telemetry),
+                health=None if obs.health is None else msgspec.structs.replace(obs.health, xids=[]),
             )
         )
+    return events
+
+
+def _health_events(observation: HardwareObservation, state: NodeState) -> list[EventPayload]:
+    """Each new XID once, and a verdict change (ledger/health.py) of each observed GPU.
+
+    Follows the inventory events of the same refresh, whose fold judges a (re)discovered GPU
+    afresh, so `before` is `healthy` for it. A GPU the scan could not list (XID 79: fallen off
+    the bus) is judged by its last signals and its XIDs."""
+    events: list[EventPayload] = []
+    now = observation.observed_at
+    nvml = observation.nvml
+    judged: list[tuple[str, AcceleratorHealthSignals | None, list[XidOccurrence], HealthVerdict]] = []
+    for obs in nvml.accelerators:
+        acc = state.accelerators.get(obs.uuid)
+        before = acc.health if acc is not None and acc.status == "active" else HEALTHY
+        judged.append((obs.uuid, obs.health, obs.health.xids if obs.health is not None else [], before))
+    listed = {obs.uuid for obs in nvml.accelerators}
+    for gpu_uuid, xids in sorted(nvml.unlisted_xids.items()):
+        acc = state.accelerators.get(gpu_uuid)
+        if acc is None or gpu_uuid in listed:
+            continue  # a GPU never inventoried has no accelerator to attach them to
+        last = acc.telemetry.health if acc.telemetry is not None else None
+        judged.append((gpu_uuid, last, xids, acc.health))
+    for gpu_uuid, signals, reported, before in judged:
+        acc = state.accelerators.get(gpu_uuid)
+        accelerator_id = accelerator_id_for(state.node_id, gpu_uuid)
+        known = list(acc.xids) if acc is not None else []
+        seen = {(x.code, x.at) for x in known}
+        for xid in reported:
+            if (xid.code, xid.at) in seen:
+                continue  # the same occurrence reported again
+            seen.add((xid.code, xid.at))
+            known.append(xid)
+            events.append(
+                AcceleratorXidObserved(accelerator_id=accelerator_id, uuid=gpu_uuid, code=xid.code, at=xid.at)
+            )
+        after = judge(signals, recent_xids(known, now))
+        if after != before:
+            events.append(
+                AcceleratorHealthChanged(
+                    accelerator_id=accelerator_id,
+                    uuid=gpu_uuid,
+                    before=before.status,
+                    after=after.status,
+                    action=after.action,
+                    reasons=list(after.reasons),
+                    before_reasons=[r.code for r in before.reasons],
+                )
+            )
     return events

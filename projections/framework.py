@@ -59,6 +59,9 @@ class Projection(Generic[S]):
     name: str
     tables: tuple[TableSpec, ...]
     state_type: type[S]
+    # Raised whenever what the projection keeps changes shape (its persisted state or its rows):
+    # a database built with an older version is rebuilt from the log on `migrate` / `serve`.
+    version: int = 1
 
     def initial(self, stream_id: str) -> S:
         raise NotImplementedError

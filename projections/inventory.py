@@ -56,6 +56,9 @@ ACCELERATORS = TableSpec(
         "last_seen_at",
         "missing_since",
         "position",
+        "health_status",
+        "health_action",
+        "health_reasons",
     ),
     key=("accelerator_id",),
 )
@@ -71,7 +74,15 @@ HOST_TELEMETRY = TableSpec(
 )
 ACCELERATOR_TELEMETRY = TableSpec(
     name="hw_accelerator_telemetry",
-    columns=("accelerator_id", "node_id", "metrics", "observed_at", "received_at", "position"),
+    columns=(
+        "accelerator_id",
+        "node_id",
+        "metrics",
+        "observed_at",
+        "received_at",
+        "position",
+        "health_signals",
+    ),
     key=("accelerator_id",),
 )
 FINGERPRINTS = TableSpec(
@@ -96,6 +107,8 @@ WORK_LEASES = TableSpec(
 
 class InventoryProjection(Projection[NodeState]):
     name = "inventory"
+    # 2: GPU health verdicts, recent XIDs and health signals (issue 16).
+    version = 2
     tables = (
         NODES,
         ACCELERATORS,
@@ -179,6 +192,9 @@ class InventoryProjection(Projection[NodeState]):
                 a.last_seen_at,
                 a.missing_since,
                 a.position,
+                a.health.status,
+                a.health.action,
+                a.health.reasons,
             )
             for a in s.accelerators.values()
         ]
@@ -198,6 +214,7 @@ class InventoryProjection(Projection[NodeState]):
                 a.telemetry.observed_at,
                 a.telemetry.received_at,
                 a.telemetry.position,
+                a.telemetry.health,
             )
             for a in s.accelerators.values()
             if a.telemetry is not None

@@ -118,6 +118,7 @@ def accelerator_records(state: NodeState) -> list[dict[str, Any]]:
         t = telemetry.get(acc["accelerator_id"])
         acc["metrics"] = t["metrics"] if t else None
         acc["telemetry_observed_at"] = t["observed_at"] if t else None
+        acc["health_signals"] = t["health_signals"] if t else None
         acc["last_seen_at"] = _later(acc["last_seen_at"], t["received_at"] if t else None)
         out.append(acc)
     return sorted(out, key=lambda a: a["accelerator_id"])

@@ -19,10 +19,13 @@ from typing import Any
 
 import asyncpg
 import msgspec
+import structlog
 
-from ledger.reading import EVENT_COLUMNS, event_from_row
+from ledger.reading import EVENT_COLUMNS, UndecodableEvent, event_from_row
 from ledger.store import REBUILD_GATE_KEY
 from projections.framework import STATE_TABLE, Projection, TableSpec
+
+log = structlog.get_logger(__name__)
 
 SHADOW = "__shadow"
 _REBUILD_LOCK_KEY = 7305820113
@@ -318,3 +321,36 @@ async def rebuild(
         differences=differences,
         swapped=swapped,
     )
+
+
+async def outdated(conn: asyncpg.Connection, projections: Sequence[Projection[Any]]) -> list[str]:
+    """The projections whose read models were built with an older shape than the code's."""
+    built = {
+        r["projection"]: r["version"]
+        for r in await conn.fetch("SELECT projection, version FROM projection_versions")
+    }
+    return [p.name for p in projections if built.get(p.name, 1) < p.version]
+
+
+async def rebuild_outdated(pool: asyncpg.Pool, projections: Sequence[Projection[Any]]) -> list[str]:
+    """After `migrate`: rebuild from the log every projection whose shape changed since the
+    database was last built (an upgrade), and record the versions. Returns the names rebuilt."""
+    async with pool.acquire() as conn:
+        stale = await outdated(conn, projections)
+    if stale:
+        log.info("projections.rebuilding_outdated", projections=stale)
+        try:
+            await rebuild(pool, projections)
+        except UndecodableEvent as exc:
+            # Served as they are (the older shape decodes with defaults), and `verify` names the
+            # event; the rebuild is tried again at the next start.
+            log.error("projections.rebuild_refused", projections=stale, error=str(exc))
+            return []
+    async with pool.acquire() as conn:
+        await conn.executemany(
+            "INSERT INTO projection_versions (projection, version) VALUES ($1, $2) "
+            "ON CONFLICT (projection) DO UPDATE SET version = EXCLUDED.version, built_at = now() "
+            "WHERE projection_versions.version < EXCLUDED.version",
+            [(p.name, p.version) for p in projections],
+        )
+    return stale

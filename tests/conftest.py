@@ -55,6 +55,15 @@ async def template_database(pg_server_dsn: str) -> AsyncIterator[str]:
             await migrate(conn)
         finally:
             await conn.close()
+        # As `migrate`/`serve` leave a new database: its read models built at the code's versions.
+        from projections.rebuild import rebuild_outdated
+
+        # rebuild holds three connections at once (control, read, write)
+        pool = await create_pool(dsn_for_database(pg_server_dsn, name), min_size=1, max_size=4)
+        try:
+            await rebuild_outdated(pool, ALL_PROJECTIONS)
+        finally:
+            await pool.close()
         yield name
     finally:
         rows = await admin.fetch(

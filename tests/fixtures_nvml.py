@@ -12,10 +12,14 @@ from __future__ import annotations
 import uuid
 
 from tests.fakes.fake_pynvml import (
+    ECC_COUNTERS,
     NVML_DEVICE_MIG_DISABLE,
     NVML_DEVICE_MIG_ENABLE,
+    NVML_FEATURE_DISABLED,
+    NVML_FEATURE_ENABLED,
     FakeGpu,
     Scenario,
+    nvmlClocksEventReasonGpuIdle,
 )
 
 MIB = 1024 * 1024
@@ -42,6 +46,11 @@ def a100_sxm4_mig() -> Scenario:
                 clock_sm_mhz=1410,
                 clock_memory_mhz=1215,
                 performance_state=0,
+                # ecc_mode Enabled; volatile counters N/A under MIG, aggregate 0; remapped_rows and
+                # retired_pages N/A in this capture; no clock event reason active; replay_counter 0.
+                ecc_mode=NVML_FEATURE_ENABLED,
+                ecc_errors={"corrected_aggregate": 0, "uncorrected_aggregate": 0},
+                pcie_replay_count=0,
                 errors={"fan_speed": "NotSupported", "utilization": "NotSupported"},
             )
         ],
@@ -71,6 +80,11 @@ def rtx_4090_driver_535() -> Scenario:
                 clock_memory_mhz=405,
                 fan_speed_percent=0,
                 performance_state=8,
+                # ECC Disabled (counters N/A); remapped_rows 0/0/No/No; gpu_idle Active.
+                clock_event_reasons=nvmlClocksEventReasonGpuIdle,
+                ecc_mode=NVML_FEATURE_DISABLED,
+                remapped_rows=(0, 0, 0, 0),
+                pcie_replay_count=0,
             )
         ],
     )
@@ -98,6 +112,9 @@ def rtx_3060_laptop() -> Scenario:
                 clock_sm_mhz=210,
                 clock_memory_mhz=405,
                 performance_state=8,
+                # No ECC (current_ecc N/A), no remapping, no retirement; gpu_idle Active.
+                clock_event_reasons=nvmlClocksEventReasonGpuIdle,
+                pcie_replay_count=0,
                 errors={"fan_speed": "NotSupported"},
             )
         ],
@@ -126,6 +143,18 @@ def tesla_p100() -> Scenario:
                 clock_sm_mhz=405,
                 clock_memory_mhz=715,
                 performance_state=0,
+                # ECC Enabled: volatile 0/0, aggregate single-bit 3, double-bit 0; retired pages 0/0,
+                # pending No; remapped_rows N/A (Pascal); gpu_idle Active.
+                clock_event_reasons=nvmlClocksEventReasonGpuIdle,
+                ecc_mode=NVML_FEATURE_ENABLED,
+                ecc_errors={
+                    "corrected_volatile": 0,
+                    "uncorrected_volatile": 0,
+                    "corrected_aggregate": 3,
+                    "uncorrected_aggregate": 0,
+                },
+                retired_pages=(0, 0, False),
+                pcie_replay_count=0,
                 errors={"fan_speed": "NotSupported"},
             )
         ],
@@ -155,6 +184,10 @@ def rtx_2080_windows() -> Scenario:
                 clock_memory_mhz=403,
                 fan_speed_percent=37,
                 performance_state=8,
+                # No ECC; gpu_idle Active; NVML's event API exists on Linux only.
+                clock_event_reasons=nvmlClocksEventReasonGpuIdle,
+                pcie_replay_count=0,
+                events_supported=False,
             )
         ],
     )
@@ -193,6 +226,10 @@ def h200_gpu(index: int) -> FakeGpu:
         clock_sm_mhz=1980,
         clock_memory_mhz=3201,
         errors={"fan_speed": "NotSupported"},  # SXM modules are cooled by the chassis
+        # A data-center Hopper: ECC on with clean counters, row remapping (no page retirement).
+        ecc_mode=NVML_FEATURE_ENABLED,
+        ecc_errors=dict.fromkeys(ECC_COUNTERS, 0),
+        remapped_rows=(0, 0, 0, 0),
     )
 
 

@@ -343,3 +343,45 @@ def test_the_real_collectors_report_within_the_contract(capture: str, tmp_path: 
         obs = HardwareObservation(observed_at=datetime.now(UTC), host=host, nvml=scan)
         assert validate_observation(obs) == []
         assert sanitize_observation(obs) == obs
+
+
+def health_doc() -> dict[str, Any]:
+    """A report whose GPU was read by the collector, health signals included."""
+    collector = NvidiaNvmlCollector(nvml=FakeNvml(multi_gpu_scenario(1)), timeout_seconds=5)
+    try:
+        obs = observation(gpus=0)
+        obs = HardwareObservation(observed_at=obs.observed_at, host=obs.host, nvml=collector.collect())
+    finally:
+        collector.close()
+    return json.loads(report_body(KEY, 1, obs=obs))  # type: ignore[no-any-return]
+
+
+def test_health_signals_and_xids_of_an_unlisted_gpu_cross_the_wire() -> None:
+    document = health_doc()
+    health = document["observation"]["nvml"]["accelerators"][0]["health"]
+    assert health["ecc_mode"] == {"state": "known", "value": "enabled"}
+    health["xids"] = [{"code": 48, "at": "2026-11-30T12:00:00Z"}]
+    lost = [{"code": 79, "at": "2026-11-30T12:00:01Z"}]
+    report = decode_report(put(document, ("observation", "nvml", "unlisted_xids"), {"GPU-lost": lost}))
+    gpu = report.observation.nvml.accelerators[0]
+    assert gpu.health is not None and [x.code for x in gpu.health.xids] == [48]
+    assert [x.code for x in report.observation.nvml.unlisted_xids["GPU-lost"]] == [79]
+    # Out of the contract: a negative XID code, a count that is text, too many XIDs.
+    assert "code" in refused(
+        put(
+            health_doc(),
+            ("observation", "nvml", "unlisted_xids"),
+            {"GPU-lost": [{"code": -1, "at": lost[0]["at"]}]},
+        )
+    )
+    bad = health_doc()
+    bad["observation"]["nvml"]["accelerators"][0]["health"]["pcie_replay_count"] = {
+        "state": "known",
+        "value": "7",
+    }
+    assert "pcie_replay_count" in refused(json.dumps(bad).encode())
+    assert "xids" in refused(put(health_doc(), (*GPU0, "health", "xids"), lost * 257))
+    # An agent that collects no health signals still reports within the contract.
+    old = health_doc()
+    del old["observation"]["nvml"]["accelerators"][0]["health"]
+    assert decode_report(json.dumps(old).encode()).observation.nvml.accelerators[0].health is None

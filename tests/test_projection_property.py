@@ -10,10 +10,18 @@ import sys
 import uuid
 
 import asyncpg
+import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collectors.facts import UNSUPPORTED, Known, TemporarilyFailed
+from collectors.gpu_health import (
+    CLOCK_EVENT_REASONS,
+    ECC_COUNTERS,
+    RETIRED_PAGES,
+    AcceleratorHealthSignals,
+    XidOccurrence,
+)
 from collectors.identity import NodeIdentity
 from collectors.observations import HardwareObservation
 from ledger.node import node_id_for
@@ -35,9 +43,37 @@ steps = st.fixed_dictionaries(
         "swap_pci": st.booleans(),
         "flicker": st.booleans(),
         "fan_zero": st.booleans(),
+        # GPU health (issue 16): what the GPUs' signals say at this step.
+        "health": st.sampled_from(["none", "clean", "clean", "pending_remap", "thermal", "xid79", "xid13"]),
     }
 )
 histories = st.lists(st.tuples(st.integers(0, 2), steps), min_size=1, max_size=12)
+
+
+def health_of(kind: str, n: int) -> AcceleratorHealthSignals | None:
+    """Signals of GPU `n`; only GPU 1 ever has a problem, so verdicts differ between GPUs."""
+    if kind == "none":
+        return None
+    problem = kind if n == 1 else "clean"
+    reasons = {
+        name: Known(name == "hw_thermal_slowdown" and problem == "thermal") for name in CLOCK_EVENT_REASONS
+    }
+    xids = [XidOccurrence(code=int(problem[3:]), at=T0)] if problem.startswith("xid") else []
+    return AcceleratorHealthSignals(
+        clock_event_reasons=reasons,
+        ecc_mode=Known("enabled"),
+        ecc_errors=dict.fromkeys(ECC_COUNTERS, Known(0)),
+        remapped_rows={
+            "correctable": Known(0),
+            "uncorrectable": Known(0),
+            "pending": Known(problem == "pending_remap"),
+            "failure": Known(False),
+        },
+        retired_pages=dict.fromkeys(RETIRED_PAGES, UNSUPPORTED),
+        pcie_replay_count=Known(n),
+        xid_events=Known(True),
+        xids=xids,
+    )
 
 
 def observation_of(step: dict) -> HardwareObservation:  # type: ignore[type-arg]
@@ -56,6 +92,9 @@ def observation_of(step: dict) -> HardwareObservation:  # type: ignore[type-arg]
                     "name": TemporarilyFailed("GPU is lost"),
                 }
             )
+        health = health_of(step.get("health", "none"), n)
+        if health is not None:
+            g = msgspec.structs.replace(g, health=health)
         gpus.append(g)
     status = step["status"]
     nvml = scan(

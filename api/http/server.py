@@ -18,8 +18,8 @@ from api.config import ServerConfig, load_or_create_admin_token
 from api.http import readiness
 from api.http.app import create_app
 from api.http.context import AppContext
-from api.wiring import build_services
-from ledger.db import Database, create_pool, migrate
+from api.wiring import build_services, prepare_database
+from ledger.db import Database, create_pool
 from ledger.retention import prune_observations
 from ledger.supervisor import EmbeddedSupervisor, run_with_supervisor
 
@@ -60,8 +60,7 @@ def make_app(config: ServerConfig, dsn: str, admin_token_hash: str) -> Litestar:
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         pool = await create_pool(dsn, min_size=2, max_size=10)
         try:
-            async with pool.acquire() as conn:
-                version = await migrate(conn)
+            version = await prepare_database(pool)
             log.info("server.migrated", schema_version=version)
             context = build_context(pool, config, admin_token_hash)
             app.state.ctx = context
@@ -127,6 +126,5 @@ def serve(config: ServerConfig) -> int:
 async def open_pool(config: ServerConfig, database: Database) -> asyncpg.Pool:
     dsn = await asyncio.to_thread(database.dsn)
     pool = await create_pool(dsn, min_size=1, max_size=4)
-    async with pool.acquire() as conn:
-        await migrate(conn)
+    await prepare_database(pool)
     return pool

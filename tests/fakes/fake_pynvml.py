@@ -46,6 +46,21 @@ NVML_CLOCK_GRAPHICS = 0
 NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2
 NVML_PSTATE_UNKNOWN = 32
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+nvmlEventTypeXidCriticalError = 0x8
+nvmlClocksEventReasonGpuIdle = 0x1
+nvmlClocksEventReasonSwPowerCap = 0x4
+nvmlClocksEventReasonHwSlowdown = 0x8
+nvmlClocksEventReasonSwThermalSlowdown = 0x20
+nvmlClocksEventReasonHwThermalSlowdown = 0x40
+nvmlClocksEventReasonHwPowerBrakeSlowdown = 0x80
 
 _MESSAGES = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
@@ -157,7 +172,16 @@ GPU_CALLS = (
     "clock_mem",
     "fan_speed",
     "performance_state",
+    "clock_event_reasons",
+    "ecc_mode",
+    "ecc_errors",
+    "remapped_rows",
+    "retired_pages",
+    "retired_pages_pending",
+    "pcie_replay",
+    "register_events",
 )
+ECC_COUNTERS = ("corrected_volatile", "uncorrected_volatile", "corrected_aggregate", "uncorrected_aggregate")
 # Names of the injectable system calls (keys of Scenario.errors / Scenario.hang_call).
 SYSTEM_CALLS = ("init", "driver_version", "cuda_driver_version", "device_count")
 
@@ -189,6 +213,20 @@ class FakeGpu:
     clock_memory_mhz: int = 1000
     fan_speed_percent: int = 30
     performance_state: int = 0
+    # Health signals. Bits of nvmlClocksEventReason*.
+    clock_event_reasons: int = 0
+    # NVML_FEATURE_ENABLED / _DISABLED; None: no ECC (consumer GPUs): GetEccMode is NotSupported.
+    ecc_mode: int | None = None
+    # ECC_COUNTERS -> count; a counter left out is NotSupported (N/A in nvidia-smi), and with ECC
+    # disabled or absent every counter is.
+    ecc_errors: dict[str, int] = field(default_factory=dict)
+    # (correctable, uncorrectable, pending, failure); None: no row remapping (before Ampere).
+    remapped_rows: tuple[int, int, int, int] | None = None
+    # (single-bit pages, double-bit pages, pending); None: no page retirement (Ampere and later).
+    retired_pages: tuple[int, int, bool] | None = None
+    pcie_replay_count: int = 0
+    # NVML's event API (Linux only): False makes nvmlDeviceRegisterEvents NotSupported.
+    events_supported: bool = True
     # Call name (GPU_CALLS) -> error name ("NotSupported") or NVML code raised by that call.
     errors: dict[str, str | int] = field(default_factory=dict)
     # Fallen off the bus: the handle and UUID calls raise GpuIsLost.
@@ -235,6 +273,27 @@ class Memory:
 class Utilization:
     gpu: int
     memory: int
+
+
+@dataclass(frozen=True)
+class EventData:
+    """As pynvml's c_nvmlEventData_t."""
+
+    device: Any
+    eventType: int
+    eventData: int
+    gpuInstanceId: int = 0xFFFFFFFF
+    computeInstanceId: int = 0xFFFFFFFF
+
+
+@dataclass(eq=False)
+class EventSet:
+    """An NVML event set: valid only within the NVML session that created it."""
+
+    session: int
+    gpus: dict[int, tuple[FakeGpu, Handle]] = field(default_factory=dict)  # id(gpu) -> (gpu, handle)
+    pending: list[EventData] = field(default_factory=list)
+    freed: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -292,6 +351,17 @@ class FakeNvml:
     NVML_CLOCK_SM = NVML_CLOCK_SM
     NVML_CLOCK_MEM = NVML_CLOCK_MEM
     NVML_PSTATE_UNKNOWN = NVML_PSTATE_UNKNOWN
+    NVML_FEATURE_DISABLED = NVML_FEATURE_DISABLED
+    NVML_FEATURE_ENABLED = NVML_FEATURE_ENABLED
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = NVML_MEMORY_ERROR_TYPE_CORRECTED
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    NVML_VOLATILE_ECC = NVML_VOLATILE_ECC
+    NVML_AGGREGATE_ECC = NVML_AGGREGATE_ECC
+    NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = (
+        NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+    )
+    NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+    nvmlEventTypeXidCriticalError = nvmlEventTypeXidCriticalError
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
@@ -299,6 +369,8 @@ class FakeNvml:
         self._refcount = 0
         self._lock = threading.Lock()
         self._released = threading.Event()
+        self._session = 0  # bumps each time the reference count returns to 0
+        self.event_sets: list[EventSet] = []
 
     # -- test helpers --------------------------------------------------------------------------
 
@@ -309,6 +381,14 @@ class FakeNvml:
     @property
     def refcount(self) -> int:
         return self._refcount
+
+    def xid(self, gpu_uuid: str, code: int) -> None:
+        """The driver reports XID `code` on a GPU: queued in every live set registered for it."""
+        for event_set in self.event_sets:
+            for gpu, handle in event_set.gpus.values():
+                if gpu.uuid == gpu_uuid and not event_set.freed and event_set.session == self._session:
+                    # NVML hands back the device's handle (the pointer the caller registered).
+                    event_set.pending.append(EventData(handle, nvmlEventTypeXidCriticalError, code))
 
     def release(self) -> None:
         """Wake every hung call now (tests call this so no thread outlives them)."""
@@ -367,6 +447,8 @@ class FakeNvml:
             if self._refcount == 0:
                 raise NVMLError_Uninitialized()
             self._refcount -= 1
+            if self._refcount == 0:
+                self._session += 1  # every event set of the session is gone with it
 
     def nvmlSystemGetDriverVersion(self) -> str | bytes:
         self._system("driver_version")
@@ -460,6 +542,89 @@ class FakeNvml:
 
     def nvmlDeviceGetPerformanceState(self, handle: Handle) -> int:
         return self._device("performance_state", handle).performance_state
+
+    # -- health ---------------------------------------------------------------------------------
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Handle) -> int:
+        return self._device("clock_event_reasons", handle).clock_event_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Handle) -> int:
+        return self.nvmlDeviceGetCurrentClocksEventReasons(handle)
+
+    def nvmlDeviceGetEccMode(self, handle: Handle) -> list[int]:
+        gpu = self._device("ecc_mode", handle)
+        if gpu.ecc_mode is None:
+            raise NVMLError_NotSupported()
+        return [gpu.ecc_mode, gpu.ecc_mode]
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Handle, error_type: int, counter_type: int) -> int:
+        gpu = self._device("ecc_errors", handle)
+        if error_type not in (0, 1) or counter_type not in (0, 1):
+            raise NVMLError_InvalidArgument()
+        name = ("corrected_" if error_type == 0 else "uncorrected_") + (
+            "volatile" if counter_type == 0 else "aggregate"
+        )
+        if gpu.ecc_mode != NVML_FEATURE_ENABLED or name not in gpu.ecc_errors:
+            raise NVMLError_NotSupported()
+        return gpu.ecc_errors[name]
+
+    def nvmlDeviceGetRemappedRows(self, handle: Handle) -> tuple[int, int, int, int]:
+        gpu = self._device("remapped_rows", handle)
+        if gpu.remapped_rows is None:
+            raise NVMLError_NotSupported()
+        return gpu.remapped_rows
+
+    def nvmlDeviceGetRetiredPages(self, handle: Handle, cause: int) -> list[int]:
+        gpu = self._device("retired_pages", handle)
+        if cause not in (0, 1):
+            raise NVMLError_InvalidArgument()
+        if gpu.retired_pages is None:
+            raise NVMLError_NotSupported()
+        return [0x1000 * (i + 1) for i in range(gpu.retired_pages[cause])]
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Handle) -> int:
+        gpu = self._device("retired_pages_pending", handle)
+        if gpu.retired_pages is None:
+            raise NVMLError_NotSupported()
+        return NVML_FEATURE_ENABLED if gpu.retired_pages[2] else NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Handle) -> int:
+        return self._device("pcie_replay", handle).pcie_replay_count
+
+    def nvmlEventSetCreate(self) -> EventSet:
+        self._enter("event_set_create")
+        event_set = EventSet(session=self._session)
+        self.event_sets.append(event_set)
+        return event_set
+
+    def _live(self, event_set: object) -> EventSet:
+        if not isinstance(event_set, EventSet) or event_set.freed or event_set.session != self._session:
+            raise NVMLError_InvalidArgument()
+        return event_set
+
+    def nvmlDeviceRegisterEvents(self, handle: Handle, event_types: int, event_set: EventSet) -> None:
+        gpu = self._device("register_events", handle)
+        live = self._live(event_set)
+        if not gpu.events_supported:
+            raise NVMLError_NotSupported()
+        if event_types & ~nvmlEventTypeXidCriticalError:
+            raise NVMLError_NotSupported()  # the fake knows only XIDs
+        live.gpus[id(gpu)] = (gpu, handle)
+
+    def nvmlEventSetWait_v2(self, event_set: EventSet, timeout_ms: int) -> EventData:
+        self._enter("event_set_wait")
+        live = self._live(event_set)
+        if not live.pending:
+            # Real NVML waits up to timeout_ms; the fake never has more to come while it waits.
+            raise NVMLError_Timeout()
+        return live.pending.pop(0)
+
+    def nvmlEventSetWait(self, event_set: EventSet, timeout_ms: int) -> EventData:
+        return self.nvmlEventSetWait_v2(event_set, timeout_ms)
+
+    def nvmlEventSetFree(self, event_set: EventSet) -> None:
+        self._enter("event_set_free")
+        self._live(event_set).freed = True
 
     def nvmlErrorString(self, code: int) -> str:
         return _MESSAGES.get(code, f"Unknown Error (code {code})")
