@@ -292,6 +292,8 @@ class _Report(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     observation: _Observation
 
 
+# What a report may look like on the wire (the API's OpenAPI document publishes its schema).
+WIRE_REPORT = _Report
 _wire_report_decoder = msgspec.json.Decoder(_Report)
 _wire_observation_decoder = msgspec.json.Decoder(_Observation)
 _report_decoder = msgspec.json.Decoder(Report)

@@ -6,20 +6,22 @@ whose services `api.wiring` builds; routes never construct a service."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import asyncpg
+import msgspec
 import structlog
 from litestar import Litestar, Response, Router, get, post
 from litestar.di import NamedDependency
 from litestar.exceptions import HTTPException, ValidationException
-from litestar.openapi import OpenAPIConfig
+from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.spec import Components, SecurityScheme
-from litestar.params import FromPath, FromQuery, QueryParameter
+from litestar.params import FromPath, FromQuery, Parameter, QueryParameter
 
-from api.http import guards, openapi_contract, problems, readiness
+from api.http import api_docs, guards, openapi_contract, problems, readiness
 from api.http.agent import agent_routers
 from api.http.console import ConsolePlugin
 from api.http.context import DEPENDENCIES, AppContext, operator_guard
@@ -106,70 +108,106 @@ async def refresh(
     return refresh_body(outcome)
 
 
-@get("/hardware/nodes", summary="Compute nodes")
+Liveness = Literal["online", "stale", "offline", "local"]
+InventoryStatus = Literal["pending", "ok", "degraded", "failed"]
+AcceleratorStatus = Literal["active", "missing", "decommissioned"]
+
+
+@get("/hardware/nodes", summary="Compute nodes (filters: hostname, liveness, inventory_status)")
 async def list_nodes(
     repository: NamedDependency[HardwareRepository],
     audit: NamedDependency[AuditRepository],
+    hostname: Annotated[str | None, QueryParameter(description="exact, case-insensitive")] = None,
+    liveness: FromQuery[Liveness | None] = None,
+    inventory_status: FromQuery[InventoryStatus | None] = None,
     cursor: FromQuery[str | None] = None,
     limit: Limit = 100,
     as_of: FromQuery[datetime | None] = None,
 ) -> NodePage:
     if as_of is not None:
+        if hostname is not None or liveness is not None or inventory_status is not None:
+            raise InvalidRequest(
+                "invalid-parameter", "Invalid parameter", "as_of cannot be combined with filters"
+            )
         nodes, position = await audit.nodes_as_of(_aware(as_of))
         return NodePage(items=nodes, next_cursor=None, as_of_position=position)
-    items, next_cursor = await repository.list_nodes(cursor=cursor, limit=limit)
+    items, next_cursor = await repository.list_nodes(
+        cursor=cursor, limit=limit, hostname=hostname, liveness=liveness, inventory_status=inventory_status
+    )
     return NodePage(items=items, next_cursor=next_cursor)
 
 
-@get("/hardware/nodes/{node_id:str}", summary="One compute node")
+NOT_MODIFIED = {304: ResponseSpec(None, description="Not modified: the If-None-Match tag is current")}
+IfNoneMatch = Annotated[
+    str | None, Parameter(header="If-None-Match", description="an ETag from an earlier answer")
+]
+
+
+def _tagged(body: Any, if_none_match: str | None) -> Response[Any]:
+    """The body with a strong ETag over its JSON; 304 without a body when the caller has it."""
+    etag = '"' + hashlib.sha256(msgspec.json.encode(body)).hexdigest()[:32] + '"'
+    if if_none_match is not None:
+        given = {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
+        if etag in given or "*" in given:
+            return Response(None, status_code=304, headers={"ETag": etag})
+    return Response(body, headers={"ETag": etag})
+
+
+@get("/hardware/nodes/{node_id:str}", summary="One compute node (ETag, If-None-Match)", responses=NOT_MODIFIED)
 async def get_node(
     repository: NamedDependency[HardwareRepository],
     audit: NamedDependency[AuditRepository],
     node_id: FromPath[str],
     as_of: FromQuery[datetime | None] = None,
-) -> NodeBody:
+    if_none_match: IfNoneMatch = None,
+) -> Response[NodeBody]:
     if as_of is not None:
         nodes, _ = await audit.nodes_as_of(_aware(as_of), node_id=node_id)
         if not nodes:
             raise problems.not_found("node", f"{node_id} (as of {as_of.isoformat()})")
-        return nodes[0]
+        return _tagged(nodes[0], if_none_match)
     node = await repository.get_node(node_id)
     if node is None:
         raise problems.not_found("node", node_id)
-    return node
+    return _tagged(node, if_none_match)
 
 
-@get("/hardware/accelerators", summary="Accelerators (filters: node_id, status)")
+@get("/hardware/accelerators", summary="Accelerators (filters: node_id, status, model)")
 async def list_accelerators(
     repository: NamedDependency[HardwareRepository],
     audit: NamedDependency[AuditRepository],
     node_id: FromQuery[str | None] = None,
-    status: FromQuery[str | None] = None,
+    status: FromQuery[AcceleratorStatus | None] = None,
+    model: Annotated[str | None, QueryParameter(description="the model name, e.g. NVIDIA H200")] = None,
     cursor: FromQuery[str | None] = None,
     limit: Limit = 100,
     as_of: FromQuery[datetime | None] = None,
 ) -> AcceleratorPage:
-    if status is not None and status not in ("active", "missing", "decommissioned"):
-        raise InvalidRequest(
-            "invalid-parameter", "Invalid parameter", "status must be one of active, missing, decommissioned"
-        )
     if as_of is not None:
+        if model is not None:
+            raise InvalidRequest("invalid-parameter", "Invalid parameter", "as_of cannot be combined with model")
         accs, position = await audit.accelerators_as_of(_aware(as_of), node_id=node_id, status=status)
         return AcceleratorPage(items=accs, next_cursor=None, as_of_position=position)
     items, next_cursor = await repository.list_accelerators(
-        node_id=node_id, status=status, cursor=cursor, limit=limit
+        node_id=node_id, status=status, cursor=cursor, limit=limit, model=model
     )
     return AcceleratorPage(items=items, next_cursor=next_cursor)
 
 
-@get("/hardware/accelerators/{accelerator_id:str}", summary="One accelerator")
+@get(
+    "/hardware/accelerators/{accelerator_id:str}",
+    summary="One accelerator (ETag, If-None-Match)",
+    responses=NOT_MODIFIED,
+)
 async def get_accelerator(
-    repository: NamedDependency[HardwareRepository], accelerator_id: FromPath[str]
-) -> AcceleratorBody:
+    repository: NamedDependency[HardwareRepository],
+    accelerator_id: FromPath[str],
+    if_none_match: IfNoneMatch = None,
+) -> Response[AcceleratorBody]:
     acc = await repository.get_accelerator(accelerator_id)
     if acc is None:
         raise problems.not_found("accelerator", accelerator_id)
-    return acc
+    return _tagged(acc, if_none_match)
 
 
 @get(
@@ -263,6 +301,7 @@ def create_app(
             *agent_routers(),
             *decommission_routers(),
             *(extra_routers or []),
+            api_docs.assets_router(),
         ],
         exception_handlers={
             DomainError: problems.handle_domain_error,
@@ -273,12 +312,17 @@ def create_app(
             Exception: problems.handle_unexpected,
         },
         middleware=[guards.refuse_hostile_input],
+        before_request=guards.refuse_unknown_query_parameters,
         plugins=[openapi_contract.IntegerIsANumber(), ConsolePlugin()],
         openapi_config=OpenAPIConfig(
             title="ModelForge hardware plane",
             version=VERSION,
             path="/schema",
             components=Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}),
+            operation_id_creator=lambda handler, _method, _path: openapi_contract.operation_id(
+                handler.handler_name
+            ),
+            render_plugins=[api_docs.swagger_ui()],
         ),
         dependencies=DEPENDENCIES,
         lifespan=[lifespan] if lifespan else [],
@@ -290,4 +334,5 @@ def create_app(
     )
     if context is not None:
         app.state.ctx = context
+    openapi_contract.install(app)
     return app

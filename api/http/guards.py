@@ -18,7 +18,11 @@ import re
 from datetime import UTC, datetime
 from urllib.parse import parse_qsl, unquote_to_bytes
 
+from typing import Any
+
+from litestar import Litestar, Request
 from litestar.enums import ScopeType
+from litestar.routes import HTTPRoute
 from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
 
 from api.services.errors import InvalidRequest
@@ -138,3 +142,37 @@ def refuse_hostile_input(app: ASGIApp) -> ASGIApp:
         await app(scope, receive, send)
 
     return middleware
+
+
+# --- unknown query parameters ---------------------------------------------------------------------
+# A misspelt filter (`/nodes?status=active` where the filter is `inventory_status`) must not
+# silently answer the unfiltered list. Each handler's accepted names come from the same kwargs
+# model Litestar parses the request with, so the check cannot drift from the signatures.
+
+def _accepted_names(app: Litestar) -> dict[int, frozenset[str]]:
+    """Per app, built once: handler -> the query names its signature (and its dependencies) take."""
+    accepted: dict[int, frozenset[str]] | None = app.state.get("accepted_query_parameters")
+    if accepted is None:
+        accepted = {}
+        for route in app.routes:
+            if isinstance(route, HTTPRoute):
+                for handler, kwargs_model in route.route_handler_map.values():
+                    accepted[id(handler)] = frozenset(p.field_alias for p in kwargs_model.expected_query_params)
+        app.state["accepted_query_parameters"] = accepted
+    return accepted
+
+
+async def refuse_unknown_query_parameters(request: Request[Any, Any, Any]) -> None:
+    """Litestar `before_request` hook (create_app registers it): runs after the guards, so an
+    unauthenticated caller still gets 401, and before the parameters are parsed."""
+    if not request.scope.get("query_string"):
+        return
+    accepted = _accepted_names(request.app).get(id(request.scope["route_handler"]), frozenset())
+    unknown = sorted(set(request.query_params.keys()) - accepted)
+    if unknown:
+        known = ", ".join(sorted(accepted)) or "none"
+        raise bad_request(
+            "unknown-parameter",
+            "Unknown query parameter",
+            f"unknown query parameter(s): {', '.join(unknown)} (this route accepts: {known})",
+        )
