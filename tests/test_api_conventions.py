@@ -97,11 +97,15 @@ async def test_node_filters_page_across_boundaries(pool: asyncpg.Pool, client: h
             assert [n["id"] for n in got] == expected, (params, limit)
 
 
-async def test_accelerator_filters_page_across_boundaries(pool: asyncpg.Pool, client: httpx.AsyncClient) -> None:
+async def test_accelerator_filters_page_across_boundaries(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
     await seed(pool)
     everything = await all_pages(client, "/api/v1/hardware/accelerators", {}, 100)
     assert len(everything) == 8
-    online_0 = next(n for n in await all_pages(client, "/api/v1/hardware/nodes", {}, 100) if n["hostname"] == "online-0")
+    online_0 = next(
+        n for n in await all_pages(client, "/api/v1/hardware/nodes", {}, 100) if n["hostname"] == "online-0"
+    )
     other_model = next(a["name"] for a in everything if a["name"] != "NVIDIA A100-SXM4-40GB")
     cases = [
         ({"model": "NVIDIA A100-SXM4-40GB"}, lambda a: a["name"] == "NVIDIA A100-SXM4-40GB", 2),
@@ -143,7 +147,9 @@ async def test_unknown_query_parameters_are_refused(client: httpx.AsyncClient, p
 
 
 async def test_known_parameters_still_pass_and_tokens_come_first(client: httpx.AsyncClient) -> None:
-    assert (await client.get("/api/v1/hardware/events?type=NODE_DISCOVERED&limit=5", headers=AUTH)).status_code == 200
+    assert (
+        await client.get("/api/v1/hardware/events?type=NODE_DISCOVERED&limit=5", headers=AUTH)
+    ).status_code == 200
     # Without a token the answer is 401 whatever the query says.
     assert (await client.get("/api/v1/hardware/nodes?bogus=1")).status_code == 401
     r = await client.get("/api/v1/hardware/nodes?liveness=asleep", headers=AUTH)

@@ -7,13 +7,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import swagger_ui_bundle  # type: ignore[import-untyped]
+import swagger_ui_bundle
 from litestar import Router
 from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.static_files import create_static_files_router
 
 ASSETS = "/schema/assets"
-ASSET_FILES = ("swagger-ui-bundle.js", "swagger-ui-standalone-preset.js", "swagger-ui.css", "favicon-32x32.png")
+ASSET_FILES = (
+    "swagger-ui-bundle.js",
+    "swagger-ui-standalone-preset.js",
+    "swagger-ui.css",
+    "favicon-32x32.png",
+)
 
 
 def swagger_ui() -> SwaggerRenderPlugin:

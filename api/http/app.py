@@ -27,7 +27,7 @@ from api.http.console import ConsolePlugin
 from api.http.context import DEPENDENCIES, AppContext, operator_guard
 from api.http.decommission import decommission_routers
 from api.services import metrics as prometheus
-from api.services.errors import Conflict, DomainError, InvalidRequest, Unavailable
+from api.services.errors import Conflict, DomainError, Unavailable
 from api.services.inventory import HardwareInventoryService, RefreshOutcome
 from api.services.repository import AuditRepository, BadCursor, HardwareRepository
 from api.services.views import (
@@ -125,11 +125,15 @@ async def list_nodes(
     as_of: FromQuery[datetime | None] = None,
 ) -> NodePage:
     if as_of is not None:
-        if hostname is not None or liveness is not None or inventory_status is not None:
-            raise InvalidRequest(
-                "invalid-parameter", "Invalid parameter", "as_of cannot be combined with filters"
-            )
+        # The inventory folded at that moment is one page; the filters narrow it the same way.
         nodes, position = await audit.nodes_as_of(_aware(as_of))
+        nodes = [
+            n
+            for n in nodes
+            if (hostname is None or (n.hostname or "").lower() == hostname.lower())
+            and (liveness is None or n.liveness == liveness)
+            and (inventory_status is None or n.inventory_status == inventory_status)
+        ]
         return NodePage(items=nodes, next_cursor=None, as_of_position=position)
     items, next_cursor = await repository.list_nodes(
         cursor=cursor, limit=limit, hostname=hostname, liveness=liveness, inventory_status=inventory_status
@@ -153,7 +157,9 @@ def _tagged(body: Any, if_none_match: str | None) -> Response[Any]:
     return Response(body, headers={"ETag": etag})
 
 
-@get("/hardware/nodes/{node_id:str}", summary="One compute node (ETag, If-None-Match)", responses=NOT_MODIFIED)
+@get(
+    "/hardware/nodes/{node_id:str}", summary="One compute node (ETag, If-None-Match)", responses=NOT_MODIFIED
+)
 async def get_node(
     repository: NamedDependency[HardwareRepository],
     audit: NamedDependency[AuditRepository],
@@ -184,9 +190,8 @@ async def list_accelerators(
     as_of: FromQuery[datetime | None] = None,
 ) -> AcceleratorPage:
     if as_of is not None:
-        if model is not None:
-            raise InvalidRequest("invalid-parameter", "Invalid parameter", "as_of cannot be combined with model")
         accs, position = await audit.accelerators_as_of(_aware(as_of), node_id=node_id, status=status)
+        accs = [a for a in accs if model is None or a.name == model]
         return AcceleratorPage(items=accs, next_cursor=None, as_of_position=position)
     items, next_cursor = await repository.list_accelerators(
         node_id=node_id, status=status, cursor=cursor, limit=limit, model=model
@@ -218,7 +223,7 @@ async def list_events(
     repository: NamedDependency[HardwareRepository],
     node_id: FromQuery[str | None] = None,
     event_type: Annotated[list[str] | None, QueryParameter(name="type")] = None,
-    event_class: Annotated[str | None, QueryParameter(name="class")] = None,
+    event_class: Annotated[Literal["lifecycle", "observation"] | None, QueryParameter(name="class")] = None,
     accelerator_uuid: FromQuery[str | None] = None,
     since: FromQuery[datetime | None] = None,
     until: FromQuery[datetime | None] = None,
@@ -233,15 +238,11 @@ async def list_events(
         ),
     ] = 0,
 ) -> EventPage:
-    if event_class is not None and event_class not in ("lifecycle", "observation"):
-        raise InvalidRequest(
-            "invalid-parameter", "Invalid parameter", "class must be lifecycle or observation"
-        )
     types = [t for v in (event_type or []) for t in v.split(",") if t] or None
     return await repository.list_events(
         node_id=node_id,
         types=types,
-        event_class=event_class,  # type: ignore[arg-type]  # checked just above
+        event_class=event_class,
         accelerator_uuid=accelerator_uuid,
         since=since,
         until=until,
@@ -311,7 +312,7 @@ def create_app(
             **readiness.exception_handlers(),
             Exception: problems.handle_unexpected,
         },
-        middleware=[guards.refuse_hostile_input],
+        middleware=[guards.refuse_hostile_input, guards.complete_allow_header],
         before_request=guards.refuse_unknown_query_parameters,
         plugins=[openapi_contract.IntegerIsANumber(), ConsolePlugin()],
         openapi_config=OpenAPIConfig(

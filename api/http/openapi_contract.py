@@ -170,7 +170,7 @@ def _report_body() -> tuple[dict[str, Any], dict[str, Any]]:
     """The agent report's JSON Schema, from the protocol's own wire Structs (what decode_report
     checks), its components renamed under one prefix so they cannot collide with the API's (and
     msgspec's names for generic Structs, which spell out the type, become short ones)."""
-    from agent.protocol import PROTOCOL_VERSION, WIRE_REPORT
+    from agent.protocol import PROTOCOL_VERSION, STREAMS, WIRE_REPORT
 
     marker = "#/components/schemas/\x01"
     (schema,), components = msgspec.json.schema_components([WIRE_REPORT], ref_template=marker + "{name}")
@@ -183,9 +183,28 @@ def _report_body() -> tuple[dict[str, Any], dict[str, Any]]:
         text = text.replace(json.dumps(marker + old)[1:-1], "#/components/schemas/" + new)
     schema, components = json.loads(text)
     renamed = {names[name]: value for name, value in components.items()}
-    # One protocol version is spoken: say so, rather than let a client guess.
-    renamed[_WIRE_PREFIX + "Report"]["properties"]["protocol"] = {"const": PROTOCOL_VERSION}
+    # One protocol version is spoken and two streams exist (checked by the service, which names
+    # them in its refusal): say so, rather than let a client guess.
+    report = renamed[_WIRE_PREFIX + "Report"]["properties"]
+    report["protocol"] = {"const": PROTOCOL_VERSION}
+    report["stream"] = {"enum": list(STREAMS)}
     return schema, renamed
+
+
+def _strict_structs() -> set[str]:
+    """Names of the Structs that refuse unknown fields (every request body), whose schemas must
+    then say `additionalProperties: false`: Litestar leaves it open, so a client would believe
+    extra fields are welcome."""
+    seen: dict[str, bool] = {}
+    pending = list(msgspec.Struct.__subclasses__())
+    while pending:
+        kind = pending.pop()
+        pending.extend(kind.__subclasses__())
+        strict = bool(kind.__struct_config__.forbid_unknown_fields)
+        name = kind.__name__
+        # A name two Structs share is left alone unless both are strict.
+        seen[name] = seen.get(name, strict) and strict
+    return {name for name, strict in seen.items() if strict}
 
 
 def corrected(document: dict[str, Any]) -> dict[str, Any]:
@@ -194,6 +213,10 @@ def corrected(document: dict[str, Any]) -> dict[str, Any]:
     the report's bearer (a node credential)."""
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     schemas["Problem"] = _PROBLEM_SCHEMA
+    strict = _strict_structs()
+    for name, schema in schemas.items():
+        if name in strict and schema.get("type") == "object":
+            schema["additionalProperties"] = False
     tags: set[str] = set()
     for path, item in document.get("paths", {}).items():
         for method, operation in item.items():
@@ -202,10 +225,20 @@ def corrected(document: dict[str, Any]) -> dict[str, Any]:
             if path == "/api/v1/agent/reports" and method == "post":
                 body, components = _report_body()
                 schemas.update(components)
-                operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+                operation["requestBody"] = {
+                    "required": True,
+                    "content": {"application/json": {"schema": body}},
+                }
                 operation["security"] = [{"bearer": []}]
             if path == "/api/v1/agent/enroll":
                 operation["security"] = [{"bearer": []}]
+            request_body = operation.get("requestBody")
+            if request_body and any(
+                {"type": "null"} in media.get("schema", {}).get("oneOf", [])
+                for media in request_body.get("content", {}).values()
+            ):
+                # `data: X | None = None`: the route takes no body at all as well.
+                request_body["required"] = False
             tag = tag_of(path)
             if tag:
                 operation["tags"] = [tag]
