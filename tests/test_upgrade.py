@@ -37,7 +37,8 @@ SELECT string_agg(x, E'\\n' ORDER BY x) FROM (
 """
 EVENTS = (
     "SELECT global_position, tx_id::text AS tx, event_id, stream_id, stream_version, event_type, "
-    "data::text AS data, metadata::text AS metadata, recorded_at, hash FROM events ORDER BY global_position"
+    "data::text AS data_json, metadata::text AS metadata_json, recorded_at, hash FROM events "
+    "ORDER BY global_position"
 )
 
 

@@ -17,7 +17,7 @@ class ConsolePlugin(InitPluginProtocol):
 
     def on_app_init(self, app_config: AppConfig) -> AppConfig:
         from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
-        from litestar.contrib.jinja import JinjaTemplateEngine
+        from litestar.plugins.jinja import JinjaTemplateEngine
         from litestar.template.config import TemplateConfig
 
         from api.http.console import views

@@ -19,7 +19,7 @@ from litestar.datastructures import Cookie
 from litestar.enums import RequestEncodingType
 from litestar.exceptions import NotAuthorizedException, NotFoundException
 from litestar.handlers.base import BaseRouteHandler
-from litestar.params import Body, FromQuery, QueryParameter
+from litestar.params import Body, FromPath, FromQuery, QueryParameter
 from litestar.response import Redirect, Template
 
 from api.config import tokens_match
@@ -187,7 +187,7 @@ async def fleet(
     q: FromQuery[str | None] = None,
     liveness: FromQuery[str | None] = None,
     # Named apart from the app's `inventory` dependency, which a same-named parameter would shadow.
-    inventory_filter: Annotated[str | None, QueryParameter(query="inventory")] = None,
+    inventory_filter: Annotated[str | None, QueryParameter(name="inventory")] = None,
     status: FromQuery[str | None] = None,
     cursor: FromQuery[str | None] = None,
     as_of: FromQuery[str | None] = None,
@@ -314,7 +314,9 @@ def _gpu_order(a: AcceleratorBody) -> tuple[int, int, str]:
 
 
 @get("/nodes/{node_id:str}", name="console-node")
-async def node_page(request: Request[Any, Any, Any], node_id: str, as_of: str | None = None) -> Template:
+async def node_page(
+    request: Request[Any, Any, Any], node_id: FromPath[str], as_of: FromQuery[str | None] = None
+) -> Template:
     moment = _as_of(as_of)
     node = await _node(request, node_id, moment)
     accelerators = sorted(await _accelerators(request, node_id, moment), key=_gpu_order)
@@ -345,7 +347,7 @@ def _after(moment: datetime | None) -> datetime | None:
 
 @get("/gpus/{accelerator_id:str}", name="console-gpu")
 async def gpu_page(
-    request: Request[Any, Any, Any], accelerator_id: str, as_of: str | None = None
+    request: Request[Any, Any, Any], accelerator_id: FromPath[str], as_of: FromQuery[str | None] = None
 ) -> Template:
     moment = _as_of(as_of)
     c = _ctx(request)
@@ -380,7 +382,7 @@ async def gpu_page(
 
 
 @get("/nodes/{node_id:str}/decommission", name="console-decommission")
-async def decommission_preview(request: Request[Any, Any, Any], node_id: str) -> Template:
+async def decommission_preview(request: Request[Any, Any, Any], node_id: FromPath[str]) -> Template:
     from api.services.errors import DomainError
 
     c = _ctx(request)
