@@ -15,7 +15,6 @@ import httpx
 
 from tests.agent_support import (
     OPERATOR_TOKEN,
-    ROOT,
     ServerProcess,
     clean_env,
     create_token,
@@ -108,7 +107,7 @@ async def test_schemathesis_finds_nothing(database_dsn: str, tmp_path: Path) -> 
                 str(report),
             ],
             env=clean_env(),
-            cwd=ROOT,
+            cwd=tmp_path,  # schemathesis keeps a cache in its working directory
             capture_output=True,
             text=True,
             timeout=900,
