@@ -85,7 +85,8 @@ class EnrollRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     identity_key: IdentityKey
     identity_source: IdentitySource
-    hostname: Annotated[str, msgspec.Meta(pattern=NUL_FREE, max_length=MAX_HOSTNAME)]
+    # Not blank (the server refuses a hostname that strips to nothing), no NUL.
+    hostname: Annotated[str, msgspec.Meta(pattern=r"\A[^\x00]*[^\x00\s][^\x00]*\Z", max_length=MAX_HOSTNAME)]
     agent_version: ShortText = ""
 
 
@@ -320,6 +321,8 @@ class _Report(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     observation: _Observation
 
 
+# What a report may look like on the wire (the API's OpenAPI document publishes its schema).
+WIRE_REPORT = _Report
 _wire_report_decoder = msgspec.json.Decoder(_Report)
 _wire_observation_decoder = msgspec.json.Decoder(_Observation)
 _report_decoder = msgspec.json.Decoder(Report)

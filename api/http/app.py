@@ -6,26 +6,28 @@ whose services `api.wiring` builds; routes never construct a service."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import asyncpg
+import msgspec
 import structlog
 from litestar import Litestar, Response, Router, get, post
 from litestar.di import NamedDependency
 from litestar.exceptions import HTTPException, ValidationException
-from litestar.openapi import OpenAPIConfig
+from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.spec import Components, SecurityScheme
-from litestar.params import FromPath, FromQuery, QueryParameter
+from litestar.params import FromPath, FromQuery, Parameter, QueryParameter
 
-from api.http import guards, openapi_contract, problems, readiness
+from api.http import api_docs, guards, openapi_contract, problems, readiness
 from api.http.agent import agent_routers
 from api.http.console import ConsolePlugin
 from api.http.context import DEPENDENCIES, AppContext, operator_guard
 from api.http.decommission import decommission_routers
 from api.services import metrics as prometheus
-from api.services.errors import Conflict, DomainError, InvalidRequest, Unavailable
+from api.services.errors import Conflict, DomainError, Unavailable
 from api.services.inventory import HardwareInventoryService, RefreshOutcome
 from api.services.repository import AuditRepository, BadCursor, HardwareRepository
 from api.services.views import (
@@ -106,70 +108,111 @@ async def refresh(
     return refresh_body(outcome)
 
 
-@get("/hardware/nodes", summary="Compute nodes")
+Liveness = Literal["online", "stale", "offline", "local"]
+InventoryStatus = Literal["pending", "ok", "degraded", "failed"]
+AcceleratorStatus = Literal["active", "missing", "decommissioned"]
+
+
+@get("/hardware/nodes", summary="Compute nodes (filters: hostname, liveness, inventory_status)")
 async def list_nodes(
     repository: NamedDependency[HardwareRepository],
     audit: NamedDependency[AuditRepository],
+    hostname: Annotated[str | None, QueryParameter(description="exact, case-insensitive")] = None,
+    liveness: FromQuery[Liveness | None] = None,
+    inventory_status: FromQuery[InventoryStatus | None] = None,
     cursor: FromQuery[str | None] = None,
     limit: Limit = 100,
     as_of: FromQuery[datetime | None] = None,
 ) -> NodePage:
     if as_of is not None:
+        # The inventory folded at that moment is one page; the filters narrow it the same way.
         nodes, position = await audit.nodes_as_of(_aware(as_of))
+        nodes = [
+            n
+            for n in nodes
+            if (hostname is None or (n.hostname or "").lower() == hostname.lower())
+            and (liveness is None or n.liveness == liveness)
+            and (inventory_status is None or n.inventory_status == inventory_status)
+        ]
         return NodePage(items=nodes, next_cursor=None, as_of_position=position)
-    items, next_cursor = await repository.list_nodes(cursor=cursor, limit=limit)
+    items, next_cursor = await repository.list_nodes(
+        cursor=cursor, limit=limit, hostname=hostname, liveness=liveness, inventory_status=inventory_status
+    )
     return NodePage(items=items, next_cursor=next_cursor)
 
 
-@get("/hardware/nodes/{node_id:str}", summary="One compute node")
+NOT_MODIFIED = {304: ResponseSpec(None, description="Not modified: the If-None-Match tag is current")}
+IfNoneMatch = Annotated[
+    str | None, Parameter(header="If-None-Match", description="an ETag from an earlier answer")
+]
+
+
+def _tagged(body: Any, if_none_match: str | None) -> Response[Any]:
+    """The body with a strong ETag over its JSON; 304 without a body when the caller has it."""
+    etag = '"' + hashlib.sha256(msgspec.json.encode(body)).hexdigest()[:32] + '"'
+    if if_none_match is not None:
+        given = {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
+        if etag in given or "*" in given:
+            return Response(None, status_code=304, headers={"ETag": etag})
+    return Response(body, headers={"ETag": etag})
+
+
+@get(
+    "/hardware/nodes/{node_id:str}", summary="One compute node (ETag, If-None-Match)", responses=NOT_MODIFIED
+)
 async def get_node(
     repository: NamedDependency[HardwareRepository],
     audit: NamedDependency[AuditRepository],
     node_id: FromPath[str],
     as_of: FromQuery[datetime | None] = None,
-) -> NodeBody:
+    if_none_match: IfNoneMatch = None,
+) -> Response[NodeBody]:
     if as_of is not None:
         nodes, _ = await audit.nodes_as_of(_aware(as_of), node_id=node_id)
         if not nodes:
             raise problems.not_found("node", f"{node_id} (as of {as_of.isoformat()})")
-        return nodes[0]
+        return _tagged(nodes[0], if_none_match)
     node = await repository.get_node(node_id)
     if node is None:
         raise problems.not_found("node", node_id)
-    return node
+    return _tagged(node, if_none_match)
 
 
-@get("/hardware/accelerators", summary="Accelerators (filters: node_id, status)")
+@get("/hardware/accelerators", summary="Accelerators (filters: node_id, status, model)")
 async def list_accelerators(
     repository: NamedDependency[HardwareRepository],
     audit: NamedDependency[AuditRepository],
     node_id: FromQuery[str | None] = None,
-    status: FromQuery[str | None] = None,
+    status: FromQuery[AcceleratorStatus | None] = None,
+    model: Annotated[str | None, QueryParameter(description="the model name, e.g. NVIDIA H200")] = None,
     cursor: FromQuery[str | None] = None,
     limit: Limit = 100,
     as_of: FromQuery[datetime | None] = None,
 ) -> AcceleratorPage:
-    if status is not None and status not in ("active", "missing", "decommissioned"):
-        raise InvalidRequest(
-            "invalid-parameter", "Invalid parameter", "status must be one of active, missing, decommissioned"
-        )
     if as_of is not None:
         accs, position = await audit.accelerators_as_of(_aware(as_of), node_id=node_id, status=status)
+        accs = [a for a in accs if model is None or a.name == model]
         return AcceleratorPage(items=accs, next_cursor=None, as_of_position=position)
     items, next_cursor = await repository.list_accelerators(
-        node_id=node_id, status=status, cursor=cursor, limit=limit
+        node_id=node_id, status=status, cursor=cursor, limit=limit, model=model
     )
     return AcceleratorPage(items=items, next_cursor=next_cursor)
 
 
-@get("/hardware/accelerators/{accelerator_id:str}", summary="One accelerator")
+@get(
+    "/hardware/accelerators/{accelerator_id:str}",
+    summary="One accelerator (ETag, If-None-Match)",
+    responses=NOT_MODIFIED,
+)
 async def get_accelerator(
-    repository: NamedDependency[HardwareRepository], accelerator_id: FromPath[str]
-) -> AcceleratorBody:
+    repository: NamedDependency[HardwareRepository],
+    accelerator_id: FromPath[str],
+    if_none_match: IfNoneMatch = None,
+) -> Response[AcceleratorBody]:
     acc = await repository.get_accelerator(accelerator_id)
     if acc is None:
         raise problems.not_found("accelerator", accelerator_id)
-    return acc
+    return _tagged(acc, if_none_match)
 
 
 @get(
@@ -180,7 +223,7 @@ async def list_events(
     repository: NamedDependency[HardwareRepository],
     node_id: FromQuery[str | None] = None,
     event_type: Annotated[list[str] | None, QueryParameter(name="type")] = None,
-    event_class: Annotated[str | None, QueryParameter(name="class")] = None,
+    event_class: Annotated[Literal["lifecycle", "observation"] | None, QueryParameter(name="class")] = None,
     accelerator_uuid: FromQuery[str | None] = None,
     since: FromQuery[datetime | None] = None,
     until: FromQuery[datetime | None] = None,
@@ -195,15 +238,11 @@ async def list_events(
         ),
     ] = 0,
 ) -> EventPage:
-    if event_class is not None and event_class not in ("lifecycle", "observation"):
-        raise InvalidRequest(
-            "invalid-parameter", "Invalid parameter", "class must be lifecycle or observation"
-        )
     types = [t for v in (event_type or []) for t in v.split(",") if t] or None
     return await repository.list_events(
         node_id=node_id,
         types=types,
-        event_class=event_class,  # type: ignore[arg-type]  # checked just above
+        event_class=event_class,
         accelerator_uuid=accelerator_uuid,
         since=since,
         until=until,
@@ -263,6 +302,7 @@ def create_app(
             *agent_routers(),
             *decommission_routers(),
             *(extra_routers or []),
+            api_docs.assets_router(),
         ],
         exception_handlers={
             DomainError: problems.handle_domain_error,
@@ -272,13 +312,18 @@ def create_app(
             **readiness.exception_handlers(),
             Exception: problems.handle_unexpected,
         },
-        middleware=[guards.refuse_hostile_input],
+        middleware=[guards.refuse_hostile_input, guards.complete_allow_header],
+        before_request=guards.refuse_unknown_query_parameters,
         plugins=[openapi_contract.IntegerIsANumber(), ConsolePlugin()],
         openapi_config=OpenAPIConfig(
             title="ModelForge hardware plane",
             version=VERSION,
             path="/schema",
             components=Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}),
+            operation_id_creator=lambda handler, _method, _path: openapi_contract.operation_id(
+                handler.handler_name
+            ),
+            render_plugins=[api_docs.swagger_ui()],
         ),
         dependencies=DEPENDENCIES,
         lifespan=[lifespan] if lifespan else [],
@@ -290,4 +335,5 @@ def create_app(
     )
     if context is not None:
         app.state.ctx = context
+    openapi_contract.install(app)
     return app

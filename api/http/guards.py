@@ -2,8 +2,9 @@
 
 One ASGI middleware, before any route sees the request:
 - a NUL character (raw or %00) in the path or the query string: PostgreSQL cannot store it in text;
-- a date-time query parameter (`as_of`, `since`, `until`) outside what both PostgreSQL and Python
-  hold once converted to UTC (years 1..9998): asyncpg cannot encode it;
+- a date-time query parameter (`as_of`, `since`, `until`) that is not an RFC 3339 date-time, or
+  outside what both PostgreSQL and Python hold once converted to UTC (years 1..9998): asyncpg
+  cannot encode it;
 - a request body with a NUL (raw, or `\\u0000` inside a JSON string), or nested deeper than
   `MAX_DEPTH`: the JSON parser recurses per level, and PostgreSQL refuses `\\u0000` in jsonb and text.
 
@@ -16,10 +17,13 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
 
+from litestar import Litestar, Request
 from litestar.enums import ScopeType
-from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
+from litestar.routes import HTTPRoute
+from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
 from api.services.errors import InvalidRequest
 
@@ -54,16 +58,31 @@ def check_url(path: str, query_string: bytes) -> None:
         raise bad_request(
             "nul-character", "NUL character in the request", "the query string contains a NUL character"
         )
+    # The console answers a malformed moment with a page of its own; the API with a problem.
+    api = path.startswith("/api/")
     for name, value in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True):
         if name in DATETIME_PARAMETERS:
-            check_moment(name, value)
+            check_moment(name, value, strict=api)
 
 
-def check_moment(name: str, value: str) -> None:
+# RFC 3339's shape (the OpenAPI `date-time` format): a date, a time, an optional offset (a moment
+# without one is UTC). Litestar alone would also take a bare number as a Unix time.
+_MOMENT = re.compile(r"\A\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?([Zz]|[+-]\d{2}:\d{2})?\Z")
+
+
+def check_moment(name: str, value: str, *, strict: bool = True) -> None:
     try:
+        if not _MOMENT.match(value):
+            raise ValueError(value)
         moment = datetime.fromisoformat(value)
     except ValueError:
-        return  # not ours to judge: the route's own validation answers 400 for a malformed one
+        if not strict:
+            return  # not ours to judge: the console's own validation answers
+        raise bad_request(
+            "invalid-datetime",
+            "Invalid date-time",
+            f"{name} must be an RFC 3339 date-time such as 2026-12-01T09:30:00Z",
+        ) from None
     try:
         utc = moment.astimezone(UTC) if moment.tzinfo is not None else moment
     except OverflowError:
@@ -136,5 +155,80 @@ def refuse_hostile_input(app: ASGIApp) -> ASGIApp:
             check_url(scope["path"], scope.get("query_string", b""))
             receive = _checked_receive(receive)
         await app(scope, receive, send)
+
+    return middleware
+
+
+# --- unknown query parameters ---------------------------------------------------------------------
+# A misspelt filter (`/nodes?status=active` where the filter is `inventory_status`) must not
+# silently answer the unfiltered list. Each handler's accepted names come from the same kwargs
+# model Litestar parses the request with, so the check cannot drift from the signatures.
+
+
+def _accepted_names(app: Litestar) -> dict[int, frozenset[str]]:
+    """Per app, built once: handler -> the query names its signature (and its dependencies) take."""
+    accepted: dict[int, frozenset[str]] | None = app.state.get("accepted_query_parameters")
+    if accepted is None:
+        accepted = {}
+        for route in app.routes:
+            if isinstance(route, HTTPRoute):
+                for handler, kwargs_model in route.route_handler_map.values():
+                    accepted[id(handler)] = frozenset(
+                        p.field_alias for p in kwargs_model.expected_query_params
+                    )
+        app.state["accepted_query_parameters"] = accepted
+    return accepted
+
+
+async def refuse_unknown_query_parameters(request: Request[Any, Any, Any]) -> None:
+    """Litestar `before_request` hook (create_app registers it): runs after the guards, so an
+    unauthenticated caller still gets 401, and before the parameters are parsed."""
+    if not request.scope.get("query_string"):
+        return
+    accepted = _accepted_names(request.app).get(id(request.scope["route_handler"]), frozenset())
+    unknown = sorted(set(request.query_params.keys()) - accepted)
+    if unknown:
+        known = ", ".join(sorted(accepted)) or "none"
+        raise bad_request(
+            "unknown-parameter",
+            "Unknown query parameter",
+            f"unknown query parameter(s): {', '.join(unknown)} (this route accepts: {known})",
+        )
+
+
+# --- OPTIONS: the Allow header names every method of the path ---------------------------------------
+# Litestar builds its automatic OPTIONS answer when a path's first handlers are registered; a
+# method registered later on the same path (GET and POST of one path in one router) is left out
+# of `Allow`. The route itself knows all its methods, so the header is rewritten from it.
+
+
+def _methods_by_path(app: Litestar) -> dict[str, bytes]:
+    methods: dict[str, bytes] | None = app.state.get("allow_by_path")
+    if methods is None:
+        methods = {}
+        for route in app.routes:
+            if isinstance(route, HTTPRoute):
+                allow = ", ".join(sorted(route.methods)).encode()
+                methods[route.path] = methods[route.path_format] = allow
+        app.state["allow_by_path"] = methods
+    return methods
+
+
+def complete_allow_header(app: ASGIApp) -> ASGIApp:
+    """Litestar middleware factory (create_app registers it)."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != ScopeType.HTTP or scope.get("method") != "OPTIONS":
+            await app(scope, receive, send)
+            return
+        allow = _methods_by_path(scope["litestar_app"]).get(scope.get("path_template", ""))
+
+        async def send_with_allow(message: Message) -> None:
+            if allow is not None and message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"allow"]
+                message = {**message, "headers": [*headers, (b"allow", allow)]}
+            await send(message)
+
+        await app(scope, receive, send_with_allow)
 
     return middleware

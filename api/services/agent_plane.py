@@ -23,7 +23,7 @@ import secrets
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import Annotated, Literal
 
 import asyncpg
 import msgspec
@@ -85,9 +85,10 @@ def _invalid(detail: str) -> InvalidRequest:
 
 
 class TokenCreateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    ttl_seconds: float = 3600.0
-    uses: int = 1
-    description: str = ""
+    # The bounds create_token enforces, stated in the types so the API's schema says them.
+    ttl_seconds: Annotated[float, msgspec.Meta(ge=1, le=MAX_TOKEN_TTL.total_seconds())] = 3600.0
+    uses: Annotated[int, msgspec.Meta(ge=1, le=MAX_TOKEN_USES)] = 1
+    description: Annotated[str, msgspec.Meta(max_length=200)] = ""
 
 
 class TokenCreated(msgspec.Struct, frozen=True):

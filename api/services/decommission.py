@@ -27,7 +27,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import asyncpg
 import msgspec
@@ -76,15 +76,20 @@ def _gone(node_id: str, at: datetime | None) -> NodeIsDecommissioned:
 # --- bodies ----------------------------------------------------------------------------------------
 
 
+# Stated in the types too, so the API's schema says what `_text` enforces: not blank, bounded.
+Owner = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_OWNER, pattern=r"\S")]
+Reason = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REASON, pattern=r"\S")]
+
+
 class LeaseRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    owner: str
-    reason: str
-    ttl_seconds: float | None = None
+    owner: Owner
+    reason: Reason
+    ttl_seconds: Annotated[float, msgspec.Meta(ge=1, le=MAX_LEASE_TTL.total_seconds())] | None = None
     actor: str | None = None
 
 
 class LeaseReleaseRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    reason: str = "released"
+    reason: Reason = "released"
     actor: str | None = None
 
 
@@ -158,9 +163,10 @@ class PreviewBody(msgspec.Struct, frozen=True):
 
 
 class ExecuteRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    generation: int
-    digest: str
-    reason: str
+    generation: Annotated[int, msgspec.Meta(ge=0)]
+    # The preview's digest; upper case and surrounding blanks are forgiven by `execute`.
+    digest: Annotated[str, msgspec.Meta(pattern=r"\A\s*[0-9a-fA-F]{64}\s*\Z")]
+    reason: Reason
     actor: str | None = None
 
 

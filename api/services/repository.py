@@ -271,13 +271,34 @@ class HardwareRepository:
             generation=r["lifecycle_version"],
         )
 
-    async def list_nodes(self, *, cursor: str | None, limit: int) -> tuple[list[NodeBody], str | None]:
-        after = decode_id_cursor(cursor) if cursor else ""
-        async with self.pool.acquire() as conn:
-            rows = await conn.fetch(
-                _NODE_SELECT + " WHERE n.node_id > $1 ORDER BY n.node_id LIMIT $2", after, limit + 1
-            )
+    async def list_nodes(
+        self,
+        *,
+        cursor: str | None,
+        limit: int,
+        hostname: str | None = None,
+        liveness: str | None = None,
+        inventory_status: str | None = None,
+    ) -> tuple[list[NodeBody], str | None]:
+        """A page of nodes by id; the filters narrow the keyset, so a cursor pages the filtered set.
+        Liveness is judged in SQL by the same rule and at the same moment as the bodies."""
         now = datetime.now(UTC)
+        args: list[Any] = [decode_id_cursor(cursor) if cursor else ""]
+        where = ["n.node_id > $1"]
+        if hostname is not None:
+            # Hostnames are case-insensitive (DNS).
+            args.append(hostname)
+            where.append(f"lower(n.hostname) = lower(${len(args)})")
+        if liveness is not None:
+            args += [now, liveness]
+            where.append(f"({self._liveness_sql(f'${len(args) - 1}::timestamptz')}) = ${len(args)}")
+        if inventory_status is not None:
+            args.append(inventory_status)
+            where.append(f"n.inventory_status = ${len(args)}")
+        args.append(limit + 1)
+        query = f"{_NODE_SELECT} WHERE {' AND '.join(where)} ORDER BY n.node_id LIMIT ${len(args)}"
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(query, *args)
         items = [self.node_body(r, now) for r in rows[:limit]]
         next_cursor = encode_id_cursor(items[-1].id) if len(rows) > limit and items else None
         return items, next_cursor
@@ -322,7 +343,13 @@ class HardwareRepository:
         )
 
     async def list_accelerators(
-        self, *, node_id: str | None, status: str | None, cursor: str | None, limit: int
+        self,
+        *,
+        node_id: str | None,
+        status: str | None,
+        cursor: str | None,
+        limit: int,
+        model: str | None = None,
     ) -> tuple[list[AcceleratorBody], str | None]:
         after = decode_id_cursor(cursor) if cursor else ""
         where = ["a.accelerator_id > $1"]
@@ -333,6 +360,10 @@ class HardwareRepository:
         if status is not None:
             args.append(status)
             where.append(f"a.status = ${len(args)}")
+        if model is not None:
+            # The model is the accelerator's name fact (e.g. "NVIDIA H200"), matched when known.
+            args.append(model)
+            where.append(f"a.name->>'state' = 'known' AND a.name->>'value' = ${len(args)}")
         args.append(limit + 1)
         query = (
             f"{_ACCELERATOR_SELECT} WHERE {' AND '.join(where)} ORDER BY a.accelerator_id LIMIT ${len(args)}"
