@@ -20,6 +20,7 @@ from api.services.errors import DomainError
 from ledger.logs import configure_logging
 
 VERSION = "0.1.0"
+OPERATOR_COMMANDS = ("node", "gpu", "events")
 
 
 def _print_json(value: Any) -> None:
@@ -472,6 +473,13 @@ def build_parser() -> argparse.ArgumentParser:
     from api.cli.scopes import register as register_viewer_commands
 
     register_viewer_commands(sub, _common)
+    # Listed here for `--help`; `main` hands these words to the Typer app before argparse parses.
+    for name, summary in (
+        ("node", "compute nodes over the HTTP API: list, show (MODELFORGE_SERVER, MODELFORGE_TOKEN)"),
+        ("gpu", "GPUs over the HTTP API: list, show"),
+        ("events", "the audit log over the HTTP API; --follow for the change feed"),
+    ):
+        sub.add_parser(name, help=summary, add_help=False)
     from api.cli.completion import register as register_completion
 
     register_completion(sub)
@@ -479,6 +487,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else argv
+    if words and words[0] in OPERATOR_COMMANDS:
+        # The read commands over HTTP live on Typer (api.cli.operator); see its docstring.
+        from api.cli.operator import run as run_operator
+
+        configure_logging(level=os.environ.get("MODELFORGE_LOG_LEVEL", "WARNING"), json=None)
+        try:
+            return run_operator(words)
+        except CliError as exc:
+            print(f"modelforge-hw: {exc}", file=sys.stderr)
+            return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     args.parser = parser
