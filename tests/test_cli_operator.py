@@ -94,7 +94,9 @@ async def test_node_and_gpu_commands(fleet: tuple[ServerProcess, dict[str, str]]
 
     # A narrow terminal: the table fits it.
     narrow = hw("node", "list", "-o", "wide", env=env, columns=60)
-    assert narrow.returncode == 0 and all(len(line) <= 60 for line in narrow.stdout.splitlines()), narrow.stdout
+    assert narrow.returncode == 0 and all(len(line) <= 60 for line in narrow.stdout.splitlines()), (
+        narrow.stdout
+    )
 
     as_json = json.loads((await hw_async("node", "list", "-o", "json", env=env)).stdout)
     assert {n["hostname"] for n in as_json} == {"gpu-alpha", "gpu-beta"}
@@ -117,7 +119,11 @@ async def test_node_and_gpu_commands(fleet: tuple[ServerProcess, dict[str, str]]
 
     gpus = json.loads((await hw_async("gpu", "list", "--node", "gpu-alpha", "-o", "json", env=env)).stdout)
     assert sorted(g["index"] for g in gpus) == [0, 1] and {g["node_id"] for g in gpus} == {ids["alpha"]}
-    one = json.loads((await hw_async("gpu", "show", "GPU-00000000-0000-4000-8000-000000000007", "-o", "json", env=env)).stdout)
+    one = json.loads(
+        (
+            await hw_async("gpu", "show", "GPU-00000000-0000-4000-8000-000000000007", "-o", "json", env=env)
+        ).stdout
+    )
     assert one["node_id"] == ids["beta"]
     table = await hw_async("gpu", "list", env=env)
     assert table.stdout.splitlines()[0].split()[:2] == ["UUID", "NODE"] and "gpu-beta" in table.stdout
@@ -154,7 +160,8 @@ async def test_events_filters_and_follow(fleet: tuple[ServerProcess, dict[str, s
     assert bad.returncode == 2 and "duration" in bad.stderr
 
     # --follow: the log so far, then an event committed later arrives on the same long poll.
-    follow = subprocess.Popen(
+    follow = await asyncio.to_thread(
+        subprocess.Popen,
         [sys.executable, "-m", "api.cli", "events", "--follow", "-o", "json", "--type", "NODE_DISCOVERED"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -7,12 +7,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from api.config import ServerConfig
 from api.services.errors import Conflict, DomainError, Gone, NotFound
 from ledger.db import Database
+from ledger.settings import add_flag
 
 
 class CliError(Exception):
@@ -31,26 +33,18 @@ def exit_code_of(exc: DomainError) -> int:
     return 2
 
 
+def add_setting(p: argparse.ArgumentParser, name: str) -> None:
+    """The option's flag (type, variable and default from the one model)."""
+    add_flag(p, name)
+
+
 def _config(args: argparse.Namespace) -> ServerConfig:
+    """The variables (or defaults), then every flag given on this command line."""
     config = ServerConfig.from_env()
-    for name in (
-        "database_url",
-        "state_dir",
-        "node_id",
-        "host",
-        "port",
-        "collector_timeout",
-        "stale_after",
-        "offline_after",
-        "retention_hours",
-        "retention_interval",
-        "log_level",
-    ):
-        value = getattr(args, name, None)
+    for field in msgspec.structs.fields(ServerConfig):
+        value = getattr(args, field.name, None)
         if value is not None:
-            setattr(config, name, Path(value).expanduser() if name == "state_dir" else value)
-    if getattr(args, "startup_refresh", None) is not None:
-        config.startup_refresh = args.startup_refresh
+            setattr(config, field.name, value)
     return config
 
 

@@ -7,7 +7,6 @@ Human tables on a TTY, JSON with `--json` (or when stdout is not a TTY, where it
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -15,9 +14,10 @@ from typing import Any
 
 import msgspec
 
-from api.cli.common import CliError, _config, _with_database, exit_code_of
+from api.cli.common import CliError, _config, _with_database, add_setting, exit_code_of
 from api.services.errors import DomainError
 from ledger.logs import configure_logging
+from ledger.settings import SettingError, from_env
 
 VERSION = "0.1.0"
 OPERATOR_COMMANDS = ("node", "gpu", "events")
@@ -352,7 +352,7 @@ def cmd_retention(args: argparse.Namespace) -> int:
             sys.stderr.flush()
 
         report = await prune_observations(
-            pool, keep=timedelta(hours=args.keep_hours), progress=show if sys.stderr.isatty() else None
+            pool, keep=timedelta(hours=config.retention_hours), progress=show if sys.stderr.isatty() else None
         )
         if sys.stderr.isatty():
             sys.stderr.write("\n")
@@ -372,9 +372,8 @@ def cmd_retention(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--database-url", help="PostgreSQL URL (env MODELFORGE_DATABASE_URL; default: embedded)")
-    p.add_argument("--state-dir", help="state directory (env MODELFORGE_STATE_DIR)")
-    p.add_argument("--log-level", help="log level (env MODELFORGE_LOG_LEVEL)")
+    for name in ("database_url", "state_dir", "log_level"):
+        add_setting(p, name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -384,20 +383,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="run the API server")
     _common(p)
-    p.add_argument("--host", help="listen address (env MODELFORGE_HOST, default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="listen port (env MODELFORGE_PORT, default 8080)")
-    p.add_argument("--node-id", help="identity key of this host (env MODELFORGE_NODE_ID)")
-    p.add_argument(
-        "--startup-refresh",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="refresh the local host once at start (default: no)",
-    )
-    p.add_argument("--collector-timeout", type=float, help="seconds per collector per refresh")
-    p.add_argument("--stale-after", type=float, help="seconds without a report before `stale`")
-    p.add_argument("--offline-after", type=float, help="seconds without a report before `offline`")
-    p.add_argument("--retention-hours", type=float, help="keep observation events this many hours")
-    p.add_argument("--retention-interval", type=float, help="seconds between retention passes (0: off)")
+    for name in (
+        "host",
+        "port",
+        "node_id",
+        "startup_refresh",
+        "collector_timeout",
+        "stale_after",
+        "offline_after",
+        "retention_hours",
+        "retention_interval",
+    ):
+        add_setting(p, name)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("migrate", help="bring the database schema to this release (idempotent)")
@@ -406,8 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("refresh", help="refresh the local host's inventory into the ledger")
     _common(p)
-    p.add_argument("--node-id", help="identity key of this host (env MODELFORGE_NODE_ID)")
-    p.add_argument("--collector-timeout", type=float, help="seconds per collector per refresh")
+    add_setting(p, "node_id")
+    add_setting(p, "collector_timeout")
     p.add_argument("--json", action="store_true", help="print the run as JSON")
     p.set_defaults(func=cmd_refresh)
 
@@ -453,9 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
     retention = p.add_subparsers(dest="retention_command", required=True)
     p = retention.add_parser("run", help="prune observation events now")
     _common(p)
-    p.add_argument(
-        "--keep-hours", type=float, default=24.0, help="keep observations this recent (default 24)"
-    )
+    add_setting(p, "retention_hours")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_retention)
 
@@ -486,29 +481,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _log_json() -> bool | None:
+    value = from_env("log_json")
+    return None if value is None else bool(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
     if words and words[0] in OPERATOR_COMMANDS:
         # The read commands over HTTP live on Typer (api.cli.operator); see its docstring.
         from api.cli.operator import run as run_operator
 
-        configure_logging(level=os.environ.get("MODELFORGE_LOG_LEVEL", "WARNING"), json=None)
         try:
+            configure_logging(level=str(from_env("log_level")), json=_log_json())
             return run_operator(words)
-        except CliError as exc:
+        except (CliError, SettingError) as exc:
             print(f"modelforge-hw: {exc}", file=sys.stderr)
             return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     args.parser = parser
-    level = getattr(args, "log_level", None) or os.environ.get("MODELFORGE_LOG_LEVEL", "INFO")
-    json_env = os.environ.get("MODELFORGE_LOG_JSON")
-    configure_logging(level=level, json=None if json_env is None else json_env == "1")
     try:
+        configure_logging(
+            level=getattr(args, "log_level", None) or str(from_env("log_level")), json=_log_json()
+        )
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
-    except CliError as exc:
+    except (CliError, SettingError) as exc:
         print(f"modelforge-hw: {exc}", file=sys.stderr)
         return 2
     except DomainError as exc:

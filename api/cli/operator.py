@@ -28,6 +28,8 @@ from rich.table import Table
 
 from api.cli.common import CliError
 from api.services.views import AcceleratorBody, AcceleratorPage, EventBody, EventPage, NodeBody, NodePage
+from collectors.facts import Known
+from ledger.settings import setting
 
 COMMANDS = ("node", "gpu", "events")
 # The change feed's hold per request: well under the server's limit, long enough to be cheap.
@@ -95,7 +97,7 @@ class Api:
 
     def get(self, path: str, params: list[tuple[str, str]] | None = None) -> bytes:
         try:
-            r = self.client.get(path, params=params)
+            r = self.client.get(path, params=tuple(params or ()))
         except httpx.HTTPError as exc:
             raise RemoteError(
                 0, f"cannot reach {self.base}: {exc} (check MODELFORGE_SERVER and that the server runs)"
@@ -214,25 +216,16 @@ def _nothing(what: str) -> None:
 
 # --- commands ----------------------------------------------------------------------------------
 
-ServerOpt = Annotated[
-    str,
-    typer.Option(
-        "--server",
-        envvar="MODELFORGE_SERVER",
-        help="Base URL of the API server, e.g. http://127.0.0.1:8080.",
-        show_default=False,
-    ),
-]
-TokenOpt = Annotated[
-    str | None,
-    typer.Option("--token", envvar="MODELFORGE_TOKEN", help="Bearer token (operator or viewer).", show_default=False),
-]
-TokenFileOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--token-file", envvar="MODELFORGE_TOKEN_FILE", help="File holding the bearer token.", show_default=False
-    ),
-]
+
+def _bound(name: str) -> Any:
+    """A Typer option bound to the model's flag and variable (ledger/settings.py)."""
+    s = setting(name)
+    return typer.Option(s.flag, envvar=s.env, help=s.help.removeprefix("Operator CLI: "), show_default=False)
+
+
+ServerOpt = Annotated[str, _bound("server")]
+TokenOpt = Annotated[str | None, _bound("token")]
+TokenFileOpt = Annotated[Path | None, _bound("token_file")]
 OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table, wide, json or yaml.")]
 NodeOpt = Annotated[
     str | None, typer.Option("--node", help="Node: id, id prefix or hostname.", show_default=False)
@@ -258,13 +251,18 @@ def connect(server: str, token: str | None, token_file: Path | None) -> Api:
         except OSError as exc:
             raise CliError(f"cannot read the token file {token_file}: {exc.strerror}") from exc
     if not token:
-        raise CliError("a token is required: MODELFORGE_TOKEN, --token, --token-file or MODELFORGE_TOKEN_FILE")
+        raise CliError(
+            "a token is required: MODELFORGE_TOKEN, --token, --token-file or MODELFORGE_TOKEN_FILE"
+        )
     return Api(server, token)
 
 
 @node_app.command("list")
 def node_list(
-    server: ServerOpt, token: TokenOpt = None, token_file: TokenFileOpt = None, output: OutputOpt = Output.table
+    server: ServerOpt,
+    token: TokenOpt = None,
+    token_file: TokenFileOpt = None,
+    output: OutputOpt = Output.table,
 ) -> None:
     """Every compute node, with its liveness, inventory status and GPU count."""
     api = connect(server, token, token_file)
@@ -352,7 +350,12 @@ def _gpu_table(gpus: list[AcceleratorBody], nodes: dict[str, NodeBody], output: 
     if output is Output.wide:
         header += ["PCI", "CC", "DRIVER", "LAST SEEN"]
         for r, g in zip(rows, gpus, strict=True):
-            r += [g.pci_bus_id or "", g.compute_capability or "", g.driver_version or "", _when(g.last_seen_at)]
+            r += [
+                g.pci_bus_id or "",
+                g.compute_capability or "",
+                g.driver_version or "",
+                _when(g.last_seen_at),
+            ]
     table(header, rows)
 
 
@@ -374,7 +377,9 @@ def gpu_list(
         emit(gpus, output)
         return
     if not gpus:
-        _nothing("GPUs" + (f" on node {node}" if node else "") + (f" in state {state.value}" if state else ""))
+        _nothing(
+            "GPUs" + (f" on node {node}" if node else "") + (f" in state {state.value}" if state else "")
+        )
         return
     _gpu_table(gpus, {n.id: n for n in nodes}, output)
 
@@ -393,7 +398,8 @@ def gpu_show(
     if output in (Output.json, Output.yaml):
         emit(found, output)
         return
-    telemetry = {k: v.value for k, v in found.telemetry.items() if v.value is not None}
+    # Only known values: unsupported or failed readings are not numbers to show.
+    telemetry = {k: v.value for k, v in found.telemetry.items() if isinstance(v, Known)}
     rows = [
         ["uuid", found.uuid],
         ["id", found.id],
@@ -425,7 +431,9 @@ def _event_row(e: EventBody, wide: bool) -> list[str]:
     return row
 
 
-def read_events(api: Api, params: list[tuple[str, str]], limit: int, follow: bool) -> Iterator[list[EventBody]]:
+def read_events(
+    api: Api, params: list[tuple[str, str]], limit: int, follow: bool
+) -> Iterator[list[EventBody]]:
     """Pages of the log; following, once caught up each request is held until events commit."""
     cursor: str | None = None
     delivered = 0
@@ -454,7 +462,9 @@ def events(
     event_type: Annotated[
         list[str] | None, typer.Option("--type", help="Event type (repeatable).", show_default=False)
     ] = None,
-    event_class: Annotated[EventClass | None, typer.Option("--class", help="lifecycle or observation.")] = None,
+    event_class: Annotated[
+        EventClass | None, typer.Option("--class", help="lifecycle or observation.")
+    ] = None,
     since: Annotated[
         str | None, typer.Option("--since", help="Recorded at or after: ISO 8601 time or duration (1h, 2d).")
     ] = None,
