@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
+import sys
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -19,6 +22,25 @@ from ledger.settings import add_flag
 
 class CliError(Exception):
     """One line for the operator: what went wrong and what to do next."""
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_moment(text: str, now: datetime) -> datetime:
+    """An ISO 8601 time (without an offset: UTC, the ledger's clock) or a duration before `now`
+    (`90s`, `15m`, `1h`, `2d`, `1w`)."""
+    match = _DURATION.match(text)
+    if match:
+        return now - timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError as exc:
+        raise CliError(
+            f"{text!r} is neither an ISO 8601 time (2026-11-24T14:00:00Z) nor a duration (30m, 1h, 2d)"
+        ) from exc
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 # The one table from the services' error kinds to exit codes: 3 refused because the state moved
@@ -65,3 +87,73 @@ def _with_database(config: ServerConfig, work: Callable[[Any], Awaitable[int]]) 
         return asyncio.run(run())
     finally:
         database.close()
+
+
+NODE_HELP = "node: id, id prefix, hostname or identity key"
+
+
+def add_node_argument(p: argparse.ArgumentParser, *, positional: bool = False, required: bool = True) -> None:
+    """`--node` names a node on every command; commands that took a positional NODE keep it."""
+    if positional:
+        p.add_argument("node_ref", nargs="?", metavar="NODE", help=f"{NODE_HELP} (or --node)")
+    p.add_argument(
+        "--node", dest="node", help=NODE_HELP + ("" if positional or not required else " (required)")
+    )
+    p.set_defaults(node_required=required)
+
+
+def node_ref(args: argparse.Namespace) -> str | None:
+    ref: str | None = getattr(args, "node", None) or getattr(args, "node_ref", None)
+    if ref is None and getattr(args, "node_required", False):
+        raise CliError("name a node: --node ID, an id prefix, a hostname or an identity key")
+    return ref
+
+
+async def resolve_node(pool: Any, ref: str | None) -> str | None:
+    """One node id for what an operator typed: the id itself, an identity key, an id prefix or a
+    hostname. Ambiguous -> a CliError listing the candidates; nothing matches -> `ref` unchanged,
+    so that the service answers with its own "no node" refusal."""
+    if ref is None:
+        return None
+    from ledger.node import node_id_for
+
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT node_id, hostname FROM hw_nodes"
+            " WHERE node_id = $1 OR node_id = $2"
+            " OR node_id LIKE $3 OR hostname = $1 OR identity_key = $1"
+            " ORDER BY node_id LIMIT 11",
+            ref,
+            node_id_for(ref),
+            ref.lower().replace("%", "").replace("_", "") + "%",
+        )
+    exact = [r["node_id"] for r in rows if r["node_id"] in (ref, node_id_for(ref))]
+    if exact:
+        return str(exact[0])
+    if len(rows) == 1:
+        return str(rows[0]["node_id"])
+    if len(rows) > 1:
+        listed = ", ".join(f"{r['node_id'][:12]} ({r['hostname'] or 'no hostname'})" for r in rows[:10])
+        raise CliError(f"{ref!r} matches {len(rows)} nodes: {listed}; give more of the id")
+    return ref
+
+
+def erase_progress() -> None:
+    """Clear the progress line a command drew on a terminal, so only results stay on screen."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
+
+
+def table(header: list[str], rows: list[list[str]], *, no_wrap: tuple[int, ...] = (0,)) -> None:
+    """A table as wide as the terminal (or $COLUMNS, else 80 when not a terminal: rich's rule).
+    Identifier columns fold rather than lose characters; the others end in an ellipsis."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    for i, h in enumerate(header):
+        t.add_column(h, no_wrap=True, overflow="fold" if i in no_wrap else "ellipsis")
+    for r in rows:
+        t.add_row(*r)
+    Console(soft_wrap=False, highlight=False).print(t)

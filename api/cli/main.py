@@ -14,7 +14,18 @@ from typing import Any
 
 import msgspec
 
-from api.cli.common import CliError, _config, _with_database, add_setting, exit_code_of
+from api.cli.common import (
+    CliError,
+    _config,
+    _with_database,
+    add_node_argument,
+    add_setting,
+    erase_progress,
+    exit_code_of,
+    parse_moment,
+    resolve_node,
+    table,
+)
 from api.services.errors import DomainError
 from ledger.logs import configure_logging
 from ledger.settings import SettingError, from_env
@@ -105,10 +116,10 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         try:
             report = await rebuild(pool, ALL_PROJECTIONS, verify=args.verify, progress=_progress_printer())
         except UndecodableEvent as exc:
+            erase_progress()
             print(f"modelforge-hw: rebuild refused, nothing was swapped: {exc}", file=sys.stderr)
             return 1
-        if sys.stderr.isatty():
-            sys.stderr.write("\n")
+        erase_progress()
         if args.json:
             _print_json(report)
         else:
@@ -138,21 +149,13 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def _moment(text: str | None) -> datetime | None:
-    """An ISO 8601 time; without an offset it is UTC (the ledger's clock)."""
-    if text is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise CliError(f"{text!r} is not an ISO 8601 time such as 2026-11-24T14:00:00Z") from exc
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    """An ISO 8601 time (without an offset: UTC, the ledger's clock) or a duration ago (`1h`)."""
+    return None if text is None else parse_moment(text, datetime.now(UTC))
 
 
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(lines)
+def _table(rows: list[list[str]], header: list[str]) -> None:
+    """Printed to the terminal's width (api.cli.common.table)."""
+    table(header, rows, no_wrap=(0, 1))
 
 
 def _short(value: object, width: int = 80) -> str:
@@ -178,6 +181,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     async def work(pool: Any) -> int:
         from api.services.repository import AuditRepository, HardwareRepository
 
+        args.node = await resolve_node(pool, args.node)
         hardware = HardwareRepository(pool)
         if as_of is not None:
             audit = AuditRepository(pool, hardware)
@@ -192,31 +196,27 @@ def cmd_replay(args: argparse.Namespace) -> int:
                     )
             else:
                 print(f"inventory as of {as_of.isoformat()} (folded to global position {position})")
-                print(
-                    _table(
+                _table(
+                    [
                         [
-                            [
-                                n.id,
-                                n.hostname or "",
-                                n.status,
-                                n.inventory_status,
-                                n.driver_version or "",
-                                (n.fingerprint or "")[:16],
-                            ]
-                            for n in nodes
-                        ],
-                        ["NODE", "HOSTNAME", "STATUS", "INVENTORY", "DRIVER", "FINGERPRINT"],
-                    )
+                            n.id,
+                            n.hostname or "",
+                            n.status,
+                            n.inventory_status,
+                            n.driver_version or "",
+                            (n.fingerprint or "")[:16],
+                        ]
+                        for n in nodes
+                    ],
+                    ["NODE", "HOSTNAME", "STATUS", "INVENTORY", "DRIVER", "FINGERPRINT"],
                 )
                 print()
-                print(
-                    _table(
-                        [
-                            [a.node_id[:8], str(a.index), a.uuid, a.name or "", a.pci_bus_id or "", a.status]
-                            for a in accs
-                        ],
-                        ["NODE", "INDEX", "UUID", "NAME", "PCI", "STATUS"],
-                    )
+                _table(
+                    [
+                        [a.node_id[:8], str(a.index), a.uuid, a.name or "", a.pci_bus_id or "", a.status]
+                        for a in accs
+                    ],
+                    ["NODE", "INDEX", "UUID", "NAME", "PCI", "STATUS"],
                 )
             return 0
         cursor: str | None = None
@@ -269,11 +269,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
                     break
                 caught_up = True
         if fmt == "table" and not args.follow:
-            print(
-                _table(
-                    rows,
-                    ["POSITION", "VERSION", "TYPE", "OBSERVED", "RECEIVED", "RECORDED", "SOURCE", "DATA"],
-                )
+            erase_progress()
+            _table(
+                rows,
+                ["POSITION", "VERSION", "TYPE", "OBSERVED", "RECEIVED", "RECORDED", "SOURCE", "DATA"],
             )
         return 0
 
@@ -300,6 +299,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             report = await rebuild(pool, ALL_PROJECTIONS, verify=True, progress=_progress_printer())
         except UndecodableEvent as exc:
             refused = str(exc)
+        erase_progress()
         if args.json:
             _print_json(
                 {"chains": chains, "undecodable": undecodable, "projections": report, "refused": refused}
@@ -354,8 +354,7 @@ def cmd_retention(args: argparse.Namespace) -> int:
         report = await prune_observations(
             pool, keep=timedelta(hours=config.retention_hours), progress=show if sys.stderr.isatty() else None
         )
-        if sys.stderr.isatty():
-            sys.stderr.write("\n")
+        erase_progress()
         if args.json:
             _print_json(report)
         else:
@@ -419,12 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_rebuild)
     p = sub.add_parser("replay", help="the audit log, or the inventory as of a moment")
     _common(p)
-    p.add_argument("--node", help="node id")
-    p.add_argument("--accelerator", help="GPU UUID")
+    add_node_argument(p, required=False)
+    p.add_argument("--gpu", "--accelerator", dest="accelerator", help="GPU UUID")
     p.add_argument("--type", action="append", help="event type (repeatable)")
     p.add_argument("--class", dest="event_class", choices=["lifecycle", "observation"])
-    p.add_argument("--since", help="recorded at or after (ISO 8601)")
-    p.add_argument("--until", help="recorded before (ISO 8601)")
+    p.add_argument("--since", help="recorded at or after: ISO 8601 time or a duration ago (30m, 1h, 2d)")
+    p.add_argument("--until", help="recorded before: ISO 8601 time or a duration ago (30m, 1h, 2d)")
     p.add_argument("--limit", type=int, default=1_000_000, help="at most this many events")
     p.add_argument(
         "--page-size",

@@ -12,10 +12,9 @@ Exit codes follow `api.cli.common.EXIT_CODES` by the problem's HTTP status: 404 
 from __future__ import annotations
 
 import enum
-import re
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,10 +22,8 @@ import httpx
 import msgspec
 import typer
 import yaml
-from rich.console import Console
-from rich.table import Table
 
-from api.cli.common import CliError
+from api.cli.common import CliError, parse_moment, table
 from api.services.views import AcceleratorBody, AcceleratorPage, EventBody, EventPage, NodeBody, NodePage
 from collectors.facts import Known
 from ledger.settings import setting
@@ -63,25 +60,6 @@ class RemoteError(Exception):
 
 
 EXIT_OF_STATUS = {404: 5, 409: 3, 410: 4}
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_moment(text: str, now: datetime) -> datetime:
-    """An ISO 8601 time (without an offset: UTC, the ledger's clock) or a duration before `now`
-    (`90s`, `15m`, `1h`, `2d`, `1w`)."""
-    match = _DURATION.match(text)
-    if match:
-        return now - timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
-    try:
-        moment = datetime.fromisoformat(text.strip())
-    except ValueError as exc:
-        raise CliError(
-            f"{text!r} is neither an ISO 8601 time (2026-11-24T14:00:00Z) nor a duration (30m, 1h, 2d)"
-        ) from exc
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
 
 # --- the connection ----------------------------------------------------------------------------
 
@@ -176,11 +154,6 @@ def resolve_gpu(gpus: list[AcceleratorBody], ref: str) -> AcceleratorBody:
 # --- output ------------------------------------------------------------------------------------
 
 
-def _console() -> Console:
-    # Width: the terminal's, or $COLUMNS, or 80 when not a terminal (rich's own rule).
-    return Console(soft_wrap=False, highlight=False)
-
-
 def _plain(value: Any) -> Any:
     return msgspec.to_builtins(value)
 
@@ -190,16 +163,6 @@ def emit(value: Any, output: Output) -> None:
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(value).decode(), indent=2) + "\n")
     else:
         sys.stdout.write(yaml.safe_dump(_plain(value), sort_keys=False, allow_unicode=True))
-
-
-def table(header: list[str], rows: list[list[str]], *, no_wrap: tuple[int, ...] = (0,)) -> None:
-    t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
-    for i, h in enumerate(header):
-        # Identifiers are never folded; the other columns shrink with an ellipsis to fit the width.
-        t.add_column(h, no_wrap=True, overflow="fold" if i in no_wrap else "ellipsis")
-    for r in rows:
-        t.add_row(*r)
-    _console().print(t)
 
 
 def _when(moment: datetime | None) -> str:
