@@ -55,7 +55,9 @@ def test_one_node_flag_everywhere_accepts_a_prefix_or_a_hostname(database_dsn: s
     import socket
 
     env = {"MODELFORGE_NODE_ID": "cli-node", "MODELFORGE_STATE_DIR": str(tmp_path)}
-    node_id = json.loads(cli("refresh", "--json", "--database-url", database_dsn, env_extra=env).stdout)["node_id"]
+    node_id = json.loads(cli("refresh", "--json", "--database-url", database_dsn, env_extra=env).stdout)[
+        "node_id"
+    ]
     hostname = socket.gethostname()
     db = ("--database-url", database_dsn)
     for ref in (node_id[:8], hostname, "cli-node"):
@@ -66,7 +68,9 @@ def test_one_node_flag_everywhere_accepts_a_prefix_or_a_hostname(database_dsn: s
     r = cli("decommission", "preview", "--node", node_id[:8], "--json", *db, env_extra=env)
     assert r.returncode == 0 and json.loads(r.stdout)["node_id"] == node_id
     replay = cli("replay", "--node", hostname, "--since", "1h", "--format", "jsonl", *db, env_extra=env)
-    assert replay.returncode == 0 and {json.loads(x)["node_id"] for x in replay.stdout.splitlines()} == {node_id}
+    assert replay.returncode == 0 and {json.loads(x)["node_id"] for x in replay.stdout.splitlines()} == {
+        node_id
+    }
     unknown = cli("lease", "list", "--node", "nope-host", *db, env_extra=env)
     assert unknown.returncode == 5 and "nope-host" in unknown.stderr
     missing = cli("lease", "list", *db, env_extra=env)
@@ -78,7 +82,9 @@ def test_lists_have_headers_and_say_when_empty(database_dsn: str, tmp_path: Path
     db = ("--database-url", database_dsn)
     assert cli("token", "list", *db, env_extra=env).stdout.startswith("no enrollment tokens")
     assert cli("credential", "list", *db, env_extra=env).stdout == "no node credentials\n"
-    assert cli("token", "create", "--ttl", "1h", "--description", "rack 7", *db, env_extra=env).returncode == 0
+    assert (
+        cli("token", "create", "--ttl", "1h", "--description", "rack 7", *db, env_extra=env).returncode == 0
+    )
     lines = cli("token", "list", *db, env_extra=env).stdout.splitlines()
     assert lines[0].split() == ["TOKEN", "ID", "STATUS", "USES", "LEFT", "EXPIRES", "DESCRIPTION"]
     assert "1/1" in lines[1] and "rack 7" in lines[1]

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -254,3 +255,52 @@ def test_zsh_completion_wraps_the_bash_one(bash_script: str, tmp_path: Path) -> 
             check=False,
         )
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def fish() -> str:
+    """fish itself, installed with apt-get on a fresh machine (the test fails when it cannot be)."""
+    from tests.test_deploy import _apt_install
+
+    path = shutil.which("fish")
+    if path is None:
+        why = _apt_install("fish")
+        path = shutil.which("fish")
+        assert path is not None, f"fish cannot be installed: {why or 'not on PATH after install'}"
+    return path
+
+
+def fish_complete(fish: str, line: str, tmp_path: Path) -> list[str]:
+    """What fish offers for the command line `line` (completing its last word)."""
+    script = tmp_path / "modelforge-hw.fish"
+    script.write_text(completion("fish"), encoding="utf-8")
+    done = subprocess.run(
+        [fish, "--no-config", "-c", f"source {script}; complete -C {shlex.quote(line)}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return sorted({entry.split("\t")[0] for entry in done.stdout.splitlines() if entry})
+
+
+def test_fish_completion_completes(fish: str, tmp_path: Path) -> None:
+    top = fish_complete(fish, "modelforge-hw ", tmp_path)
+    assert set(top) == set(command_tree(build_parser())[0].subcommands)
+    assert {"node", "gpu", "events", "serve"} <= set(top)
+    assert fish_complete(fish, "modelforge-hw node ", tmp_path) == ["list", "show"]
+    assert fish_complete(fish, "modelforge-hw events -o ", tmp_path) == ["json", "table", "wide", "yaml"]
+    assert "--follow" in fish_complete(fish, "modelforge-hw events --f", tmp_path)
+    assert fish_complete(fish, "modelforge-hw replay --class ", tmp_path) == ["lifecycle", "observation"]
+    assert fish_complete(fish, "modelforge-hw retention run --ret", tmp_path) == ["--retention-hours"]
+    assert fish_complete(fish, "modelforge-hw completion ", tmp_path) == ["bash", "fish", "zsh"]
+
+
+def test_bash_completion_knows_the_operator_commands(bash_script: str, tmp_path: Path) -> None:
+    assert complete(bash_script, ["modelforge-hw", "gpu", ""], tmp_path) == ["list", "show"]
+    assert set(complete(bash_script, ["modelforge-hw", "gpu", "list", "--state", ""], tmp_path)) == {
+        "active",
+        "missing",
+        "decommissioned",
+    }

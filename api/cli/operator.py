@@ -481,6 +481,45 @@ def events(
         table(header, [_event_row(e, wide) for e in collected], no_wrap=(0, 2))
 
 
+def command_specs() -> list[tuple[tuple[str, ...], list[str], list[str], dict[str, list[str] | str]]]:
+    """(path, subcommands, options, option -> choices or "file"/"dir"/"") for every Typer command,
+    for the shell completion scripts (api/cli/completion.py)."""
+    specs: list[tuple[tuple[str, ...], list[str], list[str], dict[str, list[str] | str]]] = []
+
+    def walk(command: Any, path: tuple[str, ...]) -> None:
+        children: dict[str, Any] = getattr(command, "commands", {}) or {}
+        options: list[str] = []
+        values: dict[str, list[str] | str] = {}
+        for param in command.params:
+            if getattr(param, "param_type_name", "") != "option":
+                continue
+            names = [*param.opts, *param.secondary_opts]
+            options += names
+            if getattr(param, "is_flag", False):
+                continue
+            # Typer >= 0.20 describes a parameter's type with a descriptor; click with `type`.
+            described = getattr(param, "type_descriptor", None) or getattr(param, "type", None)
+            choices = getattr(described, "choices", None)
+            kind: list[str] | str = (
+                [str(getattr(c, "value", c)) for c in choices]
+                if choices
+                else "file"
+                if "file" in param.name
+                else ""
+            )
+            for name in names:
+                values[name] = kind
+        options.append("--help")
+        specs.append((path, sorted(children), options, values))
+        for name in sorted(children):
+            walk(children[name], (*path, name))
+
+    root = typer.main.get_command(app)
+    for name in COMMANDS:
+        walk(root.commands[name], (name,))  # type: ignore[attr-defined]
+    return specs
+
+
 def run(argv: list[str]) -> int:
     """Run one operator command; returns the exit code (one line on stderr when it fails)."""
     command = typer.main.get_command(app)
