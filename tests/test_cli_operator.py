@@ -92,8 +92,8 @@ async def test_node_and_gpu_commands(fleet: tuple[ServerProcess, dict[str, str]]
     alpha = next(line for line in lines if "gpu-alpha" in line).split()
     assert alpha[0] == ids["alpha"][:8] and alpha[5] == "2"  # the GPU count
 
-    # A narrow terminal: the table fits it.
-    narrow = hw("node", "list", "-o", "wide", env=env, columns=60)
+    # A narrow terminal: the table fits it, the ids whole, the other columns shortened.
+    narrow = hw("node", "list", env=env, columns=60)
     assert narrow.returncode == 0 and all(len(line) <= 60 for line in narrow.stdout.splitlines()), (
         narrow.stdout
     )
@@ -195,3 +195,22 @@ def test_iso_times_without_an_offset_are_utc() -> None:
     now = datetime(2026, 12, 1, tzinfo=UTC)
     assert parse_moment("2026-11-24T14:00:00", now) == datetime(2026, 11, 24, 14, tzinfo=UTC)
     assert parse_moment("2026-11-24T14:00:00+01:00", now) == datetime(2026, 11, 24, 13, tzinfo=UTC)
+
+
+@given(
+    st.lists(st.integers(min_value=1, max_value=80), min_size=1, max_size=10),
+    st.integers(min_value=0, max_value=300),
+    st.data(),
+)
+def test_column_widths_fit_and_keep_the_ids_whole(
+    natural: list[int], available: int, data: st.DataObject
+) -> None:
+    from api.cli.common import fit_widths
+
+    fixed = set(data.draw(st.sets(st.integers(min_value=0, max_value=len(natural) - 1))))
+    widths = fit_widths(natural, fixed, available)
+    assert all(widths[i] == natural[i] for i in fixed)
+    assert all(min(natural[i], 3) <= widths[i] <= natural[i] for i in range(len(natural)))
+    free = [i for i in range(len(natural)) if i not in fixed]
+    if sum(natural[i] for i in fixed) + sum(min(natural[i], 3) for i in free) <= available:
+        assert sum(widths) <= available

@@ -37,7 +37,7 @@ SELECT string_agg(x, E'\\n' ORDER BY x) FROM (
 """
 EVENTS = (
     "SELECT global_position, tx_id::text AS tx, event_id, stream_id, stream_version, event_type, "
-    "data::text AS data, metadata::text AS metadata, recorded_at, hash FROM events ORDER BY global_position"
+    "data::text AS data_text, metadata::text AS metadata_text, recorded_at, hash FROM events ORDER BY global_position"
 )
 
 

@@ -145,15 +145,43 @@ def erase_progress() -> None:
         sys.stderr.flush()
 
 
-def table(header: list[str], rows: list[list[str]], *, no_wrap: tuple[int, ...] = (0,)) -> None:
+def fit_widths(natural: list[int], fixed: set[int], available: int, *, least: int = 3) -> list[int]:
+    """Column widths that fit `available`: the `fixed` columns keep their natural width; the widest
+    of the others are cut first, down to one common cap (never below `least`)."""
+    free = [i for i in range(len(natural)) if i not in fixed]
+    budget = available - sum(natural[i] for i in fixed)
+    if sum(natural[i] for i in free) <= budget or not free:
+        return list(natural)
+    cap = max((natural[i] for i in free), default=least)
+    while cap > least and sum(min(natural[i], cap) for i in free) > budget:
+        cap -= 1
+    return [natural[i] if i in fixed else min(natural[i], cap) for i in range(len(natural))]
+
+
+def table(
+    header: list[str], rows: list[list[str]], *, ids: tuple[int, ...] = (0,), wrap: tuple[int, ...] = ()
+) -> None:
     """A table as wide as the terminal (or $COLUMNS, else 80 when not a terminal: rich's rule).
-    Identifier columns fold rather than lose characters; the others end in an ellipsis."""
+    Identifier columns (`ids`) are never cut, so they can be copied; `wrap` columns fold onto more
+    lines; the others are cut, widest first, and end in an ellipsis."""
     from rich.console import Console
     from rich.table import Table
 
+    console = Console(soft_wrap=False, highlight=False)
+    natural = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
+    gaps = 2 * (len(header) - 1)  # the padding rich puts between columns
+    widths = fit_widths(natural, set(ids) | set(wrap), console.width - gaps)
+    if wrap:
+        # A folding column takes what the others leave.
+        rest = console.width - gaps - sum(w for i, w in enumerate(widths) if i not in wrap)
+        for i in wrap:
+            widths[i] = max(10, min(natural[i], rest // len(wrap)))
     t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
     for i, h in enumerate(header):
-        t.add_column(h, no_wrap=True, overflow="fold" if i in no_wrap else "ellipsis")
+        if i in wrap:
+            t.add_column(h, width=widths[i], overflow="fold")
+        else:
+            t.add_column(h, width=widths[i], no_wrap=True, overflow="ellipsis")
     for r in rows:
         t.add_row(*r)
-    Console(soft_wrap=False, highlight=False).print(t)
+    console.print(t)

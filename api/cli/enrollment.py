@@ -128,7 +128,7 @@ def cmd_credential_list(args: argparse.Namespace) -> int:
                     ]
                     for c in credentials
                 ],
-                no_wrap=(0, 2),
+                ids=(0, 2),
             )
         return 0
 

@@ -153,9 +153,9 @@ def _moment(text: str | None) -> datetime | None:
     return None if text is None else parse_moment(text, datetime.now(UTC))
 
 
-def _table(rows: list[list[str]], header: list[str]) -> None:
-    """Printed to the terminal's width (api.cli.common.table)."""
-    table(header, rows, no_wrap=(0, 1))
+def _table(rows: list[list[str]], header: list[str], ids: tuple[int, ...] = (0,)) -> None:
+    """Printed to the terminal's width (api.cli.common.table); `ids` are never cut."""
+    table(header, rows, ids=ids)
 
 
 def _short(value: object, width: int = 80) -> str:
@@ -217,6 +217,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                         for a in accs
                     ],
                     ["NODE", "INDEX", "UUID", "NAME", "PCI", "STATUS"],
+                    ids=(0, 2),
                 )
             return 0
         cursor: str | None = None
@@ -273,6 +274,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             _table(
                 rows,
                 ["POSITION", "VERSION", "TYPE", "OBSERVED", "RECEIVED", "RECORDED", "SOURCE", "DATA"],
+                ids=(0, 1, 2),
             )
         return 0
 

@@ -289,7 +289,7 @@ def node_show(
         ["first seen", _when(found.first_seen_at)],
         ["last seen", _when(found.last_seen_at)],
     ]
-    table(["FIELD", "VALUE"], facts)
+    table(["FIELD", "VALUE"], facts, wrap=(1,))
     sys.stdout.write("\n")
     if gpus:
         _gpu_table(gpus, {found.id: found}, output)
@@ -377,7 +377,7 @@ def gpu_show(
         ["first seen", _when(found.first_seen_at)],
         ["last seen", _when(found.last_seen_at)],
     ] + [[f"telemetry {k}", str(v)] for k, v in sorted(telemetry.items())]
-    table(["FIELD", "VALUE"], rows)
+    table(["FIELD", "VALUE"], rows, wrap=(1,))
 
 
 def _event_row(e: EventBody, wide: bool) -> list[str]:
@@ -478,7 +478,7 @@ def events(
     elif not collected:
         _nothing("events match")
     else:
-        table(header, [_event_row(e, wide) for e in collected], no_wrap=(0, 2))
+        table(header, [_event_row(e, wide) for e in collected], ids=(0, 2, 3))
 
 
 def command_specs() -> list[tuple[tuple[str, ...], list[str], list[str], dict[str, list[str] | str]]]:
