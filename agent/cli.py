@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from agent import runner
 from agent.runner import AgentConfig, AgentError, enroll, parse_servers, run_agent
 from agent.spool import Quarantine, Spool
 from agent.state import (
@@ -34,22 +32,20 @@ from agent.state import (
     load_status,
     lock_holder,
 )
+from ledger import settings
 
 
-def _env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    return float(value) if value else default
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return int(value) if value else default
+def _value(args: argparse.Namespace, name: str, dest: str | None = None) -> Any:
+    """The flag, else the option's variable, else its one default (ledger/settings.py)."""
+    given = getattr(args, dest or name, None)
+    return given if given is not None else settings.from_env(name)
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
     from ledger.db import default_state_dir
 
-    return Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
+    value = _value(args, "state_dir")
+    return Path(value) if value is not None else default_state_dir()
 
 
 def _fail(exc: AgentError) -> int:
@@ -58,10 +54,10 @@ def _fail(exc: AgentError) -> int:
 
 
 def cmd_enroll(args: argparse.Namespace) -> int:
-    server = args.server or os.environ.get("MODELFORGE_SERVER_URL")
+    server = _value(args, "server_url", "server")
     if not server:
         return _fail(AgentError("--server URL is required (or MODELFORGE_SERVER_URL)"))
-    token = args.token or os.environ.get("MODELFORGE_ENROLLMENT_TOKEN")
+    token = _value(args, "enrollment_token", "token")
     if args.token_file:
         try:
             token = Path(args.token_file).read_text(encoding="utf-8").strip()
@@ -80,9 +76,9 @@ def cmd_enroll(args: argparse.Namespace) -> int:
                 parse_servers([server])[0],
                 token,
                 state_dir,
-                node_id=args.node_id or os.environ.get("MODELFORGE_NODE_ID") or None,
+                node_id=_value(args, "node_id"),
                 force=args.force,
-                ca_file=args.ca_file or os.environ.get("MODELFORGE_CA_FILE") or None,
+                ca_file=_value(args, "ca_file"),
             )
         )
     except AgentError as exc:
@@ -92,29 +88,21 @@ def cmd_enroll(args: argparse.Namespace) -> int:
 
 
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
-    """Flags, else `MODELFORGE_*` variables, else the runner's DEFAULT_* constants (also in --help)."""
-    servers = parse_servers(args.server or [os.environ.get("MODELFORGE_SERVER_URL", "")])
+    """Flags, else `MODELFORGE_*` variables, else the one model's defaults (also in --help)."""
+    servers = parse_servers(args.server or [_value(args, "server_url", "server") or ""])
     return AgentConfig(
         servers=servers,
         state_dir=_state_dir(args),
-        node_id=args.node_id or os.environ.get("MODELFORGE_NODE_ID") or None,
-        interval=args.interval
-        if args.interval is not None
-        else _env_float("MODELFORGE_AGENT_INTERVAL", runner.DEFAULT_INTERVAL),
-        inventory_every=args.inventory_every
-        or _env_int("MODELFORGE_AGENT_INVENTORY_EVERY", runner.DEFAULT_INVENTORY_EVERY),
-        spool_max=args.spool_max or _env_int("MODELFORGE_AGENT_SPOOL_MAX", runner.DEFAULT_SPOOL_MAX),
-        backoff_initial=args.backoff_initial
-        or _env_float("MODELFORGE_AGENT_BACKOFF_INITIAL", runner.DEFAULT_BACKOFF_INITIAL),
-        backoff_max=args.backoff_max
-        or _env_float("MODELFORGE_AGENT_BACKOFF_MAX", runner.DEFAULT_BACKOFF_MAX),
-        request_timeout=args.request_timeout
-        or _env_float("MODELFORGE_AGENT_REQUEST_TIMEOUT", runner.DEFAULT_REQUEST_TIMEOUT),
-        collector_timeout=args.collector_timeout
-        or _env_float("MODELFORGE_COLLECTOR_TIMEOUT", runner.DEFAULT_COLLECTOR_TIMEOUT),
-        quarantine_after=args.quarantine_after
-        or _env_int("MODELFORGE_AGENT_QUARANTINE_AFTER", runner.DEFAULT_QUARANTINE_AFTER),
-        ca_file=args.ca_file or os.environ.get("MODELFORGE_CA_FILE") or None,
+        node_id=_value(args, "node_id"),
+        interval=_value(args, "agent_interval", "interval"),
+        inventory_every=_value(args, "agent_inventory_every", "inventory_every"),
+        spool_max=_value(args, "agent_spool_max", "spool_max"),
+        backoff_initial=_value(args, "agent_backoff_initial", "backoff_initial"),
+        backoff_max=_value(args, "agent_backoff_max", "backoff_max"),
+        request_timeout=_value(args, "agent_request_timeout", "request_timeout"),
+        collector_timeout=_value(args, "collector_timeout"),
+        quarantine_after=_value(args, "agent_quarantine_after", "quarantine_after"),
+        ca_file=_value(args, "ca_file"),
         once=args.once,
     )
 
@@ -204,17 +192,14 @@ def register(sub: Any) -> None:
     agent_sub = agent.add_subparsers(dest="agent_command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--state-dir", help="state directory (env MODELFORGE_STATE_DIR)")
-        p.add_argument("--node-id", help="identity key of this node (env MODELFORGE_NODE_ID)")
-        p.add_argument("--ca-file", help="PEM bundle to trust for the server's TLS (env MODELFORGE_CA_FILE)")
-        p.add_argument("--log-level", help="log level (env MODELFORGE_LOG_LEVEL)")
+        settings.add_flag(p, "state_dir", help="Directory for the credential, the spool and the identity.")
+        for name in ("node_id", "ca_file", "log_level"):
+            settings.add_flag(p, name)
 
     p = agent_sub.add_parser("enroll", help="exchange an enrollment token for this node's credential")
     common(p)
-    p.add_argument(
-        "--server", help="central API base URL, e.g. https://hw.example.com (env MODELFORGE_SERVER_URL)"
-    )
-    p.add_argument("--token", help="enrollment token (env MODELFORGE_ENROLLMENT_TOKEN; prefer --token-file)")
+    settings.add_flag(p, "server_url", dest="server")
+    settings.add_flag(p, "enrollment_token", dest="token")
     p.add_argument("--token-file", help="read the enrollment token from this file")
     p.add_argument("--force", action="store_true", help="enroll again; the node's old credential is revoked")
     p.set_defaults(func=cmd_enroll)
@@ -227,53 +212,17 @@ def register(sub: Any) -> None:
         help="central API base URL; repeat (or comma-separate) for failover (env MODELFORGE_SERVER_URL; "
         "default: the server enrolled with)",
     )
-    p.add_argument(
-        "--interval",
-        type=float,
-        help=f"seconds between reports (env MODELFORGE_AGENT_INTERVAL, {runner.DEFAULT_INTERVAL:g})",
-    )
-    p.add_argument(
-        "--inventory-every",
-        type=int,
-        help="an inventory report at least every N reports "
-        f"(env MODELFORGE_AGENT_INVENTORY_EVERY, {runner.DEFAULT_INVENTORY_EVERY})",
-    )
-    p.add_argument(
-        "--spool-max",
-        type=int,
-        help="reports kept while the server is unreachable "
-        f"(env MODELFORGE_AGENT_SPOOL_MAX, {runner.DEFAULT_SPOOL_MAX})",
-    )
-    p.add_argument(
-        "--backoff-initial",
-        type=float,
-        help="first retry delay in seconds "
-        f"(env MODELFORGE_AGENT_BACKOFF_INITIAL, {runner.DEFAULT_BACKOFF_INITIAL:g})",
-    )
-    p.add_argument(
-        "--backoff-max",
-        type=float,
-        help="longest retry delay in seconds "
-        f"(env MODELFORGE_AGENT_BACKOFF_MAX, {runner.DEFAULT_BACKOFF_MAX:g})",
-    )
-    p.add_argument(
-        "--request-timeout",
-        type=float,
-        help="seconds per HTTP request "
-        f"(env MODELFORGE_AGENT_REQUEST_TIMEOUT, {runner.DEFAULT_REQUEST_TIMEOUT:g})",
-    )
-    p.add_argument(
-        "--collector-timeout",
-        type=float,
-        help="seconds per collector per report "
-        f"(env MODELFORGE_COLLECTOR_TIMEOUT, {runner.DEFAULT_COLLECTOR_TIMEOUT:g})",
-    )
-    p.add_argument(
-        "--quarantine-after",
-        type=int,
-        help="quarantine a report answered HTTP 500 this many times in a row "
-        f"(env MODELFORGE_AGENT_QUARANTINE_AFTER, {runner.DEFAULT_QUARANTINE_AFTER})",
-    )
+    for name in (
+        "agent_interval",
+        "agent_inventory_every",
+        "agent_spool_max",
+        "agent_backoff_initial",
+        "agent_backoff_max",
+        "agent_request_timeout",
+        "collector_timeout",
+        "agent_quarantine_after",
+    ):
+        settings.add_flag(p, name, dest=name.removeprefix("agent_"))
     p.add_argument("--once", action="store_true", help="collect one report, send the spool, exit")
     p.set_defaults(func=cmd_run)
 

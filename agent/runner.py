@@ -76,6 +76,7 @@ from collectors.observations import (
     NvmlScan,
 )
 from collectors.system import SystemHostCollector
+from ledger import settings
 
 log = structlog.get_logger(__name__)
 
@@ -102,17 +103,17 @@ class NvmlSource(Protocol):
     async def collect_async(self) -> NvmlScan: ...
 
 
-# The defaults, in one place: AgentConfig, the CLI's flags, environment fallbacks and help use these.
-DEFAULT_INTERVAL = 10.0
-DEFAULT_INVENTORY_EVERY = 30
-DEFAULT_SPOOL_MAX = 1000
-DEFAULT_BACKOFF_INITIAL = 1.0
-DEFAULT_BACKOFF_MAX = 60.0
-DEFAULT_REQUEST_TIMEOUT = 10.0
-DEFAULT_COLLECTOR_TIMEOUT = 10.0
+# The defaults come from the one configuration model (ledger/settings.py), shared with the server.
+DEFAULT_INTERVAL: float = settings.default("agent_interval")
+DEFAULT_INVENTORY_EVERY: int = settings.default("agent_inventory_every")
+DEFAULT_SPOOL_MAX: int = settings.default("agent_spool_max")
+DEFAULT_BACKOFF_INITIAL: float = settings.default("agent_backoff_initial")
+DEFAULT_BACKOFF_MAX: float = settings.default("agent_backoff_max")
+DEFAULT_REQUEST_TIMEOUT: float = settings.default("agent_request_timeout")
+DEFAULT_COLLECTOR_TIMEOUT: float = settings.default("collector_timeout")
 # A report answered 500 this many times in a row is quarantined: enough to ride out a server
 # restart or a short database hiccup, few enough that one poisoned report blocks for seconds.
-DEFAULT_QUARANTINE_AFTER = 5
+DEFAULT_QUARANTINE_AFTER: int = settings.default("agent_quarantine_after")
 
 
 class AgentConfig(msgspec.Struct, kw_only=True):

@@ -362,7 +362,7 @@ def test_collector_timeout_help_and_behaviour_agree(
     with pytest.raises(SystemExit):
         parser.parse_args(["agent", "run", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    expected = f"--collector-timeout COLLECTOR_TIMEOUT seconds per collector per report (env MODELFORGE_COLLECTOR_TIMEOUT, {config.collector_timeout:g})"
+    expected = f"(env MODELFORGE_COLLECTOR_TIMEOUT, default {config.collector_timeout:g})"
     assert expected in text, text
     # ...and that is the timeout the collectors get.
     agent = Agent(config, host_collector=FakeHost())

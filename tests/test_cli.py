@@ -49,3 +49,42 @@ def test_errors_are_one_line_with_a_hint() -> None:
 def test_version() -> None:
     r = cli("--version")
     assert r.returncode == 0 and r.stdout.startswith("modelforge-hw ")
+
+
+def test_one_node_flag_everywhere_accepts_a_prefix_or_a_hostname(database_dsn: str, tmp_path: Path) -> None:
+    import socket
+
+    env = {"MODELFORGE_NODE_ID": "cli-node", "MODELFORGE_STATE_DIR": str(tmp_path)}
+    node_id = json.loads(cli("refresh", "--json", "--database-url", database_dsn, env_extra=env).stdout)[
+        "node_id"
+    ]
+    hostname = socket.gethostname()
+    db = ("--database-url", database_dsn)
+    for ref in (node_id[:8], hostname, "cli-node"):
+        r = cli("lease", "list", ref, *db, env_extra=env)
+        assert r.returncode == 0 and f"node {node_id} holds no work lease" in r.stdout, (ref, r.stderr)
+        r = cli("lease", "list", "--node", ref, *db, env_extra=env)
+        assert r.returncode == 0 and node_id in r.stdout, (ref, r.stderr)
+    r = cli("decommission", "preview", "--node", node_id[:8], "--json", *db, env_extra=env)
+    assert r.returncode == 0 and json.loads(r.stdout)["node_id"] == node_id
+    replay = cli("replay", "--node", hostname, "--since", "1h", "--format", "jsonl", *db, env_extra=env)
+    assert replay.returncode == 0 and {json.loads(x)["node_id"] for x in replay.stdout.splitlines()} == {
+        node_id
+    }
+    unknown = cli("lease", "list", "--node", "nope-host", *db, env_extra=env)
+    assert unknown.returncode == 5 and "nope-host" in unknown.stderr
+    missing = cli("lease", "list", *db, env_extra=env)
+    assert missing.returncode == 2 and "--node" in missing.stderr
+
+
+def test_lists_have_headers_and_say_when_empty(database_dsn: str, tmp_path: Path) -> None:
+    env = {"MODELFORGE_STATE_DIR": str(tmp_path), "COLUMNS": "200"}
+    db = ("--database-url", database_dsn)
+    assert cli("token", "list", *db, env_extra=env).stdout.startswith("no enrollment tokens")
+    assert cli("credential", "list", *db, env_extra=env).stdout == "no node credentials\n"
+    assert (
+        cli("token", "create", "--ttl", "1h", "--description", "rack 7", *db, env_extra=env).returncode == 0
+    )
+    lines = cli("token", "list", *db, env_extra=env).stdout.splitlines()
+    assert lines[0].split() == ["TOKEN", "ID", "STATUS", "USES", "LEFT", "EXPIRES", "DESCRIPTION"]
+    assert "1/1" in lines[1] and "rack 7" in lines[1]

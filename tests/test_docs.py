@@ -1,7 +1,7 @@
 """What an operator reads is generated from the code or checked against it, so it cannot drift:
 
 * docs/configuration.md and docs/event-catalog.md equal what api/cli/reference.py renders from
-  `api.config.SETTINGS` and `ledger.events` (regenerate with `python -m api.cli.reference --write`);
+  `ledger.settings.SETTINGS (re-exported by api.config)` and `ledger.events` (regenerate with `python -m api.cli.reference --write`);
 * every `MODELFORGE_*` variable the product code reads is declared in SETTINGS (and so in the
   reference), every declared one is read somewhere, and every flag SETTINGS names exists;
 * every `modelforge-hw` subcommand is shown in README.md or docs/ (in code);
@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -64,9 +65,9 @@ def variables_in_product_code(*, without_declarations: bool = False) -> dict[str
     for package in PRODUCT_PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             text = path.read_text(encoding="utf-8")
-            if without_declarations and path == ROOT / "api" / "config.py":
+            if without_declarations and path == ROOT / "ledger" / "settings.py":
                 table = re.search(r"^SETTINGS\b.*?^\)$", text, flags=re.M | re.S)
-                assert table is not None, "api/config.py has no SETTINGS table"
+                assert table is not None, "ledger/settings.py has no SETTINGS table"
                 text = text[: table.start()] + "\n" * table.group().count("\n") + text[table.end() :]
             for number, line in enumerate(text.splitlines(), 1):
                 for name in VARIABLE.findall(line):
@@ -87,8 +88,15 @@ def test_every_variable_the_code_reads_is_in_settings() -> None:
 
 
 def test_every_setting_is_read_by_the_code() -> None:
+    """Read by its variable's name, or (the usual way now) through the model by its own name."""
     used = variables_in_product_code(without_declarations=True)
-    unread = [s.env for s in SETTINGS if s.env not in used]
+    code = "\n".join(
+        path.read_text(encoding="utf-8")
+        for package in PRODUCT_PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path != ROOT / "ledger" / "settings.py"
+    )
+    unread = [s.env for s in SETTINGS if s.env not in used and not re.search(rf"[\"'.]{s.name}\b", code)]
     assert not unread, f"declared in SETTINGS (and documented) but read nowhere in the code: {unread}"
 
 
@@ -247,3 +255,52 @@ def test_zsh_completion_wraps_the_bash_one(bash_script: str, tmp_path: Path) -> 
             check=False,
         )
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def fish() -> str:
+    """fish itself, installed with apt-get on a fresh machine (the test fails when it cannot be)."""
+    from tests.test_deploy import _apt_install
+
+    path = shutil.which("fish")
+    if path is None:
+        why = _apt_install("fish")
+        path = shutil.which("fish")
+        assert path is not None, f"fish cannot be installed: {why or 'not on PATH after install'}"
+    return path
+
+
+def fish_complete(fish: str, line: str, tmp_path: Path) -> list[str]:
+    """What fish offers for the command line `line` (completing its last word)."""
+    script = tmp_path / "modelforge-hw.fish"
+    script.write_text(completion("fish"), encoding="utf-8")
+    done = subprocess.run(
+        [fish, "--no-config", "-c", f"source {script}; complete -C {shlex.quote(line)}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return sorted({entry.split("\t")[0] for entry in done.stdout.splitlines() if entry})
+
+
+def test_fish_completion_completes(fish: str, tmp_path: Path) -> None:
+    top = fish_complete(fish, "modelforge-hw ", tmp_path)
+    assert set(top) == set(command_tree(build_parser())[0].subcommands)
+    assert {"node", "gpu", "events", "serve"} <= set(top)
+    assert fish_complete(fish, "modelforge-hw node ", tmp_path) == ["list", "show"]
+    assert fish_complete(fish, "modelforge-hw events -o ", tmp_path) == ["json", "table", "wide", "yaml"]
+    assert "--follow" in fish_complete(fish, "modelforge-hw events --f", tmp_path)
+    assert fish_complete(fish, "modelforge-hw replay --class ", tmp_path) == ["lifecycle", "observation"]
+    assert fish_complete(fish, "modelforge-hw retention run --ret", tmp_path) == ["--retention-hours"]
+    assert fish_complete(fish, "modelforge-hw completion ", tmp_path) == ["bash", "fish", "zsh"]
+
+
+def test_bash_completion_knows_the_operator_commands(bash_script: str, tmp_path: Path) -> None:
+    assert complete(bash_script, ["modelforge-hw", "gpu", ""], tmp_path) == ["list", "show"]
+    assert set(complete(bash_script, ["modelforge-hw", "gpu", "list", "--state", ""], tmp_path)) == {
+        "active",
+        "missing",
+        "decommissioned",
+    }

@@ -1,4 +1,4 @@
-"""`modelforge-hw completion bash|zsh`: shell completion generated from the argparse parser.
+"""`modelforge-hw completion bash|zsh|fish`: shell completion generated from the command tree.
 
 The script is derived from `api.cli.build_parser()` every time it is printed, so a new subcommand
 or flag completes as soon as it exists. It completes subcommands at every level (`retention run`,
@@ -9,6 +9,11 @@ choices (`replay --class lifecycle|observation`), directories for `--*-dir` and 
     source <(modelforge-hw completion bash)                      # this shell
     modelforge-hw completion bash | sudo tee /etc/bash_completion.d/modelforge-hw
     source <(modelforge-hw completion zsh)                       # zsh, e.g. in ~/.zshrc
+    modelforge-hw completion fish | source                       # fish
+
+The operator commands over HTTP (`node`, `gpu`, `events`) are Typer commands; their part of the
+tree is read from Typer's own command objects (`api.cli.operator.command_specs`), so one script
+completes both.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 PROGRAM = "modelforge-hw"
 FUNCTION = "_modelforge_hw"
-SHELLS = ("bash", "zsh")
+SHELLS = ("bash", "zsh", "fish")
 
 
 @dataclass
@@ -71,6 +76,13 @@ def command_tree(parser: argparse.ArgumentParser) -> list[Command]:
             walk(child, (*path, name))
 
     walk(parser, ())
+    # The operator commands over HTTP are Typer commands: argparse only lists their names, so
+    # their subcommands and options come from Typer's own command tree.
+    from api.cli.operator import COMMANDS, command_specs
+
+    commands = [c for c in commands if not (c.path and c.path[0] in COMMANDS)]
+    for path, subcommands, options, values in command_specs():
+        commands.append(Command(path, subcommands=subcommands, options=options, values=values))
     return commands
 
 
@@ -190,11 +202,104 @@ def render_zsh(parser: argparse.ArgumentParser) -> str:
     )
 
 
+def _fish_switch(function: str, arms: list[tuple[str, str]]) -> list[str]:
+    """A fish function `function KEY` that prints the words of the matching arm, one a line."""
+    lines = [f"function {function}", "    switch $argv[1]"]
+    for key, words in arms:
+        if words:
+            lines.append(f"        case {_q(key)}")
+            lines.append(f"            printf '%s\\n' {' '.join(_q(w) for w in words.split())}")
+    lines += ["    end", "end"]
+    return lines
+
+
+def render_fish(parser: argparse.ArgumentParser) -> str:
+    """The same tables as the bash script, walked by fish's `commandline`."""
+    commands = command_tree(parser)
+    f = FUNCTION
+    words = [(" ".join(c.path), " ".join(c.subcommands + c.choices)) for c in commands]
+    subcommands = [(" ".join(c.path), " ".join(c.subcommands)) for c in commands]
+    options = [(" ".join(c.path), " ".join(c.options)) for c in commands]
+    choices: list[tuple[str, str]] = []
+    kinds: list[tuple[str, str]] = []
+    takes_value: list[str] = []
+    for c in commands:
+        for option, kind in c.values.items():
+            key = f"{' '.join(c.path)}:{option}"
+            takes_value.append(key)
+            if isinstance(kind, list):
+                choices.append((key, " ".join(kind)))
+            elif kind:
+                kinds.append((key, kind))
+    lines = [
+        f"# {PROGRAM} completion for fish: `{PROGRAM} completion fish | source`, or save it as",
+        f"# ~/.config/fish/completions/{PROGRAM}.fish. Generated from the command tree;",
+        "# regenerate after an upgrade.",
+        "",
+    ]
+    lines += _fish_switch(f"{f}_words", words)
+    lines += _fish_switch(f"{f}_subcommands", subcommands)
+    lines += _fish_switch(f"{f}_options", options)
+    lines += _fish_switch(f"{f}_choices", choices)
+    lines += _fish_switch(f"{f}_kind", kinds)
+    lines.append(f"set -g {f}_takes_value " + " ".join(_q(k) for k in takes_value))
+    lines += f"""
+function {f}_complete
+    set -l tokens (commandline -opc)
+    set -e tokens[1]
+    set -l current (commandline -ct)
+    set -l path ""
+    set -l skip 0
+    set -l prev ""
+    # Walk the words before the cursor: a subcommand extends the path, a flag that takes a
+    # value skips that value.
+    for word in $tokens
+        set prev $word
+        if test $skip -eq 1
+            set skip 0
+            continue
+        end
+        if string match -q -- '-*' $word
+            if contains -- "$path:$word" ${f}_takes_value
+                set skip 1
+            end
+        else if contains -- $word ({f}_subcommands "$path")
+            set path (string trim -- "$path $word")
+        end
+    end
+    if test $skip -eq 1
+        set -l values ({f}_choices "$path:$prev")
+        if test (count $values) -gt 0
+            printf '%s\n' $values
+            return
+        end
+        switch ({f}_kind "$path:$prev")
+            case dir
+                __fish_complete_directories $current
+            case file
+                __fish_complete_path $current
+        end
+        return
+    end
+    if string match -q -- '-*' $current
+        {f}_options "$path"
+    else
+        {f}_words "$path"
+    end
+end
+
+complete -c {PROGRAM} -f -a '({f}_complete)'
+""".splitlines()
+    return "\n".join(lines) + "\n"
+
+
 def render(shell: str, parser: argparse.ArgumentParser) -> str:
     if shell == "bash":
         return render_bash(parser)
     if shell == "zsh":
         return render_zsh(parser)
+    if shell == "fish":
+        return render_fish(parser)
     raise ValueError(f"no completion for {shell!r}; choose one of {', '.join(SHELLS)}")
 
 
@@ -213,5 +318,5 @@ def register(sub: Any) -> None:
         help="print a shell completion script",
         description="Print a completion script: `source <(modelforge-hw completion bash)`.",
     )
-    p.add_argument("shell", choices=SHELLS, help="bash or zsh")
+    p.add_argument("shell", choices=SHELLS, help="bash, zsh or fish")
     p.set_defaults(func=cmd_completion)

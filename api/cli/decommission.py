@@ -9,7 +9,8 @@ docs/operations/RUNBOOK_NODE_DECOMMISSION.md is the on-call procedure.
     modelforge-hw decommission preview NODE [--json]
     modelforge-hw decommission execute NODE --generation G --digest D --reason R [--json]
 
-NODE is a node id or the node's identity key. Exit codes (`api.cli.main.EXIT_CODES`): 0 done;
+NODE (or `--node NODE`) is a node id, an id prefix, a hostname or the node's identity key.
+Exit codes (`api.cli.main.EXIT_CODES`): 0 done;
 3 refused because the node changed since the preview or active work blocks it; 4 the node is
 decommissioned; 5 unknown node or lease; 2 anything else refused (one line on stderr says why).
 """
@@ -21,6 +22,8 @@ import getpass
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from api.cli.common import add_node_argument
 
 
 def _service(pool: Any) -> Any:
@@ -46,11 +49,13 @@ def _actor(args: argparse.Namespace) -> str:
 
 
 def _run(args: argparse.Namespace, work: Callable[[Any], Any]) -> int:
-    from api.cli.common import _config, _with_database, exit_code_of
+    from api.cli.common import _config, _with_database, exit_code_of, node_ref, resolve_node
     from api.http.problems import problem_of
     from api.services.errors import DomainError
 
     async def wrapped(pool: Any) -> int:
+        # What the operator typed (id, prefix, hostname, identity key) -> the node's id.
+        args.node = await resolve_node(pool, node_ref(args))
         try:
             return int(await work(_service(pool)))
         except DomainError as exc:
@@ -173,7 +178,7 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
     lease_sub = lease.add_subparsers(dest="lease_command", required=True)
     p = lease_sub.add_parser("acquire", help="record work that depends on a node (prints the lease id)")
     common(p)
-    p.add_argument("node", help="node id or identity key")
+    add_node_argument(p, positional=True)
     p.add_argument("--owner", required=True, help="who holds the lease (a team, a job, a component)")
     p.add_argument("--reason", required=True, help="what the work is")
     p.add_argument(
@@ -184,7 +189,7 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
     p.set_defaults(func=cmd_lease_acquire)
     p = lease_sub.add_parser("release", help="release a work lease")
     common(p)
-    p.add_argument("node", help="node id or identity key")
+    add_node_argument(p, positional=True)
     p.add_argument("lease_id")
     p.add_argument("--reason", default="released", help="why (for the audit log)")
     p.add_argument("--actor", help="who you are, for the audit log (default: your login name)")
@@ -192,7 +197,7 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
     p.set_defaults(func=cmd_lease_release)
     p = lease_sub.add_parser("list", help="a node's unreleased work leases (active or expired)")
     common(p)
-    p.add_argument("node", help="node id or identity key")
+    add_node_argument(p, positional=True)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_lease_list)
 
@@ -202,12 +207,12 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
         "preview", help="generation, dependencies, blockers and digest of a node's decommission"
     )
     common(p)
-    p.add_argument("node", help="node id or identity key")
+    add_node_argument(p, positional=True)
     p.add_argument("--json", action="store_true", help="print the preview as JSON")
     p.set_defaults(func=cmd_decommission_preview)
     p = decom_sub.add_parser("execute", help="decommission a node as previewed (irreversible)")
     common(p)
-    p.add_argument("node", help="node id or identity key")
+    add_node_argument(p, positional=True)
     p.add_argument("--generation", type=int, required=True, help="the preview's generation")
     p.add_argument("--digest", required=True, help="the preview's digest")
     p.add_argument("--reason", required=True, help="why the node is retired (kept in the tombstone)")

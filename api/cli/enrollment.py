@@ -5,7 +5,7 @@ The same operations are operator routes of the HTTP API (api/http/agent.py).
     modelforge-hw token create --ttl 1h --uses 3 [--description TEXT] [--json]
     modelforge-hw token list [--json]
     modelforge-hw token revoke TOKEN_ID [--reason TEXT]
-    modelforge-hw credential list [--node-id NODE] [--json]
+    modelforge-hw credential list [--node NODE] [--json]
     modelforge-hw credential revoke CREDENTIAL_ID [--reason TEXT]
 """
 
@@ -16,6 +16,8 @@ import re
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from api.cli.common import add_node_argument, table
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -38,9 +40,11 @@ def _service(pool: Any) -> Any:
 def _run(args: argparse.Namespace, work: Callable[[Any], Any]) -> int:
     """A refusal (`api.services.errors`) reaches `api.cli.main`, which prints it as one line and
     exits with the code of its kind."""
-    from api.cli.common import _config, _with_database
+    from api.cli.common import _config, _with_database, node_ref, resolve_node
 
     async def wrapped(pool: Any) -> int:
+        if hasattr(args, "node"):
+            args.node = await resolve_node(pool, node_ref(args))
         return int(await work(_service(pool)))
 
     return _with_database(_config(args), wrapped)
@@ -74,13 +78,22 @@ def cmd_token_list(args: argparse.Namespace) -> int:
         tokens = await service.list_tokens()
         if args.json:
             _print_json(tokens)
+        elif not tokens:
+            print("no enrollment tokens (create one with `modelforge-hw token create`)")
         else:
-            for t in tokens:
-                expires = t.expires_at.isoformat() if t.expires_at else "-"
-                print(
-                    f"{t.token_id}  {t.status:8}  {t.uses_left}/{t.uses} left  "
-                    f"expires {expires}  {t.description}"
-                )
+            table(
+                ["TOKEN ID", "STATUS", "USES LEFT", "EXPIRES", "DESCRIPTION"],
+                [
+                    [
+                        t.token_id,
+                        t.status,
+                        f"{t.uses_left}/{t.uses}",
+                        t.expires_at.isoformat(timespec="seconds") if t.expires_at else "never",
+                        t.description,
+                    ]
+                    for t in tokens
+                ],
+            )
         return 0
 
     return _run(args, work)
@@ -97,15 +110,26 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
 
 def cmd_credential_list(args: argparse.Namespace) -> int:
     async def work(service: Any) -> int:
-        credentials = await service.list_credentials(args.node_id)
+        credentials = await service.list_credentials(args.node)
         if args.json:
             _print_json(credentials)
+        elif not credentials:
+            print("no node credentials" + (f" for node {args.node}" if args.node else ""))
         else:
-            for c in credentials:
-                print(
-                    f"{c.credential_id}  {c.status:7}  node {c.node_id}  {c.hostname}  "
-                    f"issued {c.issued_at.isoformat()}"
-                )
+            table(
+                ["CREDENTIAL ID", "STATUS", "NODE", "HOSTNAME", "ISSUED"],
+                [
+                    [
+                        c.credential_id,
+                        c.status,
+                        c.node_id,
+                        c.hostname,
+                        c.issued_at.isoformat(timespec="seconds"),
+                    ]
+                    for c in credentials
+                ],
+                ids=(0, 2),
+            )
         return 0
 
     return _run(args, work)
@@ -147,7 +171,7 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> Non
     cred_sub = cred.add_subparsers(dest="credential_command", required=True)
     p = cred_sub.add_parser("list", help="node credentials (never their secrets)")
     common(p)
-    p.add_argument("--node-id", help="only this node's credentials")
+    add_node_argument(p, required=False)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_credential_list)
     p = cred_sub.add_parser("revoke", help="revoke a node credential (its agent gets 401 and stops)")

@@ -7,7 +7,6 @@ Human tables on a TTY, JSON with `--json` (or when stdout is not a TTY, where it
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -15,11 +14,24 @@ from typing import Any
 
 import msgspec
 
-from api.cli.common import CliError, _config, _with_database, exit_code_of
+from api.cli.common import (
+    CliError,
+    _config,
+    _with_database,
+    add_node_argument,
+    add_setting,
+    erase_progress,
+    exit_code_of,
+    parse_moment,
+    resolve_node,
+    table,
+)
 from api.services.errors import DomainError
 from ledger.logs import configure_logging
+from ledger.settings import SettingError, from_env
 
 VERSION = "0.1.0"
+OPERATOR_COMMANDS = ("node", "gpu", "events")
 
 
 def _print_json(value: Any) -> None:
@@ -104,10 +116,10 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         try:
             report = await rebuild(pool, ALL_PROJECTIONS, verify=args.verify, progress=_progress_printer())
         except UndecodableEvent as exc:
+            erase_progress()
             print(f"modelforge-hw: rebuild refused, nothing was swapped: {exc}", file=sys.stderr)
             return 1
-        if sys.stderr.isatty():
-            sys.stderr.write("\n")
+        erase_progress()
         if args.json:
             _print_json(report)
         else:
@@ -137,21 +149,13 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def _moment(text: str | None) -> datetime | None:
-    """An ISO 8601 time; without an offset it is UTC (the ledger's clock)."""
-    if text is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise CliError(f"{text!r} is not an ISO 8601 time such as 2026-11-24T14:00:00Z") from exc
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    """An ISO 8601 time (without an offset: UTC, the ledger's clock) or a duration ago (`1h`)."""
+    return None if text is None else parse_moment(text, datetime.now(UTC))
 
 
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(lines)
+def _table(rows: list[list[str]], header: list[str], ids: tuple[int, ...] = (0,)) -> None:
+    """Printed to the terminal's width (api.cli.common.table); `ids` are never cut."""
+    table(header, rows, ids=ids)
 
 
 def _short(value: object, width: int = 80) -> str:
@@ -177,6 +181,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     async def work(pool: Any) -> int:
         from api.services.repository import AuditRepository, HardwareRepository
 
+        args.node = await resolve_node(pool, args.node)
         hardware = HardwareRepository(pool)
         if as_of is not None:
             audit = AuditRepository(pool, hardware)
@@ -191,31 +196,28 @@ def cmd_replay(args: argparse.Namespace) -> int:
                     )
             else:
                 print(f"inventory as of {as_of.isoformat()} (folded to global position {position})")
-                print(
-                    _table(
+                _table(
+                    [
                         [
-                            [
-                                n.id,
-                                n.hostname or "",
-                                n.status,
-                                n.inventory_status,
-                                n.driver_version or "",
-                                (n.fingerprint or "")[:16],
-                            ]
-                            for n in nodes
-                        ],
-                        ["NODE", "HOSTNAME", "STATUS", "INVENTORY", "DRIVER", "FINGERPRINT"],
-                    )
+                            n.id,
+                            n.hostname or "",
+                            n.status,
+                            n.inventory_status,
+                            n.driver_version or "",
+                            (n.fingerprint or "")[:16],
+                        ]
+                        for n in nodes
+                    ],
+                    ["NODE", "HOSTNAME", "STATUS", "INVENTORY", "DRIVER", "FINGERPRINT"],
                 )
                 print()
-                print(
-                    _table(
-                        [
-                            [a.node_id[:8], str(a.index), a.uuid, a.name or "", a.pci_bus_id or "", a.status]
-                            for a in accs
-                        ],
-                        ["NODE", "INDEX", "UUID", "NAME", "PCI", "STATUS"],
-                    )
+                _table(
+                    [
+                        [a.node_id[:8], str(a.index), a.uuid, a.name or "", a.pci_bus_id or "", a.status]
+                        for a in accs
+                    ],
+                    ["NODE", "INDEX", "UUID", "NAME", "PCI", "STATUS"],
+                    ids=(0, 2),
                 )
             return 0
         cursor: str | None = None
@@ -268,11 +270,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
                     break
                 caught_up = True
         if fmt == "table" and not args.follow:
-            print(
-                _table(
-                    rows,
-                    ["POSITION", "VERSION", "TYPE", "OBSERVED", "RECEIVED", "RECORDED", "SOURCE", "DATA"],
-                )
+            erase_progress()
+            _table(
+                rows,
+                ["POSITION", "VERSION", "TYPE", "OBSERVED", "RECEIVED", "RECORDED", "SOURCE", "DATA"],
+                ids=(0, 1, 2),
             )
         return 0
 
@@ -299,6 +301,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             report = await rebuild(pool, ALL_PROJECTIONS, verify=True, progress=_progress_printer())
         except UndecodableEvent as exc:
             refused = str(exc)
+        erase_progress()
         if args.json:
             _print_json(
                 {"chains": chains, "undecodable": undecodable, "projections": report, "refused": refused}
@@ -351,10 +354,9 @@ def cmd_retention(args: argparse.Namespace) -> int:
             sys.stderr.flush()
 
         report = await prune_observations(
-            pool, keep=timedelta(hours=args.keep_hours), progress=show if sys.stderr.isatty() else None
+            pool, keep=timedelta(hours=config.retention_hours), progress=show if sys.stderr.isatty() else None
         )
-        if sys.stderr.isatty():
-            sys.stderr.write("\n")
+        erase_progress()
         if args.json:
             _print_json(report)
         else:
@@ -371,9 +373,8 @@ def cmd_retention(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--database-url", help="PostgreSQL URL (env MODELFORGE_DATABASE_URL; default: embedded)")
-    p.add_argument("--state-dir", help="state directory (env MODELFORGE_STATE_DIR)")
-    p.add_argument("--log-level", help="log level (env MODELFORGE_LOG_LEVEL)")
+    for name in ("database_url", "state_dir", "log_level"):
+        add_setting(p, name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -383,20 +384,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="run the API server")
     _common(p)
-    p.add_argument("--host", help="listen address (env MODELFORGE_HOST, default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="listen port (env MODELFORGE_PORT, default 8080)")
-    p.add_argument("--node-id", help="identity key of this host (env MODELFORGE_NODE_ID)")
-    p.add_argument(
-        "--startup-refresh",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="refresh the local host once at start (default: no)",
-    )
-    p.add_argument("--collector-timeout", type=float, help="seconds per collector per refresh")
-    p.add_argument("--stale-after", type=float, help="seconds without a report before `stale`")
-    p.add_argument("--offline-after", type=float, help="seconds without a report before `offline`")
-    p.add_argument("--retention-hours", type=float, help="keep observation events this many hours")
-    p.add_argument("--retention-interval", type=float, help="seconds between retention passes (0: off)")
+    for name in (
+        "host",
+        "port",
+        "node_id",
+        "startup_refresh",
+        "collector_timeout",
+        "stale_after",
+        "offline_after",
+        "retention_hours",
+        "retention_interval",
+    ):
+        add_setting(p, name)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("migrate", help="bring the database schema to this release (idempotent)")
@@ -405,8 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("refresh", help="refresh the local host's inventory into the ledger")
     _common(p)
-    p.add_argument("--node-id", help="identity key of this host (env MODELFORGE_NODE_ID)")
-    p.add_argument("--collector-timeout", type=float, help="seconds per collector per refresh")
+    add_setting(p, "node_id")
+    add_setting(p, "collector_timeout")
     p.add_argument("--json", action="store_true", help="print the run as JSON")
     p.set_defaults(func=cmd_refresh)
 
@@ -421,12 +420,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_rebuild)
     p = sub.add_parser("replay", help="the audit log, or the inventory as of a moment")
     _common(p)
-    p.add_argument("--node", help="node id")
-    p.add_argument("--accelerator", help="GPU UUID")
+    add_node_argument(p, required=False)
+    p.add_argument("--gpu", "--accelerator", dest="accelerator", help="GPU UUID")
     p.add_argument("--type", action="append", help="event type (repeatable)")
     p.add_argument("--class", dest="event_class", choices=["lifecycle", "observation"])
-    p.add_argument("--since", help="recorded at or after (ISO 8601)")
-    p.add_argument("--until", help="recorded before (ISO 8601)")
+    p.add_argument("--since", help="recorded at or after: ISO 8601 time or a duration ago (30m, 1h, 2d)")
+    p.add_argument("--until", help="recorded before: ISO 8601 time or a duration ago (30m, 1h, 2d)")
     p.add_argument("--limit", type=int, default=1_000_000, help="at most this many events")
     p.add_argument(
         "--page-size",
@@ -452,9 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     retention = p.add_subparsers(dest="retention_command", required=True)
     p = retention.add_parser("run", help="prune observation events now")
     _common(p)
-    p.add_argument(
-        "--keep-hours", type=float, default=24.0, help="keep observations this recent (default 24)"
-    )
+    add_setting(p, "retention_hours")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_retention)
 
@@ -472,24 +469,47 @@ def build_parser() -> argparse.ArgumentParser:
     from api.cli.scopes import register as register_viewer_commands
 
     register_viewer_commands(sub, _common)
+    # Listed here for `--help`; `main` hands these words to the Typer app before argparse parses.
+    for name, summary in (
+        ("node", "compute nodes over the HTTP API: list, show (MODELFORGE_SERVER, MODELFORGE_TOKEN)"),
+        ("gpu", "GPUs over the HTTP API: list, show"),
+        ("events", "the audit log over the HTTP API; --follow for the change feed"),
+    ):
+        sub.add_parser(name, help=summary, add_help=False)
     from api.cli.completion import register as register_completion
 
     register_completion(sub)
     return parser
 
 
+def _log_json() -> bool | None:
+    value = from_env("log_json")
+    return None if value is None else bool(value)
+
+
 def main(argv: list[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else argv
+    if words and words[0] in OPERATOR_COMMANDS:
+        # The read commands over HTTP live on Typer (api.cli.operator); see its docstring.
+        from api.cli.operator import run as run_operator
+
+        try:
+            configure_logging(level=str(from_env("log_level")), json=_log_json())
+            return run_operator(words)
+        except (CliError, SettingError) as exc:
+            print(f"modelforge-hw: {exc}", file=sys.stderr)
+            return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     args.parser = parser
-    level = getattr(args, "log_level", None) or os.environ.get("MODELFORGE_LOG_LEVEL", "INFO")
-    json_env = os.environ.get("MODELFORGE_LOG_JSON")
-    configure_logging(level=level, json=None if json_env is None else json_env == "1")
     try:
+        configure_logging(
+            level=getattr(args, "log_level", None) or str(from_env("log_level")), json=_log_json()
+        )
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
-    except CliError as exc:
+    except (CliError, SettingError) as exc:
         print(f"modelforge-hw: {exc}", file=sys.stderr)
         return 2
     except DomainError as exc:

@@ -34,15 +34,17 @@ def render_config_reference() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from `api/config.py` (`python -m api.cli.reference --write`); a test fails when this page",
-        "differs from the code. Flags win over environment variables, which win over defaults.",
+        "Generated from the one configuration model, `ledger/settings.py`, shared by the server, the",
+        "operator CLI and the agent (`python -m api.cli.reference --write`); a test fails when this page",
+        "differs from the code. Flags win over environment variables, which win over defaults. A bad",
+        "value is refused with one line naming the variable (or flag) and what it accepts; exit 2.",
         "",
-        "| environment variable | flag | default | meaning |",
-        "| --- | --- | --- | --- |",
+        "| environment variable | flag | default | accepts | meaning |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for s in SETTINGS:
         flag = f"`{s.flag}`" if s.flag else "—"
-        lines.append(f"| `{s.env}` | {flag} | {s.default} | {s.help} |")
+        lines.append(f"| `{s.env}` | {flag} | {s.default} | {s.accepts} | {s.help} |")
     return "\n".join(lines) + "\n"
 
 

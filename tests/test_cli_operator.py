@@ -1,0 +1,216 @@
+"""The operator CLI over HTTP (`node`, `gpu`, `events`) run as real commands against a real server
+process: only MODELFORGE_SERVER and a token, no database URL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from api.cli.operator import parse_moment
+from collectors.observations import HardwareObservation
+from ledger.node import node_id_for
+from tests.agent_support import (
+    OPERATOR_TOKEN,
+    ROOT,
+    ServerProcess,
+    clean_env,
+    create_token,
+    enroll_direct,
+    post_report,
+    report_body,
+    stop_process,
+)
+from tests.builders import T0, gpu, host, scan
+
+
+def hw(*args: str, env: dict[str, str], columns: int = 100) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "api.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**env, "COLUMNS": str(columns)},
+        cwd=ROOT,
+        timeout=120,
+    )
+
+
+async def hw_async(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(hw, *args, env=env)
+
+
+async def add_node(http: httpx.AsyncClient, url: str, key: str, hostname: str, gpus: list[int]) -> str:
+    token = (await create_token(http, url))["token"]
+    r = await enroll_direct(http, url, token, key, hostname)
+    assert r.status_code in (200, 201), r.text
+    obs = HardwareObservation(observed_at=T0, host=host(hostname), nvml=scan([gpu(n) for n in gpus]))
+    r = await post_report(http, url, r.json()["credential"], report_body(key, 1, stream="inventory", obs=obs))
+    assert r.status_code in (200, 202), r.text
+    return node_id_for(key)
+
+
+@pytest.fixture
+async def fleet(database_dsn: str, tmp_path: Path) -> AsyncIterator[tuple[ServerProcess, dict[str, str]]]:
+    server = ServerProcess(database_dsn, tmp_path).start()
+    try:
+        await server.wait_healthy()
+        async with httpx.AsyncClient() as http:
+            ids = {
+                "alpha": await add_node(http, server.url, "key-alpha", "gpu-alpha", [0, 1]),
+                "beta": await add_node(http, server.url, "key-beta", "gpu-beta", [7]),
+            }
+        yield server, ids
+    finally:
+        # A follower's long poll (up to 30 s) may still be held: the server finishes it first.
+        assert server.proc is not None
+        stop_process(server.proc, timeout=60)
+
+
+def env_for(server: ServerProcess, **extra: str) -> dict[str, str]:
+    return clean_env(**{"MODELFORGE_SERVER": server.url, "MODELFORGE_TOKEN": OPERATOR_TOKEN, **extra})
+
+
+async def test_node_and_gpu_commands(fleet: tuple[ServerProcess, dict[str, str]], tmp_path: Path) -> None:
+    server, ids = fleet
+    env = env_for(server)
+
+    r = await hw_async("node", "list", env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[:3] == ["ID", "HOSTNAME", "LIVENESS"]
+    alpha = next(line for line in lines if "gpu-alpha" in line).split()
+    assert alpha[0] == ids["alpha"][:8] and alpha[5] == "2"  # the GPU count
+
+    # A narrow terminal: the table fits it, the ids whole, the other columns shortened.
+    narrow = hw("node", "list", env=env, columns=60)
+    assert narrow.returncode == 0 and all(len(line) <= 60 for line in narrow.stdout.splitlines()), (
+        narrow.stdout
+    )
+
+    as_json = json.loads((await hw_async("node", "list", "-o", "json", env=env)).stdout)
+    assert {n["hostname"] for n in as_json} == {"gpu-alpha", "gpu-beta"}
+    as_yaml = yaml.safe_load((await hw_async("node", "list", "-o", "yaml", env=env)).stdout)
+    assert {n["id"] for n in as_yaml} == set(ids.values())
+
+    # One node by hostname, by id prefix; the same body either way.
+    by_host = json.loads((await hw_async("node", "show", "gpu-beta", "-o", "json", env=env)).stdout)
+    by_prefix = json.loads((await hw_async("node", "show", ids["beta"][:6], "-o", "json", env=env)).stdout)
+    assert by_host["id"] == by_prefix["id"] == ids["beta"]
+    shown = await hw_async("node", "show", "gpu-alpha", env=env)
+    assert shown.returncode == 0 and "GPU-00000000-0000-4000-8000-000000000001" in shown.stdout
+
+    # Unknown: exit 5 and one line; ambiguous (the empty prefix matches all): exit 2 naming both.
+    missing = await hw_async("node", "show", "no-such-host", env=env)
+    assert missing.returncode == 5 and missing.stderr.count("\n") == 1 and "no-such-host" in missing.stderr
+    ambiguous = await hw_async("node", "show", "", env=env)
+    assert ambiguous.returncode == 2
+    assert "gpu-alpha" in ambiguous.stderr and "gpu-beta" in ambiguous.stderr
+
+    gpus = json.loads((await hw_async("gpu", "list", "--node", "gpu-alpha", "-o", "json", env=env)).stdout)
+    assert sorted(g["index"] for g in gpus) == [0, 1] and {g["node_id"] for g in gpus} == {ids["alpha"]}
+    one = json.loads(
+        (
+            await hw_async("gpu", "show", "GPU-00000000-0000-4000-8000-000000000007", "-o", "json", env=env)
+        ).stdout
+    )
+    assert one["node_id"] == ids["beta"]
+    table = await hw_async("gpu", "list", env=env)
+    assert table.stdout.splitlines()[0].split()[:2] == ["UUID", "NODE"] and "gpu-beta" in table.stdout
+    none = await hw_async("gpu", "list", "--state", "missing", env=env)
+    assert none.returncode == 0 and none.stdout.startswith("no GPUs")
+
+    # The token from a file; a wrong token is refused with a hint and exit 2.
+    token_file = tmp_path / "token"
+    token_file.write_text(OPERATOR_TOKEN + "\n")
+    from_file = clean_env(MODELFORGE_SERVER=server.url, MODELFORGE_TOKEN_FILE=str(token_file))
+    assert (await hw_async("node", "list", env=from_file)).returncode == 0
+    refused = await hw_async("node", "list", env=env_for(server, MODELFORGE_TOKEN="wrong"))
+    assert refused.returncode == 2 and "HTTP 401" in refused.stderr and "MODELFORGE_TOKEN" in refused.stderr
+    # No server configured: Typer names the variable.
+    unset = await hw_async("node", "list", env=clean_env(MODELFORGE_TOKEN=OPERATOR_TOKEN))
+    assert unset.returncode == 2 and "MODELFORGE_SERVER" in unset.stderr
+
+
+async def test_events_filters_and_follow(fleet: tuple[ServerProcess, dict[str, str]]) -> None:
+    server, ids = fleet
+    env = env_for(server)
+    all_events = json.loads((await hw_async("events", "-o", "json", "--since", "1h", env=env)).stdout)
+    assert set(ids.values()) <= {e["node_id"] for e in all_events}
+    beta = json.loads(
+        (await hw_async("events", "--node", "gpu-beta", "--class", "lifecycle", "-o", "json", env=env)).stdout
+    )
+    assert beta and {e["node_id"] for e in beta} == {ids["beta"]}
+    assert {e["class"] for e in beta} == {"lifecycle"}
+    typed = json.loads((await hw_async("events", "--type", "NODE_DISCOVERED", "-o", "json", env=env)).stdout)
+    assert sorted(e["node_id"] for e in typed) == sorted(ids.values())
+    future = await hw_async("events", "--since", "2999-01-01T00:00:00", env=env)
+    assert future.returncode == 0 and future.stdout == "no events match\n"
+    bad = await hw_async("events", "--since", "yesterday", env=env)
+    assert bad.returncode == 2 and "duration" in bad.stderr
+
+    # --follow: the log so far, then an event committed later arrives on the same long poll.
+    follow = await asyncio.to_thread(
+        subprocess.Popen,
+        [sys.executable, "-m", "api.cli", "events", "--follow", "-o", "json", "--type", "NODE_DISCOVERED"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        seen: list[dict[str, Any]] = []
+        for _ in range(2):
+            line = await asyncio.wait_for(asyncio.to_thread(follow.stdout.readline), 60)  # type: ignore[union-attr]
+            seen.append(json.loads(line))
+        async with httpx.AsyncClient() as http:
+            gamma = await add_node(http, server.url, "key-gamma", "gpu-gamma", [9])
+        line = await asyncio.wait_for(asyncio.to_thread(follow.stdout.readline), 60)  # type: ignore[union-attr]
+        assert json.loads(line)["node_id"] == gamma
+        assert {e["node_id"] for e in seen} == set(ids.values())
+    finally:
+        follow.terminate()
+        follow.wait(timeout=20)
+
+
+@given(st.integers(min_value=0, max_value=10_000), st.sampled_from(["s", "m", "h", "d", "w"]))
+def test_durations_count_back_from_now(amount: int, unit: str) -> None:
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    seconds = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[unit]
+    assert parse_moment(f"{amount}{unit}", now) == now - timedelta(seconds=amount * seconds)
+
+
+def test_iso_times_without_an_offset_are_utc() -> None:
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    assert parse_moment("2026-11-24T14:00:00", now) == datetime(2026, 11, 24, 14, tzinfo=UTC)
+    assert parse_moment("2026-11-24T14:00:00+01:00", now) == datetime(2026, 11, 24, 13, tzinfo=UTC)
+
+
+@given(
+    st.lists(st.integers(min_value=1, max_value=80), min_size=1, max_size=10),
+    st.integers(min_value=0, max_value=300),
+    st.data(),
+)
+def test_column_widths_fit_and_keep_the_ids_whole(
+    natural: list[int], available: int, data: st.DataObject
+) -> None:
+    from api.cli.common import fit_widths
+
+    fixed = set(data.draw(st.sets(st.integers(min_value=0, max_value=len(natural) - 1))))
+    widths = fit_widths(natural, fixed, available)
+    assert all(widths[i] == natural[i] for i in fixed)
+    assert all(min(natural[i], 3) <= widths[i] <= natural[i] for i in range(len(natural)))
+    free = [i for i in range(len(natural)) if i not in fixed]
+    if sum(natural[i] for i in fixed) + sum(min(natural[i], 3) for i in free) <= available:
+        assert sum(widths) <= available
