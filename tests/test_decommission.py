@@ -100,7 +100,7 @@ async def all_events(api: Any, node_id: str) -> list[dict[str, Any]]:
             page = (await api.get("/api/v1/hardware/events", params=params)).json()
             out += page["items"]
             cursor = page["next_cursor"]
-            if cursor is None:
+            if not page["has_more"]:  # every page carries a cursor to resume from (issue 10)
                 return out if len(out) == await stream_count(api.pool, node_id) else None
 
     result: list[dict[str, Any]] = await wait_for(read, 60, f"the audit log of {node_id}", every=0.2)
