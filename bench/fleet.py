@@ -97,7 +97,7 @@ def accelerator_telemetry(model: GpuModel, rng: random.Random) -> dict[str, Fact
         "clock_sm_mhz": Known(rng.choice((210, 1410, 1755, 1980))),
         "clock_memory_mhz": Known(rng.choice((1215, 2619, 3201))),
         "fan_speed_percent": Known(rng.randint(0, 100)) if model.fan else UNSUPPORTED,
-        "performance_state": Known(0 if util else 8),
+        "performance_state": Known("P0" if util else "P8"),
     }
 
 

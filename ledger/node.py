@@ -10,6 +10,7 @@ import hashlib
 import json
 import uuid
 from datetime import datetime
+from functools import lru_cache
 from typing import Literal, TypeAlias
 
 import msgspec
@@ -57,12 +58,16 @@ _UNKNOWN_OS = OsInfo(name=UNKNOWN, version=UNKNOWN, kernel=UNKNOWN, architecture
 _UNKNOWN_CPU = CpuInfo(model=UNKNOWN, sockets=UNKNOWN, physical_cores=UNKNOWN, logical_cores=UNKNOWN)
 
 
+# Cached: every report derives its node's id and each GPU's id again (uuid5 is a SHA-1 each);
+# the caches hold a 10,000-node fleet of eight-GPU nodes.
+@lru_cache(maxsize=16_384)
 def node_id_for(identity_key: str) -> str:
     """The node's internal UUID: derived from the identity key, so it maps to it uniquely and a
     rediscovery after any loss of read models lands on the same node."""
     return str(uuid.uuid5(NODE_ID_NAMESPACE, identity_key))
 
 
+@lru_cache(maxsize=131_072)
 def accelerator_id_for(node_id: str, gpu_uuid: str) -> str:
     """Accelerators reconcile by (compute node, GPU UUID); the internal id is derived from both."""
     return str(uuid.uuid5(ACCELERATOR_ID_NAMESPACE, f"{node_id}/{gpu_uuid}"))

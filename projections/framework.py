@@ -39,17 +39,38 @@ class TableSpec(msgspec.Struct, frozen=True):
         return tuple(row[self.columns.index(k)] for k in self.key)
 
 
-def _upsert_sql(table: str, spec: TableSpec) -> str:
-    cols = ", ".join(spec.columns)
-    params = ", ".join(f"${i}" for i in range(1, len(spec.columns) + 1))
-    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in spec.columns if c not in spec.key)
-    conflict = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
-    return f"INSERT INTO {table} ({cols}) VALUES ({params}) ON CONFLICT ({', '.join(spec.key)}) {conflict}"
+def _changes_sql(ops: Sequence[tuple[str, str, TableSpec]], state_table: str) -> str:
+    """One statement for every change of one stream's rows: a data-modifying CTE per table and
+    operation, each fed one jsonb array of row objects (`jsonb_populate_recordset` types the values
+    by the table's own columns), then the new folded state. One round trip and one statement
+    however many rows changed, where a statement per row (executemany) cost a parse, a plan and
+    an executor start each. Deleted and upserted keys are disjoint, so the CTEs never touch the
+    same row twice."""
+    ctes: list[str] = []
+    for i, (op, table, spec) in enumerate(ops):
+        param = f"${i + 6}"
+        source = f"jsonb_populate_recordset(NULL::{table}, {param})"
+        cols = ", ".join(spec.columns)
+        if op == "delete":
+            match = " AND ".join(f"t.{k} = x.{k}" for k in spec.key)
+            ctes.append(f"c{i} AS (DELETE FROM {table} t USING {source} x WHERE {match})")
+        else:
+            updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in spec.columns if c not in spec.key)
+            conflict = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
+            ctes.append(
+                f"c{i} AS (INSERT INTO {table} ({cols}) SELECT {cols} FROM {source} "
+                f"ON CONFLICT ({', '.join(spec.key)}) {conflict})"
+            )
+    head = f"WITH {', '.join(ctes)} " if ctes else ""
+    return (
+        f"{head}INSERT INTO {state_table} (projection, stream_id, stream_version, position, state) "
+        "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (projection, stream_id) DO UPDATE SET "
+        "stream_version = EXCLUDED.stream_version, position = EXCLUDED.position, state = EXCLUDED.state"
+    )
 
 
-def _delete_sql(table: str, spec: TableSpec) -> str:
-    where = " AND ".join(f"{k} = ${i}" for i, k in enumerate(spec.key, start=1))
-    return f"DELETE FROM {table} WHERE {where}"
+def _objects(spec: TableSpec, rows: Sequence[Row]) -> list[dict[str, Any]]:
+    return [dict(zip(spec.columns, row, strict=True)) for row in rows]
 
 
 class Projection(Generic[S]):
@@ -76,6 +97,13 @@ class Projection(Generic[S]):
 
     def rows(self, state: S) -> Rows:
         raise NotImplementedError
+
+    def persisted(self, state: S) -> S:
+        """The state as its checkpoint stores it (default: whole). A projection may leave out
+        what only its own rows need and what changes with every event, as long as every row built
+        from the slimmer state still compares equal to the row built from the whole one whenever
+        the fold did not replace that part (so a diff against it writes exactly what changed)."""
+        return state
 
     def checkpoint_of(self, state: S) -> tuple[int, int]:
         """(stream version, global position) the state has folded up to."""
@@ -122,24 +150,26 @@ class Projection(Generic[S]):
     ) -> None:
         """Write the difference between the rows of `before` and `after`, and the new state."""
         old_rows, new_rows = self.rows(before), self.rows(after)
+        ops: list[tuple[str, str, TableSpec]] = []
+        args: list[object] = []
         for spec in self.tables:
-            table = spec.name + suffix
             old = {spec.key_of(r): r for r in old_rows.get(spec.name, ())}
             new = {spec.key_of(r): r for r in new_rows.get(spec.name, ())}
             changed = [r for k, r in new.items() if old.get(k) != r]
-            gone = [k for k in old if k not in new]
+            gone = [dict(zip(spec.key, k, strict=True)) for k in old if k not in new]
             if gone:
-                await conn.executemany(_delete_sql(table, spec), gone)
+                ops.append(("delete", spec.name + suffix, spec))
+                args.append(gone)
             if changed:
-                await conn.executemany(_upsert_sql(table, spec), changed)
+                ops.append(("upsert", spec.name + suffix, spec))
+                args.append(_objects(spec, changed))
         version, position = self.checkpoint_of(after)
         await conn.execute(
-            f"INSERT INTO {STATE_TABLE}{suffix} (projection, stream_id, stream_version, position, state) "
-            "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (projection, stream_id) DO UPDATE SET "
-            "stream_version = EXCLUDED.stream_version, position = EXCLUDED.position, state = EXCLUDED.state",
+            _changes_sql(ops, STATE_TABLE + suffix),
             self.name,
             stream_id,
             version,
             position,
-            msgspec.Raw(msgspec.json.encode(after)),
+            msgspec.Raw(msgspec.json.encode(self.persisted(after))),
+            *args,
         )

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from ledger.events import RecordedEvent, is_decommission_audit_stream, is_enrollment_token_stream
 from ledger.node import NodeState, evolve
 from projections.agent import CREDENTIALS, ENROLLMENT_TOKEN_PROJECTION, agent_rows
@@ -131,6 +133,23 @@ class InventoryProjection(Projection[NodeState]):
 
     def fold(self, state: NodeState, event: RecordedEvent) -> NodeState:
         return evolve(state, event)
+
+    def persisted(self, state: NodeState) -> NodeState:
+        # GPU telemetry metrics are most of a node's state and change with every report: the
+        # checkpoint keeps each sample's times and position only (the decisions read no metric),
+        # and hw_accelerator_telemetry holds the metrics. A telemetry row is built from its sample
+        # alone, so the slim row equals the whole one until the fold replaces the sample.
+        if not any(a.telemetry is not None and a.telemetry.metrics for a in state.accelerators.values()):
+            return state
+        return msgspec.structs.replace(
+            state,
+            accelerators={
+                u: a
+                if a.telemetry is None
+                else msgspec.structs.replace(a, telemetry=msgspec.structs.replace(a.telemetry, metrics={}))
+                for u, a in state.accelerators.items()
+            },
+        )
 
     def checkpoint_of(self, state: NodeState) -> tuple[int, int]:
         return state.stream_version, state.position

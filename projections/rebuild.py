@@ -97,7 +97,13 @@ class _Writer:
             self.buffers[table].extend(rows)
         version, position = projection.checkpoint_of(state)
         self.buffers[STATE_TABLE].append(
-            (projection.name, stream_id, version, position, msgspec.Raw(msgspec.json.encode(state)))
+            (
+                projection.name,
+                stream_id,
+                version,
+                position,
+                msgspec.Raw(msgspec.json.encode(projection.persisted(state))),
+            )
         )
         if len(self.buffers[STATE_TABLE]) >= 500:
             await self.flush()

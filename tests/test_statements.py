@@ -1,7 +1,8 @@
 """How many SQL statements one steady-state agent report and one steady-state local refresh send
 (asyncpg's query logger sees every statement a connection sends, BEGIN and COMMIT included). The
 figures are in docs/performance.md: counted this way, a report sent 11 before the unit of work
-(two stream locks) and sends 10 now; a refresh sent and sends 9."""
+(two stream locks), 10 with it, and 8 since a projection writes all its changed rows and its
+state in one statement; a refresh sent 9 and sends 6."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from tests.agent_support import report_body
 from tests.fakes.fake_pynvml import FakeNvml
 from tests.fixtures_nvml import multi_gpu_scenario
 
-REPORT_STATEMENTS = 10  # BEGIN, lock, state, position, append, 3 writes, advance, COMMIT
-REFRESH_STATEMENTS = 9  # BEGIN, lock, state, append, 4 writes, COMMIT
+REPORT_STATEMENTS = 8  # BEGIN, lock, state, position, append, one write, advance, COMMIT
+REFRESH_STATEMENTS = 6  # BEGIN, lock, state, append, one write, COMMIT
 
 
 class Counter:
@@ -81,3 +82,32 @@ async def test_a_steady_state_local_refresh_sends_one_lock_and_one_state_load(
     assert len(counter.queries) == REFRESH_STATEMENTS, counter.queries
     assert sum("mf_lock_stream" in q for q in counter.queries) == 1
     assert sum("FROM projection_state" in q for q in counter.queries) == 1
+
+
+async def test_a_report_keeps_gpu_metrics_in_the_telemetry_table_not_in_the_nodes_checkpoint(
+    counted: tuple[Services, Counter],
+) -> None:
+    services, _counter = counted
+    plane = services.agent_plane
+    token = await plane.create_token(3600, 1)
+    enrolled = await plane.enroll(
+        token.token, EnrollRequest(identity_key="slim-agent", identity_source="configured", hostname="h")
+    )
+    principal = await plane.authenticate(enrolled.credential)
+    for sequence in (1, 2):
+        ack = await plane.accept_report(
+            principal, report_body("slim-agent", sequence, mem_avail=sequence), None
+        )
+        assert ack.status == "accepted"
+    async with plane.pool.acquire() as conn:
+        state = await conn.fetchval(
+            "SELECT state FROM projection_state WHERE projection = 'inventory' AND stream_id = $1",
+            principal.node_id,
+        )
+        metrics = await conn.fetch(
+            "SELECT metrics FROM hw_accelerator_telemetry WHERE node_id = $1", principal.node_id
+        )
+    samples = [a["telemetry"] for a in state["accelerators"].values()]
+    # The checkpoint keeps when each GPU last reported (decisions read it), not what it reported.
+    assert samples and all(t is not None and t["metrics"] == {} and t["received_at"] for t in samples)
+    assert len(metrics) == len(samples) and all(r["metrics"] for r in metrics)
