@@ -86,7 +86,8 @@ async def test_the_commit_notification_wakes_the_feed_without_polling(pool) -> N
     store = EventStore(pool)
     await store.append("feed-stream", 0, [telemetry(1)])
     feed = LogFeed(pool, fallback_poll=120)
-    first = await feed.wait(Checkpoint(), limit=10, wait_seconds=0)
+    # Held until the horizon passes it: another session on this server may hold it back a while.
+    first = await feed.wait(Checkpoint(), limit=10, wait_seconds=60)
     assert len(first.entries) == 1
     waiting = asyncio.create_task(feed.wait(first.resume, limit=10, wait_seconds=120))
     await asyncio.sleep(0.5)
