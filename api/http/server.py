@@ -12,6 +12,7 @@ from datetime import timedelta
 import asyncpg
 import structlog
 import uvicorn
+import uvloop
 from litestar import Litestar
 
 from api.config import ServerConfig, load_or_create_admin_token
@@ -98,7 +99,14 @@ def serve(config: ServerConfig) -> int:
         app = make_app(config, dsn, token_hash)
         server = uvicorn.Server(
             uvicorn.Config(
-                app, host=config.host, port=config.port, log_config=None, access_log=False, lifespan="on"
+                app,
+                host=config.host,
+                port=config.port,
+                log_config=None,
+                access_log=False,
+                lifespan="on",
+                # httptools parses HTTP in C; h11 (pure Python) was a tenth of a report's CPU.
+                http="httptools",
             )
         )
         log.info(
@@ -115,7 +123,9 @@ def serve(config: ServerConfig) -> int:
             supervisor = EmbeddedSupervisor(
                 database.embedded.server, dsn, on_give_up=lambda: setattr(server, "should_exit", True)
             )
-        asyncio.run(run_with_supervisor(server.serve(), supervisor))
+        # uvloop: the event loop and its socket I/O in C (libuv). The loop's own bookkeeping and
+        # socket writes to PostgreSQL were about a quarter of a report's server CPU on asyncio's.
+        uvloop.run(run_with_supervisor(server.serve(), supervisor))
         if supervisor is not None and supervisor.gave_up:
             return 1  # the embedded PostgreSQL is gone for good: let systemd/compose restart us
         return 0 if server.started else 1
