@@ -188,6 +188,9 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+# Credentials remembered as verified per process (about one per node of the fleet).
+MAX_VERIFIED_CREDENTIALS = 100_000
+
 # How many digests of accepted reports per stream are kept to recognize an unchanged retry.
 RECENT_REPORT_DIGESTS = 32
 
@@ -296,6 +299,12 @@ class EnrollmentService:
         self.nodes = inventory.nodes
         self.tokens: UnitOfWork[TokenState] = UnitOfWork(inventory.store, ENROLLMENT_TOKEN_PROJECTION)
         self.clock = clock
+        # Credentials this process has verified: id -> (secret digest, principal). It only says
+        # which node a presented secret belongs to; whether the credential is still valid is read
+        # from the node's folded state under its stream lock by every report (`_accept_report`),
+        # so a revocation by any server is honoured at once. Saves a query and a pool round per
+        # report.
+        self._verified: dict[str, tuple[str, Principal]] = {}
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -507,8 +516,9 @@ class EnrollmentService:
         if parsed is None:
             raise _unauthorized("credential-invalid", "a node credential is required (Bearer mfc_...)")
         credential_id, secret = parsed
-        # Looked up every time, never cached: a revoked credential gets 401 on its next request,
-        # whatever it then asks for (one indexed read per report).
+        known = self._verified.get(credential_id)
+        if known is not None and _matches(secret, known[0]):
+            return known[1]
         async with self.pool.acquire() as conn:
             row = await conn.fetchrow(
                 "SELECT c.node_id, c.identity_key, c.secret_sha256, c.revoked_at, s.tombstoned_at "
@@ -527,9 +537,13 @@ class EnrollmentService:
                 )
                 raise gone
             raise _unauthorized("credential-revoked", "the node credential was revoked")
-        return Principal(
+        principal = Principal(
             credential_id=credential_id, node_id=row["node_id"], identity_key=row["identity_key"]
         )
+        if len(self._verified) >= MAX_VERIFIED_CREDENTIALS:
+            self._verified.clear()  # bounded: a fleet's live credentials are re-verified once each
+        self._verified[credential_id] = (row["secret_sha256"], principal)
+        return principal
 
     async def list_credentials(self, node_id: str | None = None) -> list[CredentialBody]:
         async with self.pool.acquire() as conn:
