@@ -519,24 +519,10 @@ class EnrollmentService:
         known = self._verified.get(credential_id)
         if known is not None and _matches(secret, known[0]):
             return known[1]
-        async with self.pool.acquire() as conn:
-            row = await conn.fetchrow(
-                "SELECT c.node_id, c.identity_key, c.secret_sha256, c.revoked_at, s.tombstoned_at "
-                "FROM hw_node_credentials c LEFT JOIN streams s ON s.stream_id = c.node_id "
-                "WHERE c.credential_id = $1",
-                credential_id,
-            )
+        row = await self._credential_row(credential_id)
         if row is None or not _matches(secret, row["secret_sha256"]):
             raise _unauthorized("credential-invalid", "the node credential is not valid")
-        if row["revoked_at"] is not None:
-            if row["tombstoned_at"] is not None:
-                # Revoked by the node's decommission: say so (410), so the agent stops for good.
-                gone = NodeIsDecommissioned(row["node_id"], row["tombstoned_at"])
-                await self.inventory.record_revival_refused(
-                    row["node_id"], "agent_report", f"credential:{credential_id}", gone.detail
-                )
-                raise gone
-            raise _unauthorized("credential-revoked", "the node credential was revoked")
+        await self._refuse_if_revoked(credential_id, row)
         principal = Principal(
             credential_id=credential_id, node_id=row["node_id"], identity_key=row["identity_key"]
         )
@@ -544,6 +530,37 @@ class EnrollmentService:
             self._verified.clear()  # bounded: a fleet's live credentials are re-verified once each
         self._verified[credential_id] = (row["secret_sha256"], principal)
         return principal
+
+    async def _credential_row(self, credential_id: str) -> asyncpg.Record | None:
+        async with self.pool.acquire() as conn:
+            row: asyncpg.Record | None = await conn.fetchrow(
+                "SELECT c.node_id, c.identity_key, c.secret_sha256, c.revoked_at, s.tombstoned_at "
+                "FROM hw_node_credentials c LEFT JOIN streams s ON s.stream_id = c.node_id "
+                "WHERE c.credential_id = $1",
+                credential_id,
+            )
+        return row
+
+    async def _refuse_if_revoked(self, credential_id: str, row: asyncpg.Record) -> None:
+        if row["revoked_at"] is None:
+            return
+        self._verified.pop(credential_id, None)
+        if row["tombstoned_at"] is not None:
+            # Revoked by the node's decommission: say so (410), so the agent stops for good.
+            gone = NodeIsDecommissioned(row["node_id"], row["tombstoned_at"])
+            await self.inventory.record_revival_refused(
+                row["node_id"], "agent_report", f"credential:{credential_id}", gone.detail
+            )
+            raise gone
+        raise _unauthorized("credential-revoked", "the node credential was revoked")
+
+    async def _reverify(self, principal: Principal) -> None:
+        """Before a report is refused on grounds other than its credential: a remembered
+        credential that has since been revoked gets 401 (or 410) whatever it sent, as it would
+        have without the memory."""
+        row = await self._credential_row(principal.credential_id)
+        if row is not None:
+            await self._refuse_if_revoked(principal.credential_id, row)
 
     async def list_credentials(self, node_id: str | None = None) -> list[CredentialBody]:
         async with self.pool.acquire() as conn:
@@ -629,6 +646,9 @@ class EnrollmentService:
         of its own)."""
         try:
             return await self._accept_report(principal, raw, sent_at)
+        except (InvalidRequest, Forbidden):
+            await self._reverify(principal)
+            raise
         except NodeIsDecommissioned as exc:
             await self.inventory.record_revival_refused(
                 principal.node_id, "agent_report", f"credential:{principal.credential_id}", exc.detail
