@@ -35,10 +35,11 @@ DATETIME_PARAMETERS = frozenset({"as_of", "since", "until"})
 # Bodies larger than this are left to the framework's own size limit (413).
 MAX_SCANNED_BODY = 1024 * 1024
 
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 # `\u0000` is an escape only after an even number of backslashes (`\\u0000` is text).
 _ESCAPED_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
-_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+# What decides the nesting once escapes are gone: quotes (string bounds) and brackets.
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
+_STRING = re.compile(rb'"[^"]*"')
 _EMPTY_PAIR = re.compile(rb"\[\]|\{\}")
 
 
@@ -99,13 +100,18 @@ def check_body(body: bytes) -> None:
     """Refuse a NUL anywhere in a JSON body and nesting deeper than MAX_DEPTH, before parsing."""
     if not body:
         return
-    if b"\x00" in body or _ESCAPED_NUL.search(body):
+    # The substring test (C speed) spares most bodies the regex, which only judges the backslashes.
+    if b"\x00" in body or (b"\\u0000" in body and _ESCAPED_NUL.search(body)):
         raise bad_request(
             "nul-character",
             "NUL character in the request",
             "the body contains a NUL character (\\u0000), which no field accepts",
         )
-    brackets = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKET)
+    # Escapes pair up left to right: drop escaped backslashes, then escaped quotes; every quote
+    # left bounds a string. Keeping only quotes and brackets shrinks the body a hundredfold
+    # before the one regex pass that drops the strings (brackets inside them are text).
+    unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in body else body
+    brackets = _STRING.sub(b"", unescaped.translate(None, _NOT_STRUCTURE))
     # Peel innermost pairs off, one level per round: MAX_DEPTH rounds at most.
     for _ in range(MAX_DEPTH):
         if not brackets:
