@@ -9,11 +9,11 @@ enrollment token from the operator API, then `POST /agent/enroll`), then one `in
 (discovery, untimed). Every report is the agent's wire format with a full typed observation and
 fresh telemetry, the node's credential as bearer; every 30th report of a node goes on the
 `inventory` stream, the others on `telemetry`, each with its own increasing sequence, and a node
-never has two reports in flight. A steady report is 9 observation events.
+never has two reports in flight. A steady report is one observation event (the node's telemetry snapshot).
 
 Measured:
 - http: closed loop, `--connections` (16) keep-alive connections, as fast as the server answers;
-- ceiling: `EventStore.append` in this process of the same 9 events per report (what `reconcile`
+- ceiling: `EventStore.append` in this process of the same events per report (what `reconcile`
   makes of them), with expected versions, on the same database and streams;
 - two servers: the closed loop split over two `serve` processes sharing the database;
 - open loop: `--rate` (1,000/s) offered for `--open-seconds`, latency from each report's scheduled

@@ -9,18 +9,18 @@ MODELFORGE_BENCH_DATABASE_URL (default postgresql://postgres@127.0.0.1:5432/test
 at the end. Nothing is timed against an absolute threshold: each figure is compared with a
 baseline measured in the same run, on the same server.
 
-(a) append: agent-style reports of 10 events per transaction (1 HOST_TELEMETRY_OBSERVED,
-    8 ACCELERATOR_TELEMETRY_OBSERVED, 1 lifecycle INVENTORY_STATUS_CHANGED: a node whose NVML scan
+(a) append: agent-style reports of 2 events per transaction (1 NODE_TELEMETRY_OBSERVED with the
+    host's and 8 GPUs' telemetry, 1 lifecycle INVENTORY_STATUS_CHANGED: a node whose NVML scan
     flaps between complete and incomplete), from 8 asyncio tasks over a 4-connection pool, through
     `EventStore(pool, ALL_PROJECTIONS).append` with the inline inventory projection. Each task owns
     `--nodes`/8 nodes (default 256 nodes in all), each first discovered through the product's
     `reconcile` + `append` (untimed), so the projection folds onto real state. The ceiling: the
-    same rows (same columns, same jsonb bytes, 10 rows per transaction, 8 tasks, 4 connections)
+    same rows (same columns, same jsonb bytes, 2 rows per transaction, 8 tasks, 4 connections)
     through a bare asyncpg `executemany` INSERT into a table made `LIKE events INCLUDING ALL`.
 (b) peer: the same reports through the `eventsourcing` library's PostgreSQL persistence
     (psycopg 3, synchronous), 8 threads over a pool of 4: its `PostgresApplicationRecorder`
     (10 stored events per `insert_events`, the same JSON bytes as `state`) and its `Application`
-    API (an aggregate per node, 10 events per `save`).
+    API (an aggregate per node, 2 events per `save`).
 (c) rebuild: `projections.rebuild.rebuild` over the log left by (a), against a bare keyset scan of
     the same rows with the same SELECT, decoding data/metadata with the catalog's msgspec
     decoders.
@@ -62,12 +62,12 @@ from collectors.identity import NodeIdentity
 from ledger.db import create_pool, migrate
 from ledger.events import (
     SCHEMA_VERSION,
-    AcceleratorTelemetryObserved,
+    AcceleratorSample,
     EventMetadata,
     EventPayload,
-    HostTelemetryObserved,
     InventoryStatusChanged,
     NewEvent,
+    NodeTelemetryObserved,
     decode_metadata,
     decode_payload,
 )
@@ -153,14 +153,19 @@ def report_events(node: Node, rng: random.Random, received_at: datetime) -> list
         agent_sequence=node.sequence,
     )
     payloads: list[EventPayload] = [
-        HostTelemetryObserved(telemetry=dict(obs.host.telemetry), storage=list(obs.host.storage))
-    ]
-    payloads.extend(
-        AcceleratorTelemetryObserved(
-            accelerator_id=accelerator_id_for(node.node_id, gpu.uuid), uuid=gpu.uuid, telemetry=gpu.telemetry
+        NodeTelemetryObserved(
+            telemetry=dict(obs.host.telemetry),
+            storage=list(obs.host.storage),
+            accelerators=[
+                AcceleratorSample(
+                    accelerator_id=accelerator_id_for(node.node_id, gpu.uuid),
+                    uuid=gpu.uuid,
+                    telemetry=gpu.telemetry,
+                )
+                for gpu in obs.nvml.accelerators
+            ],
         )
-        for gpu in obs.nvml.accelerators
-    )
+    ]
     if node.degraded:
         payloads.append(
             InventoryStatusChanged(
@@ -350,7 +355,7 @@ class PeerRecorder:
 
 
 class PeerApplication:
-    """eventsourcing's Application API: an aggregate per node, 10 events per `save`."""
+    """eventsourcing's Application API: an aggregate per node, 2 events per `save`."""
 
     def __init__(self, dsn: str, nodes: list[Node]) -> None:
         from eventsourcing.application import Application

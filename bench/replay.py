@@ -11,7 +11,7 @@ end (`--keep` keeps it):
 1. The log, built fast (untimed): a fleet of N eight-GPU nodes (the fleet types of
    bench/_common.py) reporting every 10 s, as the agents of bench/ingest.py do: each node's
    discovery (19 events, made by the product's `reconcile`), then `--reports` telemetry reports
-   of 9 events (host + 8 GPUs); 5 % of the nodes also have incidents, again decided by
+   of one NODE_TELEMETRY_OBSERVED each (host + 8 GPUs); 5 % of the nodes also have incidents, again decided by
    `reconcile` against the node's folded state: a driver upgrade (a node and 8 accelerator
    HARDWARE_CHANGED), a GPU gone from a complete NVML scan (ACCELERATOR_MISSING) and back
    (ACCELERATOR_DISCOVERED, rediscovered). Plus one "hot" node with the history the retention
@@ -200,28 +200,22 @@ class LogBuilder:
         )
 
     def telemetry_report(self, node: SimNode, at: datetime) -> list[tuple[Any, ...]]:
-        """A steady report: 9 observation events (8 with a GPU gone), built directly."""
-        from ledger.events import AcceleratorTelemetryObserved, HostTelemetryObserved
+        """A steady report: one NODE_TELEMETRY_OBSERVED (8 GPU samples, 7 with a GPU gone), built
+        directly."""
+        from ledger.events import AcceleratorSample, NodeTelemetryObserved
 
         meta = self._meta(node, at, "telemetry")
         telemetry, storage = self.rng.choice(self.host_pool[node.index % 2])
-        rows = [
-            self._row(node, "HOST_TELEMETRY_OBSERVED", "observation",
-                      msgspec.json.encode(HostTelemetryObserved(telemetry=telemetry, storage=storage)),  # type: ignore[arg-type]
-                      meta, at)
-        ]  # fmt: skip
         pool = self.gpu_pool[node.model.name]
-        for g, (acc_id, gpu) in enumerate(node.gpus):
-            if g == node.missing_gpu:
-                continue
-            payload = AcceleratorTelemetryObserved(
-                accelerator_id=acc_id,
-                uuid=gpu,
-                telemetry=self.rng.choice(pool),  # type: ignore[arg-type]
-            )
-            rows.append(self._row(node, "ACCELERATOR_TELEMETRY_OBSERVED", "observation",
-                                  msgspec.json.encode(payload), meta, at))  # fmt: skip
-        return rows
+        samples = [
+            AcceleratorSample(accelerator_id=acc_id, uuid=gpu, telemetry=self.rng.choice(pool))  # type: ignore[arg-type]
+            for g, (acc_id, gpu) in enumerate(node.gpus)
+            if g != node.missing_gpu
+        ]
+        payload = NodeTelemetryObserved(telemetry=telemetry, storage=storage, accelerators=samples)  # type: ignore[arg-type]
+        return [
+            self._row(node, "NODE_TELEMETRY_OBSERVED", "observation", msgspec.json.encode(payload), meta, at)
+        ]
 
     def reconciled_report(
         self, node: SimNode, at: datetime, stream: str = "inventory"

@@ -236,17 +236,45 @@ class NodeRevivalRefused(_Event, frozen=True, tag="NODE_REVIVAL_REFUSED"):
 
 
 class HostTelemetryObserved(_Event, frozen=True, tag="HOST_TELEMETRY_OBSERVED"):
+    """The host's part of a snapshot, as releases before NODE_TELEMETRY_OBSERVED wrote it (one
+    event per kind and accelerator); logs holding it fold as before, nothing appends it now."""
+
     telemetry: dict[str, Fact]
     storage: list[StorageObservation]
 
 
 class AcceleratorTelemetryObserved(_Event, frozen=True, tag="ACCELERATOR_TELEMETRY_OBSERVED"):
+    """One accelerator's sample, as releases before NODE_TELEMETRY_OBSERVED wrote it; logs
+    holding it fold as before, nothing appends it now."""
+
     accelerator_id: str
     uuid: str
     telemetry: dict[str, Fact]
     # The health signals of the same collection (counters that only grow are telemetry); its XIDs
     # are recorded as ACCELERATOR_XID_OBSERVED instead, so `xids` is empty here.
     health: AcceleratorHealthSignals | None = None
+
+
+class AcceleratorSample(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One accelerator's part of a node's telemetry snapshot."""
+
+    accelerator_id: str
+    uuid: str
+    telemetry: dict[str, Fact]
+    # As in ACCELERATOR_TELEMETRY_OBSERVED: the collection's health signals, its XIDs left out.
+    health: AcceleratorHealthSignals | None = None
+
+
+class NodeTelemetryObserved(_Event, frozen=True, tag="NODE_TELEMETRY_OBSERVED"):
+    """A node's whole telemetry snapshot of one refresh or report: the host's metrics and storage
+    and every accelerator the scan listed, each sample `{accelerator_id, uuid, telemetry, health}`,
+    in one event (one row, one index entry each, one metadata per report). What refreshes and
+    reports append; the per-kind HOST_/ACCELERATOR_TELEMETRY_OBSERVED of earlier releases still
+    fold."""
+
+    telemetry: dict[str, Fact]
+    storage: list[StorageObservation]
+    accelerators: list[AcceleratorSample] = []
 
 
 EventPayload: TypeAlias = (
@@ -261,6 +289,7 @@ EventPayload: TypeAlias = (
     | InventoryFailed
     | HostTelemetryObserved
     | AcceleratorTelemetryObserved
+    | NodeTelemetryObserved
     | EnrollmentTokenCreated
     | EnrollmentTokenUsed
     | EnrollmentTokenRevoked
@@ -272,7 +301,9 @@ EventPayload: TypeAlias = (
     | NodeRevivalRefused
 )
 
-OBSERVATION_TYPES: frozenset[type[_Event]] = frozenset({HostTelemetryObserved, AcceleratorTelemetryObserved})
+OBSERVATION_TYPES: frozenset[type[_Event]] = frozenset(
+    {HostTelemetryObserved, AcceleratorTelemetryObserved, NodeTelemetryObserved}
+)
 
 
 def _tag(cls: type[_Event]) -> str:

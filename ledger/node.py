@@ -40,6 +40,7 @@ from ledger.events import (
     NodeDecommissioned,
     NodeDiscovered,
     NodeMetadataChanged,
+    NodeTelemetryObserved,
     RecordedEvent,
     WorkLeaseAcquired,
     WorkLeaseReleased,
@@ -347,6 +348,49 @@ def _administrative(state: NodeState, event: RecordedEvent) -> NodeState:
     )
 
 
+def _host_sample(
+    s: NodeState, telemetry: dict[str, Fact], storage: list[StorageObservation], event: RecordedEvent
+) -> NodeState:
+    # Telemetry alone does not clear a failed run: the next refresh does.
+    at = event.metadata.received_at
+    return msgspec.structs.replace(
+        s,
+        host_telemetry=Telemetry(
+            metrics=dict(telemetry),
+            observed_at=event.metadata.observed_at,
+            received_at=at,
+            position=event.global_position,
+        ),
+        storage=list(storage),
+        last_seen_at=at if s.discovered else s.last_seen_at,
+    )
+
+
+def _accelerator_sample(
+    s: NodeState,
+    gpu_uuid: str,
+    telemetry: dict[str, Fact],
+    health: AcceleratorHealthSignals | None,
+    event: RecordedEvent,
+) -> NodeState:
+    acc0 = s.accelerators.get(gpu_uuid)
+    if acc0 is None or acc0.status != "active":
+        return s
+    # `last_seen_at` stays as the lifecycle left it; readers take the later of it and the
+    # telemetry's receive time, so a report does not rewrite the accelerator row.
+    acc = msgspec.structs.replace(
+        acc0,
+        telemetry=Telemetry(
+            metrics=dict(telemetry),
+            observed_at=event.metadata.observed_at,
+            received_at=event.metadata.received_at,
+            position=event.global_position,
+            health=health,
+        ),
+    )
+    return msgspec.structs.replace(s, accelerators={**s.accelerators, gpu_uuid: acc})
+
+
 def evolve(state: NodeState, event: RecordedEvent) -> NodeState:
     """Fold one event of the node's stream into its state. Pure."""
     p = event.payload
@@ -477,35 +521,13 @@ def evolve(state: NodeState, event: RecordedEvent) -> NodeState:
                 ),
             )
         case HostTelemetryObserved():
-            s = msgspec.structs.replace(
-                s,
-                host_telemetry=Telemetry(
-                    metrics=dict(p.telemetry),
-                    observed_at=event.metadata.observed_at,
-                    received_at=at,
-                    position=event.global_position,
-                ),
-                storage=list(p.storage),
-                last_seen_at=at if s.discovered else s.last_seen_at,
-            )
-            if s.inventory_status == "failed" and s.last_run is not None:
-                pass  # telemetry alone does not clear a failed run: the next refresh does.
+            s = _host_sample(s, p.telemetry, p.storage, event)
         case AcceleratorTelemetryObserved():
-            acc0 = s.accelerators.get(p.uuid)
-            if acc0 is not None and acc0.status == "active":
-                # `last_seen_at` stays as the lifecycle left it; readers take the later of it and
-                # the telemetry's receive time, so a report does not rewrite the accelerator row.
-                acc = msgspec.structs.replace(
-                    acc0,
-                    telemetry=Telemetry(
-                        metrics=dict(p.telemetry),
-                        observed_at=event.metadata.observed_at,
-                        received_at=at,
-                        position=event.global_position,
-                        health=p.health,
-                    ),
-                )
-                s = msgspec.structs.replace(s, accelerators={**s.accelerators, p.uuid: acc})
+            s = _accelerator_sample(s, p.uuid, p.telemetry, p.health, event)
+        case NodeTelemetryObserved():
+            s = _host_sample(s, p.telemetry, p.storage, event)
+            for sample in p.accelerators:
+                s = _accelerator_sample(s, sample.uuid, sample.telemetry, sample.health, event)
         case _:
             pass  # events of other concerns (credentials, leases) do not change inventory.
     if isinstance(p, _FINGERPRINT_INPUTS):

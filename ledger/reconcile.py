@@ -24,15 +24,15 @@ from ledger.events import (
     AcceleratorDiscovered,
     AcceleratorHealthChanged,
     AcceleratorMissing,
-    AcceleratorTelemetryObserved,
+    AcceleratorSample,
     AcceleratorXidObserved,
     EventPayload,
     FactChange,
     HardwareChanged,
-    HostTelemetryObserved,
     InventoryStatusChanged,
     NodeDiscovered,
     NodeMetadataChanged,
+    NodeTelemetryObserved,
 )
 from ledger.health import HEALTHY, HealthVerdict, judge, recent_xids
 from ledger.node import AcceleratorState, NodeState, accelerator_id_for
@@ -190,17 +190,22 @@ def reconcile(
             )
         )
 
-    # Telemetry: observation events only, never audit noise.
-    events.append(HostTelemetryObserved(telemetry=dict(host.telemetry), storage=list(host.storage)))
-    for obs in nvml.accelerators:
-        events.append(
-            AcceleratorTelemetryObserved(
-                accelerator_id=accelerator_id_for(node_id, obs.uuid),
-                uuid=obs.uuid,
-                telemetry=dict(obs.telemetry),
-                health=None if obs.health is None else msgspec.structs.replace(obs.health, xids=[]),
-            )
+    # Telemetry: one observation event for the whole snapshot, never audit noise.
+    events.append(
+        NodeTelemetryObserved(
+            telemetry=dict(host.telemetry),
+            storage=list(host.storage),
+            accelerators=[
+                AcceleratorSample(
+                    accelerator_id=accelerator_id_for(node_id, obs.uuid),
+                    uuid=obs.uuid,
+                    telemetry=dict(obs.telemetry),
+                    health=None if obs.health is None else msgspec.structs.replace(obs.health, xids=[]),
+                )
+                for obs in nvml.accelerators
+            ],
         )
+    )
     return events
 
 

@@ -1,7 +1,8 @@
 """Bounded telemetry: prune observation events by policy; lifecycle events are never pruned.
 
 Policy: keep every observation received within `keep` of `now`, and always the newest observation
-per node and kind (host telemetry) and per accelerator, however old, so the latest-telemetry read
+per node and kind (host telemetry) and per accelerator (its newest sample, in a node's snapshot or
+an event of its own), however old, so the latest-telemetry read
 models rebuild to the same rows after pruning. Storage under steady polling is then
 O(nodes x reports per window), not O(time).
 
@@ -21,7 +22,10 @@ DEFAULT_KEEP = timedelta(hours=24)
 _BATCH = 20_000
 
 # An old observation goes only if a newer one of the same kind (same stream, type and accelerator;
-# `data->>'accelerator_id'` is null for host telemetry) exists: the newest always stays.
+# `data->>'accelerator_id'` is null for host telemetry) exists: the newest always stays. A node's
+# snapshot (NODE_TELEMETRY_OBSERVED) goes only if a newer snapshot samples every accelerator it
+# samples, so each accelerator's newest sample stays too (that of a GPU left out of an incomplete
+# scan, which keeps its last telemetry, and that of a GPU gone missing).
 _PRUNE = """
 DELETE FROM events WHERE global_position IN (
     SELECT e.global_position FROM events e
@@ -30,7 +34,11 @@ DELETE FROM events WHERE global_position IN (
           SELECT 1 FROM events n
           WHERE n.stream_id = e.stream_id AND n.stream_version > e.stream_version
             AND n.event_class = 'observation' AND n.event_type = e.event_type
-            AND (n.data->>'accelerator_id') IS NOT DISTINCT FROM (e.data->>'accelerator_id'))
+            AND (n.data->>'accelerator_id') IS NOT DISTINCT FROM (e.data->>'accelerator_id')
+            AND (e.event_type <> 'NODE_TELEMETRY_OBSERVED'
+                 OR coalesce(n.data->'accelerators', '[]') @> (
+                     SELECT coalesce(jsonb_agg(jsonb_build_object('uuid', a->'uuid')), '[]')
+                     FROM jsonb_array_elements(coalesce(e.data->'accelerators', '[]')) a)))
     LIMIT $2)
 """
 

@@ -148,11 +148,11 @@ async def discovered_counts(db: asyncpg.Pool, node_ids: list[str]) -> dict[str, 
 
 async def report_sequences(db: asyncpg.Pool, node_id: str) -> dict[str, list[int]]:
     """Per agent stream, the sequence of each accepted report in the order the log holds them (one
-    HOST_TELEMETRY_OBSERVED per report)."""
+    NODE_TELEMETRY_OBSERVED per report)."""
     async with db.acquire() as conn:
         rows = await conn.fetch(
             "SELECT metadata->>'agent_stream' AS stream, (metadata->>'agent_sequence')::bigint AS seq "
-            "FROM events WHERE stream_id = $1 AND event_type = 'HOST_TELEMETRY_OBSERVED' "
+            "FROM events WHERE stream_id = $1 AND event_type = 'NODE_TELEMETRY_OBSERVED' "
             "ORDER BY tx_id, global_position",
             node_id,
         )
@@ -708,7 +708,7 @@ async def test_server_down_then_up_every_spooled_report_arrives_in_order_none_tw
     async with db.acquire() as conn:
         observed = await conn.fetch(
             "SELECT metadata->>'observed_at' AS at FROM events WHERE stream_id = $1 "
-            "AND event_type = 'HOST_TELEMETRY_OBSERVED' ORDER BY tx_id, global_position",
+            "AND event_type = 'NODE_TELEMETRY_OBSERVED' ORDER BY tx_id, global_position",
             agent.expected_node_id,
         )
     times = [_parse(r["at"]) for r in observed]

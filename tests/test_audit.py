@@ -218,12 +218,14 @@ async def test_retention_bounds_observation_storage_and_rebuild_still_matches(st
         )
         lost_gpu_kept = await conn.fetchval(
             "SELECT count(*) FROM events e JOIN hw_nodes n ON n.node_id = e.stream_id "
-            "WHERE n.hostname = 'node-0' AND e.event_type = 'ACCELERATOR_TELEMETRY_OBSERVED'"
+            "WHERE n.hostname = 'node-0' AND e.event_type = 'NODE_TELEMETRY_OBSERVED' "
+            "AND jsonb_array_length(e.data->'accelerators') > 0"
         )
     per_window = keep // interval + 1  # reports received within the window, both ends included
-    kinds = 2  # host telemetry and one GPU's telemetry per report
+    # One snapshot per report; beyond the window, only the lost GPU's newest sample.
+    bound = nodes * per_window + 1
     assert result.deleted == before - after > 0
-    assert after <= nodes * kinds * per_window, (after, nodes * kinds * per_window)
+    assert after <= bound, (after, bound)
     assert oldest >= now - keep
     assert lifecycle_after == lifecycle_before
     assert lost_gpu_kept == 1, "the newest telemetry of a GPU gone missing long ago survives"
@@ -231,6 +233,43 @@ async def test_retention_bounds_observation_storage_and_rebuild_still_matches(st
     assert report_.differences == []
     # pruning again changes nothing
     assert (await prune_observations(store.pool, keep=keep, now=now)).deleted == 0
+
+
+async def test_retention_keeps_the_last_sample_of_a_gpu_an_incomplete_scan_left_out(
+    store: EventStore,
+) -> None:
+    """A node's snapshot samples the GPUs its scan listed. While scans are incomplete (a GPU that
+    stopped answering is still `active`), that GPU's latest telemetry is in an older snapshot:
+    pruning keeps it, so the read model and a rebuild still show it."""
+    service = HardwareInventoryService(store)
+    start = datetime(2026, 11, 1, tzinfo=UTC)
+    identity = NodeIdentity(key="sim-incomplete", source="configured")
+    scans = [scan([gpu(0, temp=30), gpu(1, temp=61)])]
+    scans += [scan([gpu(0, temp=30 + r)], status="incomplete", reason="GPU 1 timed out") for r in range(1, 6)]
+    for r, nvml in enumerate(scans):
+        at = start + r * timedelta(hours=6)
+        obs = HardwareObservation(observed_at=at, host=host("node-x", mem_avail=r), nvml=nvml)
+        await service.reconcile_observation(
+            identity, obs, EventMetadata(received_at=at, source="agent", observed_at=at)
+        )
+    query = (
+        "SELECT a.uuid, t.metrics->'temperature_celsius'->>'value' AS temp FROM hw_accelerator_telemetry t "
+        "JOIN hw_accelerators a USING (accelerator_id) ORDER BY a.uuid"
+    )
+    async with store.pool.acquire() as conn:
+        before = [tuple(r) for r in await conn.fetch(query)]
+    assert [t for _, t in before] == ["35", "61"]  # GPU 1's last sample is the first report's
+
+    result = await prune_observations(store.pool, keep=timedelta(hours=1), now=start + timedelta(days=3))
+    async with store.pool.acquire() as conn:
+        kept = await conn.fetchval("SELECT count(*) FROM events WHERE event_type = 'NODE_TELEMETRY_OBSERVED'")
+        after = [tuple(r) for r in await conn.fetch(query)]
+    assert result.deleted == 4, "the snapshots between GPU 1's last sample and the newest one go"
+    assert kept == 2 and after == before
+    report = await rebuild(store.pool, ALL_PROJECTIONS, verify=True)
+    assert report.differences == []
+    async with store.pool.acquire() as conn:
+        assert [tuple(r) for r in await conn.fetch(query)] == before
 
 
 async def test_metrics_export_known_values_only(make_api) -> None:  # type: ignore[no-untyped-def]

@@ -30,7 +30,7 @@ def test_migrate_twice_and_refresh_json(database_dsn: str, tmp_path: Path) -> No
     outcome = json.loads(r.stdout)
     assert outcome["outcome"] == "succeeded"
     types = [e["event_type"] for e in outcome["events"]]
-    assert types[0] == "NODE_DISCOVERED" and "HOST_TELEMETRY_OBSERVED" in types
+    assert types[0] == "NODE_DISCOVERED" and "NODE_TELEMETRY_OBSERVED" in types
     # this machine has no NVIDIA driver: NVML is unavailable, the inventory is degraded, not failed
     assert outcome["nvml_status"] == "unavailable" and outcome["inventory_status"] == "degraded"
     again = json.loads(cli("refresh", "--json", "--database-url", database_dsn, env_extra=env).stdout)

@@ -235,7 +235,7 @@ async def test_gpu_page_events_feed_and_decommission_preview(console: Console) -
 
     events = await console.page("/console/events?class=lifecycle")
     listed = re.findall(r'data-position="(\d+)"', events)
-    assert listed and "ACCELERATOR_MISSING" in events and "HOST_TELEMETRY_OBSERVED" not in events
+    assert listed and "ACCELERATOR_MISSING" in events and "NODE_TELEMETRY_OBSERVED" not in events
     feed = re.search(r'id="event-feed" hx-get="([^"]+)"', events).group(1).replace("&amp;", "&")  # type: ignore[union-attr]
     assert (await console.page(feed)).count("data-position") == 0
 

@@ -301,5 +301,5 @@ async def test_events_page_follows_a_refresh_without_a_reload(
     assert after[: len(positions)] == positions and len(after) == len(positions) + expected
     assert len(set(after)) == len(after), "an event was shown twice"
     types = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#event-rows tr th")][len(positions) :]
-    assert "ACCELERATOR_TELEMETRY_OBSERVED" in types
+    assert "NODE_TELEMETRY_OBSERVED" in types
     shot(browser, "events")

@@ -143,7 +143,7 @@ async def test_preview_then_execute_tombstones_revokes_clears_read_models_and_ke
     # The tombstone (who, why, when, what was previewed) and the revocation, in the log.
     events = await all_events(api, NODE)
     assert len(events) == before + 2  # the whole history, still readable
-    assert {"NODE_DISCOVERED", "ACCELERATOR_DISCOVERED", "HOST_TELEMETRY_OBSERVED"} <= {
+    assert {"NODE_DISCOVERED", "ACCELERATOR_DISCOVERED", "NODE_TELEMETRY_OBSERVED"} <= {
         e["event_type"] for e in events
     }
     revoked, tomb = events[-2], events[-1]

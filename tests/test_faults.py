@@ -231,7 +231,7 @@ async def account(db: Embedded, agents: list[AgentProcess]) -> dict[str, int]:
         }
         rows = await db.fetch(
             "SELECT metadata->>'agent_stream' AS stream, (metadata->>'agent_sequence')::bigint AS seq "
-            "FROM events WHERE stream_id = $1 AND event_type = 'HOST_TELEMETRY_OBSERVED'",
+            "FROM events WHERE stream_id = $1 AND event_type = 'NODE_TELEMETRY_OBSERVED'",
             a.expected_node_id,
         )
         arrived = [(r["stream"], r["seq"]) for r in rows]

@@ -20,10 +20,10 @@ from collectors.identity import NodeIdentity
 from collectors.observations import AcceleratorObservation, HardwareObservation
 from ledger.events import (
     AcceleratorHealthChanged,
-    AcceleratorTelemetryObserved,
     AcceleratorXidObserved,
     EventPayload,
     NewEvent,
+    NodeTelemetryObserved,
     RecordedEvent,
     event_class_of,
     event_type_of,
@@ -134,7 +134,8 @@ def test_a_transition_is_one_lifecycle_event_and_a_steady_state_none() -> None:
     grown = msgspec.structs.replace(pending_remap(), pcie_replay_count=Known(40))
     steady = node.refresh(obs(healthy_gpu(0), healthy_gpu(1, grown)))
     assert lifecycle(steady) == []
-    telemetry = [p for p in steady if isinstance(p, AcceleratorTelemetryObserved) and p.uuid == gpu(1).uuid]
+    (snapshot,) = [p for p in steady if isinstance(p, NodeTelemetryObserved)]
+    telemetry = [a for a in snapshot.accelerators if a.uuid == gpu(1).uuid]
     assert telemetry[0].health is not None and telemetry[0].health.pcie_replay_count == Known(40)
     assert node.state.fingerprint == fingerprint
 
