@@ -222,6 +222,17 @@ class EventStore:
             stream_id, row["out_version"], row["out_lifecycle_version"], row["out_tombstoned_at"]
         )
 
+    async def open_stream(
+        self, conn: asyncpg.Connection, stream_id: str, state_of: str
+    ) -> tuple[StreamInfo, str | None]:
+        """`lock_stream` and the folded state projection `state_of` checkpointed for the stream
+        (its stored JSON; None before its first event), in one round trip (`mf_open_stream`)."""
+        row = await conn.fetchrow("SELECT * FROM mf_open_stream($1, $2)", stream_id, state_of)
+        info = StreamInfo(
+            stream_id, row["out_version"], row["out_lifecycle_version"], row["out_tombstoned_at"]
+        )
+        return info, row["out_state"]
+
     async def read_stream(
         self, stream_id: str, *, after_version: int = 0, conn: asyncpg.Connection | None = None
     ) -> list[RecordedEvent]:

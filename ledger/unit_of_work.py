@@ -3,9 +3,9 @@
 Every write above the ledger (a local refresh, an agent report, an enrollment, a credential
 revocation, a work lease, a decommission) is the same transaction:
 
-    lock the stream once (`mf_lock_stream`: the rebuild gate shared + the stream's advisory lock)
+    lock the stream once (`mf_open_stream`: the rebuild gate shared + the stream's advisory lock)
     -> know its version and whether it is tombstoned
-    -> load its current folded state once (the owning projection's checkpoint)
+    -> and its current folded state (the owning projection's checkpoint), in the same round trip
     -> hand that state to a pure decision, which returns the events
     -> append them at the known version (`mf_append`, told the lock is held)
     -> the inline projections fold them once, in the same transaction
@@ -40,7 +40,9 @@ class StateOwner(Protocol[S_co]):
     @property
     def state_type(self) -> type[S_co]: ...
 
-    async def load_state(self, conn: asyncpg.Connection, stream_id: str) -> S_co: ...
+    def initial(self, stream_id: str) -> S_co: ...
+
+    def decode_state(self, raw: str | bytes) -> S_co: ...
 
 
 class Committed(msgspec.Struct, Generic[S], frozen=True):
@@ -124,10 +126,10 @@ class UnitOfWork(Generic[S]):
             yield await self._lock(conn, stream_id)
 
     async def _lock(self, conn: asyncpg.Connection, stream_id: str) -> OpenStream[S]:
-        info = await self.store.lock_stream(conn, stream_id)
+        info, raw = await self.store.open_stream(conn, stream_id, self.owner.name)
         if info.tombstoned_at is not None:
             raise StreamTombstoned(
                 stream_id, f"stream {stream_id} is tombstoned and takes no more events", info.tombstoned_at
             )
-        state = await self.owner.load_state(conn, stream_id)
+        state = self.owner.initial(stream_id) if raw is None else self.owner.decode_state(raw)
         return OpenStream(self.store, self.owner, conn, info, state)

@@ -116,7 +116,7 @@ class Projection(Generic[S]):
             state = self.fold(state, event)
         return state
 
-    def _decode_state(self, raw: str | bytes) -> S:
+    def decode_state(self, raw: str | bytes) -> S:
         return msgspec.json.decode(raw, type=self.state_type)
 
     # --- I/O -------------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ class Projection(Generic[S]):
             self.name,
             stream_id,
         )
-        return self.initial(stream_id) if raw is None else self._decode_state(raw)
+        return self.initial(stream_id) if raw is None else self.decode_state(raw)
 
     async def apply(
         self,

@@ -20,8 +20,8 @@ from tests.agent_support import report_body
 from tests.fakes.fake_pynvml import FakeNvml
 from tests.fixtures_nvml import multi_gpu_scenario
 
-REPORT_STATEMENTS = 8  # BEGIN, lock, state, position, append, one write, advance, COMMIT
-REFRESH_STATEMENTS = 6  # BEGIN, lock, state, append, one write, COMMIT
+REPORT_STATEMENTS = 7  # BEGIN, lock and state, position, append, one write, advance, COMMIT
+REFRESH_STATEMENTS = 5  # BEGIN, lock and state, append, one write, COMMIT
 
 
 class Counter:
@@ -65,9 +65,9 @@ async def test_a_steady_state_agent_report_sends_fewer_statements_than_before(
     second = await plane.accept_report(principal, report_body("counted-agent", 2, mem_avail=2), None)
     assert second.status == "accepted" and second.lifecycle_events == [] and second.events > 0
     assert len(counter.queries) == REPORT_STATEMENTS, counter.queries
-    # One lock and one state load per report (the unit of work), never two.
-    assert sum("mf_lock_stream" in q for q in counter.queries) == 1
-    assert sum("FROM projection_state" in q for q in counter.queries) == 1
+    # One lock with its state load per report (the unit of work), never two, never apart.
+    assert sum("mf_open_stream" in q for q in counter.queries) == 1
+    assert not any("mf_lock_stream" in q or "FROM projection_state" in q for q in counter.queries)
 
 
 async def test_a_steady_state_local_refresh_sends_one_lock_and_one_state_load(
@@ -80,8 +80,8 @@ async def test_a_steady_state_local_refresh_sends_one_lock_and_one_state_load(
     assert outcome.outcome == "succeeded"
     assert all(e.event_class == "observation" for e in outcome.events)
     assert len(counter.queries) == REFRESH_STATEMENTS, counter.queries
-    assert sum("mf_lock_stream" in q for q in counter.queries) == 1
-    assert sum("FROM projection_state" in q for q in counter.queries) == 1
+    assert sum("mf_open_stream" in q for q in counter.queries) == 1
+    assert not any("mf_lock_stream" in q or "FROM projection_state" in q for q in counter.queries)
 
 
 async def test_a_report_keeps_gpu_metrics_in_the_telemetry_table_not_in_the_nodes_checkpoint(
