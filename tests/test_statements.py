@@ -1,8 +1,10 @@
 """How many SQL statements one steady-state agent report and one steady-state local refresh send
 (asyncpg's query logger sees every statement a connection sends, BEGIN and COMMIT included). The
 figures are in docs/performance.md: counted this way, a report sent 11 before the unit of work
-(two stream locks), 10 with it, and 8 since a projection writes all its changed rows and its
-state in one statement; a refresh sent 9 and sends 6."""
+(two stream locks), 10 with it, 8 since a projection writes all its changed rows and its state
+in one statement, and 7 since the lock and the state load are one call (`mf_open_stream`); a
+refresh sent 9, then 6, and sends 5. (Reports that arrive together share BEGIN and COMMIT:
+tests/test_group_commit.py.)"""
 
 from __future__ import annotations
 

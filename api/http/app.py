@@ -264,7 +264,13 @@ async def metrics(context: NamedDependency[AppContext]) -> Response[bytes]:
     snapshot = await prometheus.read_snapshot(
         context.pool,
         context.repository.liveness,
-        {"refreshes": counters.refreshes, "failures": counters.failures, "events": counters.events},
+        {
+            "refreshes": counters.refreshes,
+            "failures": counters.failures,
+            "events": counters.events,
+            "report_transactions": context.services.agent_plane.reports.batches,
+            "reports_committed": context.services.agent_plane.reports.units,
+        },
     )
     # Set here: Litestar would append a second `charset` to a text/ media type.
     return Response(

@@ -36,6 +36,7 @@ from agent.protocol import (
     STREAMS,
     EnrollRequest,
     EnrollResponse,
+    Report,
     ReportAck,
     decode_report,
     validate_observation,
@@ -62,6 +63,7 @@ from ledger.events import (
     Source,
     enrollment_token_stream,
 )
+from ledger.group_commit import GroupCommit
 from ledger.node import CredentialState, NodeState, node_id_for
 from ledger.store import StreamTombstoned
 from ledger.unit_of_work import OpenStream, UnitOfWork
@@ -305,6 +307,8 @@ class EnrollmentService:
         # so a revocation by any server is honoured at once. Saves a query and a pool round per
         # report.
         self._verified: dict[str, tuple[str, Principal]] = {}
+        # Concurrent reports of different nodes share transactions (ledger/group_commit.py).
+        self.reports = GroupCommit(inventory.store.pool)
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -700,55 +704,76 @@ class EnrollmentService:
             )
         digest = hashlib.sha256(raw).hexdigest()
         node_id, stream_name, seq = report.node_id, report.stream, report.sequence
-        async with open_node(self.nodes, node_id) as node:
-            credential = node.state.credentials.get(principal.credential_id)
-            if credential is None or credential.revoked_at is not None:
-                raise _unauthorized("credential-revoked", "the node credential was revoked")
-            row = await node.conn.fetchrow(_POSITION_SQL, node_id, stream_name)
-            last: int | None = row["last_sequence"] if row is not None else None
-            recent: dict[str, str] = (row["recent"] if row is not None else None) or {}
-            refusal = sequence_refusal(stream_name, seq, last, recent, digest)
-            if refusal is not None:
-                raise refusal
-            if last is not None and seq <= last:  # the same content again: an unchanged retry
-                return ReportAck(
-                    status="duplicate",
-                    node_id=node_id,
-                    stream=stream_name,
-                    sequence=seq,
-                    previous_sequence=last,
-                    gap=0,
-                    received_at=received_at,
-                    events=0,
-                )
-            gap = seq - (last or 0) - 1
-            metadata = EventMetadata(
+
+        async def unit(conn: asyncpg.Connection) -> ReportAck:
+            # Decides on what it reads under the lock only: safe to run again (group commit).
+            async with open_node(self.nodes, node_id, conn=conn) as node:
+                return await self._reconcile_report(node, principal, report, digest, received_at, sent_at)
+
+        ack = await self.reports.run(node_id, unit)
+        if ack.gap > 0:
+            log.warning(
+                "agent.report_gap", node_id=node_id, stream=stream_name, sequence=seq, skipped=ack.gap
+            )
+        return ack
+
+    async def _reconcile_report(
+        self,
+        node: OpenStream[NodeState],
+        principal: Principal,
+        report: Report,
+        digest: str,
+        received_at: datetime,
+        sent_at: datetime | None,
+    ) -> ReportAck:
+        """Check the credential and the sequence under the node's lock, reconcile, advance."""
+        node_id, stream_name, seq = report.node_id, report.stream, report.sequence
+        credential = node.state.credentials.get(principal.credential_id)
+        if credential is None or credential.revoked_at is not None:
+            raise _unauthorized("credential-revoked", "the node credential was revoked")
+        row = await node.conn.fetchrow(_POSITION_SQL, node_id, stream_name)
+        last: int | None = row["last_sequence"] if row is not None else None
+        recent: dict[str, str] = (row["recent"] if row is not None else None) or {}
+        refusal = sequence_refusal(stream_name, seq, last, recent, digest)
+        if refusal is not None:
+            raise refusal
+        if last is not None and seq <= last:  # the same content again: an unchanged retry
+            return ReportAck(
+                status="duplicate",
+                node_id=node_id,
+                stream=stream_name,
+                sequence=seq,
+                previous_sequence=last,
+                gap=0,
                 received_at=received_at,
-                source="agent",
-                observed_at=report.observed_at,
-                agent_stream=stream_name,
-                agent_sequence=seq,
-                agent_sent_at=sent_at,
-                agent_report_sha256=digest,
-                agent_sequence_gap=gap if gap > 0 else None,
-                actor=f"credential:{principal.credential_id}",
+                events=0,
             )
-            identity = NodeIdentity(key=report.identity_key, source=report.identity_source)
-            committed = await self.inventory.reconcile_in(node, identity, report.observation, metadata)
-            kept = {k: v for k, v in recent.items() if int(k) > seq - RECENT_REPORT_DIGESTS}
-            kept[str(seq)] = digest
-            await node.conn.execute(
-                _ADVANCE_SQL,
-                node_id,
-                stream_name,
-                seq,
-                max(0, gap),
-                kept,
-                report.observed_at,
-                received_at,
-            )
-        if gap > 0:
-            log.warning("agent.report_gap", node_id=node_id, stream=stream_name, sequence=seq, skipped=gap)
+        gap = seq - (last or 0) - 1
+        metadata = EventMetadata(
+            received_at=received_at,
+            source="agent",
+            observed_at=report.observed_at,
+            agent_stream=stream_name,
+            agent_sequence=seq,
+            agent_sent_at=sent_at,
+            agent_report_sha256=digest,
+            agent_sequence_gap=gap if gap > 0 else None,
+            actor=f"credential:{principal.credential_id}",
+        )
+        identity = NodeIdentity(key=report.identity_key, source=report.identity_source)
+        committed = await self.inventory.reconcile_in(node, identity, report.observation, metadata)
+        kept = {k: v for k, v in recent.items() if int(k) > seq - RECENT_REPORT_DIGESTS}
+        kept[str(seq)] = digest
+        await node.conn.execute(
+            _ADVANCE_SQL,
+            node_id,
+            stream_name,
+            seq,
+            max(0, gap),
+            kept,
+            report.observed_at,
+            received_at,
+        )
         return ReportAck(
             status="accepted",
             node_id=node_id,

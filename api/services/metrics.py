@@ -149,6 +149,20 @@ COUNTERS = (
         "failures",
     ),
     MetricSpec("modelforge_ingest_events_total", "counter", "Events appended by this process.", (), "events"),
+    MetricSpec(
+        "modelforge_ingest_report_transactions_total",
+        "counter",
+        "Transactions that committed agent reports in this process (group commit batches).",
+        (),
+        "report_transactions",
+    ),
+    MetricSpec(
+        "modelforge_ingest_reports_committed_total",
+        "counter",
+        "Agent reports committed by this process's group commit.",
+        (),
+        "reports_committed",
+    ),
 )
 LOG_HEAD = MetricSpec("modelforge_log_head_position", "gauge", "Global position of the newest event.", ())
 PROJECTION_LAG = MetricSpec(
