@@ -50,6 +50,16 @@ CREATE TABLE IF NOT EXISTS events (
 -- retention policy can find old observation events by index.
 ALTER TABLE events ADD COLUMN IF NOT EXISTS received_at timestamptz;
 
+-- Every append compresses its payloads (an 8-GPU snapshot is about 7 KB of JSON); lz4 does it
+-- several times faster than the default pglz (ignored where the server was built without lz4).
+DO $$
+BEGIN
+    ALTER TABLE events ALTER COLUMN data SET COMPRESSION lz4;
+    ALTER TABLE events ALTER COLUMN metadata SET COMPRESSION lz4;
+EXCEPTION WHEN feature_not_supported OR invalid_parameter_value THEN NULL;
+END;
+$$;
+
 CREATE INDEX IF NOT EXISTS events_tx_position_idx ON events (tx_id, global_position);
 CREATE INDEX IF NOT EXISTS events_stream_tx_idx ON events (stream_id, tx_id, global_position);
 CREATE INDEX IF NOT EXISTS events_observation_received_idx ON events (received_at)
@@ -115,6 +125,23 @@ BEGIN
 END;
 $$;
 
+-- The same lock, and the folded state projection `p_projection` checkpointed for the stream, in
+-- one round trip: every unit of work (a report, a refresh) opens its stream with it.
+CREATE OR REPLACE FUNCTION mf_open_stream(p_stream_id text, p_projection text)
+RETURNS TABLE (out_version bigint, out_lifecycle_version bigint, out_tombstoned_at timestamptz,
+               out_state text)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(7305820111);  -- the rebuild gate
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_stream_id, 0));
+    RETURN QUERY
+        SELECT coalesce(max(s.version), 0), coalesce(max(s.lifecycle_version), 0), max(s.tombstoned_at),
+               (SELECT ps.state::text FROM projection_state ps
+                WHERE ps.projection = p_projection AND ps.stream_id = p_stream_id)
+        FROM streams s WHERE s.stream_id = p_stream_id;
+END;
+$$;
+
 -- Append events to one stream: one round trip, one serialized unit per stream.
 --   * per-stream pg_advisory_xact_lock (appends to different streams run in parallel), plus a
 --     shared lock on the rebuild gate so `rebuild` can briefly hold every writer at its swap;
@@ -130,9 +157,10 @@ CREATE OR REPLACE FUNCTION mf_append(
 ) RETURNS TABLE (out_global_position bigint, out_stream_version bigint, out_already_stored boolean,
                out_recorded_at timestamptz)
 LANGUAGE plpgsql
--- Plan each statement for the log as it is now: a generic plan cached while the log was small
--- (a sequential scan of a nearly empty table) would otherwise be kept as the log grows.
-SET plan_cache_mode = force_custom_plan
+-- The happy path's statements (the stream row by key, the INSERTs with their arbiter indexes) keep
+-- cached plans; the lookups of already-stored events run only for a retry, a conflict or a
+-- tombstone, by EXECUTE, so each is planned for the log as it is then (a generic plan cached
+-- while the log was small would keep scanning it whole as it grows).
 AS $$
 DECLARE
     v_version    bigint;
@@ -140,6 +168,7 @@ DECLARE
     v_head       bytea;
     v_tombstone  timestamptz;
     v_existing   integer;
+    v_inserted   integer;
     v_n          integer := coalesce(array_length(p_event_ids, 1), 0);
     v_prevs      bytea[];
     v_hashes     bytea[];
@@ -148,23 +177,8 @@ DECLARE
     i            integer;
 BEGIN
     IF NOT p_locked THEN
-        PERFORM pg_advisory_xact_lock_shared(7305820111);  -- the rebuild gate
+        PERFORM pg_advisory_xact_lock_shared(7305820111);
         PERFORM pg_advisory_xact_lock(hashtextextended(p_stream_id, 0));
-    END IF;
-
-    -- One index probe per id. (`event_id = ANY($ids)` let a plan cached while the log was small
-    -- keep scanning the whole table as it grew.)
-    SELECT count(*) INTO v_existing
-        FROM unnest(p_event_ids) AS i(id)
-        WHERE EXISTS (SELECT 1 FROM events e WHERE e.event_id = i.id);
-    IF v_existing > 0 THEN
-        IF v_existing = v_n THEN
-            RETURN QUERY SELECT e.global_position, e.stream_version, true, e.recorded_at FROM events e
-                WHERE e.event_id = ANY (p_event_ids) ORDER BY e.global_position;
-            RETURN;
-        END IF;
-        RAISE EXCEPTION 'part of this batch is already stored (% of % events)', v_existing, v_n
-            USING ERRCODE = 'MF422';
     END IF;
 
     SELECT s.version, s.lifecycle_version, s.head_hash, s.tombstoned_at
@@ -173,16 +187,29 @@ BEGIN
     v_version := coalesce(v_version, 0);
     v_lifecycle := coalesce(v_lifecycle, 0);
 
-    IF v_tombstone IS NOT NULL THEN
-        RAISE EXCEPTION 'stream % is tombstoned since %', p_stream_id, v_tombstone
-            USING ERRCODE = 'MF410';
-    END IF;
-    IF p_expected_version IS NOT NULL AND v_version <> p_expected_version THEN
+    -- A stream that cannot take the batch may already hold it whole: a retry gets what it stored.
+    IF v_tombstone IS NOT NULL OR (p_expected_version IS NOT NULL AND v_version <> p_expected_version) THEN
+        EXECUTE 'SELECT count(*) FROM unnest($1) AS i(id) '
+                'WHERE EXISTS (SELECT 1 FROM events e WHERE e.event_id = i.id)'
+            INTO v_existing USING p_event_ids;
+        IF v_existing = v_n THEN
+            RETURN QUERY EXECUTE 'SELECT e.global_position, e.stream_version, true, e.recorded_at '
+                                 'FROM events e WHERE e.event_id = ANY ($1) ORDER BY e.global_position'
+                USING p_event_ids;
+            RETURN;
+        END IF;
+        IF v_existing > 0 THEN
+            RAISE EXCEPTION 'part of this batch is already stored (% of % events)', v_existing, v_n
+                USING ERRCODE = 'MF422';
+        END IF;
+        IF v_tombstone IS NOT NULL THEN
+            RAISE EXCEPTION 'stream % is tombstoned since %', p_stream_id, v_tombstone
+                USING ERRCODE = 'MF410';
+        END IF;
         RAISE EXCEPTION 'stream % is at version %, expected %', p_stream_id, v_version,
             p_expected_version USING ERRCODE = 'MF409', DETAIL = v_version::text;
     END IF;
 
-    -- Versions and the hash chain are sequential; the rows then go in with one INSERT.
     v_now := clock_timestamp();
     v_first := v_version + 1;
     v_prevs := array_fill(NULL::bytea, ARRAY[v_n]);
@@ -209,10 +236,24 @@ BEGIN
         FROM unnest(p_event_ids, p_event_types, p_event_classes, p_schema_versions, p_data,
                     p_metadata, v_prevs, v_hashes) WITH ORDINALITY AS u(id, t, c, sv, d, m, ph, h, n)
         ORDER BY u.n
+        ON CONFLICT (event_id) DO NOTHING
         RETURNING events.global_position, events.stream_version
     )
     SELECT ins.global_position, ins.stream_version, false, v_now FROM inserted ins
     ORDER BY ins.stream_version;
+    -- Idempotency by event id without a lookup first: an id already stored inserts nothing.
+    GET DIAGNOSTICS v_inserted = ROW_COUNT;
+    IF v_inserted < v_n THEN
+        IF v_inserted = 0 THEN
+            -- Stored whole already (a retry that expected any version): what it stored.
+            RETURN QUERY EXECUTE 'SELECT e.global_position, e.stream_version, true, e.recorded_at '
+                                 'FROM events e WHERE e.event_id = ANY ($1) ORDER BY e.global_position'
+                USING p_event_ids;
+            RETURN;
+        END IF;
+        RAISE EXCEPTION 'part of this batch is already stored (% of % events)', v_n - v_inserted, v_n
+            USING ERRCODE = 'MF422';
+    END IF;
 
     IF p_event_types @> ARRAY['NODE_DECOMMISSIONED'] THEN
         v_tombstone := v_now;
