@@ -11,7 +11,6 @@ import msgspec
 
 from collectors.facts import Known
 from collectors.gpu_health import (
-    CLOCK_EVENT_REASONS,
     ECC_COUNTERS,
     AcceleratorHealthSignals,
     XidOccurrence,
@@ -35,38 +34,9 @@ from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS, INVENTORY
 from projections.pointintime import accelerator_records, inventory_as_of
 from projections.rebuild import rebuild
-from tests.builders import T0, gpu, host, meta, scan
+from tests.builders import T0, gpu, host, meta, pending_remap, scan, signals
 
 IDENTITY = NodeIdentity(key="health-node", source="configured")
-
-
-def signals(**changes: object) -> AcceleratorHealthSignals:
-    base: dict[str, object] = {
-        "clock_event_reasons": {n: Known(False) for n in CLOCK_EVENT_REASONS},
-        "ecc_mode": Known("enabled"),
-        "ecc_errors": {n: Known(0) for n in ECC_COUNTERS},
-        "remapped_rows": {
-            "correctable": Known(0),
-            "uncorrectable": Known(0),
-            "pending": Known(False),
-            "failure": Known(False),
-        },
-        "retired_pages": {"single_bit": Known(0), "double_bit": Known(0), "pending": Known(False)},
-        "pcie_replay_count": Known(0),
-        "xid_events": Known(True),
-    }
-    return AcceleratorHealthSignals(**{**base, **changes})  # type: ignore[arg-type]
-
-
-def pending_remap() -> AcceleratorHealthSignals:
-    return signals(
-        remapped_rows={
-            "correctable": Known(0),
-            "uncorrectable": Known(1),
-            "pending": Known(True),
-            "failure": Known(False),
-        }
-    )
 
 
 def healthy_gpu(n: int, health: AcceleratorHealthSignals | None = None) -> AcceleratorObservation:
