@@ -143,6 +143,23 @@ def test_an_xid_is_recorded_once_and_fails_the_gpu_for_its_window() -> None:
     assert telemetry is not None and telemetry.health is not None and telemetry.health.xids == []
 
 
+def test_an_xid_drained_during_the_collection_counts_at_once() -> None:
+    # observed_at is taken when the collection starts; NVML's XIDs are drained during it, so
+    # their `at` is a little later. The GPU must fail by this refresh, not the next one.
+    node = Node()
+    node.refresh(obs(healthy_gpu(0)))
+    collection_started = timedelta(minutes=1)
+    xid = XidOccurrence(code=79, at=T0 + collection_started + timedelta(milliseconds=40))
+    changed = lifecycle(node.refresh(obs(healthy_gpu(0, signals(xids=[xid])), at=collection_started)))
+    assert [type(p) for p in changed] == [AcceleratorXidObserved, AcceleratorHealthChanged]
+    assert node.state.accelerators[gpu(0).uuid].health.status == "failed"
+    # And it still clears after its window, measured from when it was drained.
+    (cleared,) = lifecycle(
+        node.refresh(obs(healthy_gpu(0), at=collection_started + XID_WINDOW + timedelta(seconds=1)))
+    )
+    assert isinstance(cleared, AcceleratorHealthChanged) and cleared.after == "healthy"
+
+
 def test_an_old_agent_without_signals_leaves_gpus_healthy_and_quiet() -> None:
     node = Node()
     assert lifecycle(node.refresh(obs(gpu(0))))[-1].__class__.__name__ != "AcceleratorHealthChanged"
