@@ -49,6 +49,7 @@ class FleetQuery(msgspec.Struct, frozen=True):
     liveness: str = ""
     inventory_status: str = ""
     status: str = ""
+    health: str = ""  # the node's worst GPU verdict
 
 
 class FleetRow(msgspec.Struct):
@@ -521,6 +522,9 @@ class HardwareRepository:
         if query.status:
             args.append(query.status)
             where.append(f"n.status = ${len(args)}")
+        if query.health:
+            args.append(query.health)
+            where.append(f"{_NODE_HEALTH_SQL} = ${len(args)}")
         if cursor:
             after_host, after_id = decode_fleet_cursor(cursor)
             args += [after_host, after_id]
