@@ -355,6 +355,10 @@ ALTER TABLE hw_accelerators ADD COLUMN IF NOT EXISTS health_reasons jsonb NOT NU
 ALTER TABLE hw_accelerators ADD COLUMN IF NOT EXISTS health_status text NOT NULL DEFAULT 'healthy';
 ALTER TABLE hw_accelerators ADD COLUMN IF NOT EXISTS health_action text NOT NULL DEFAULT 'none';
 ALTER TABLE hw_accelerators ADD COLUMN IF NOT EXISTS health_reasons jsonb NOT NULL DEFAULT '[]';
+-- The XIDs the ledger remembers for the GPU ({code, at}, oldest first): the API and /metrics show them.
+ALTER TABLE hw_accelerators ADD COLUMN IF NOT EXISTS health_xids jsonb NOT NULL DEFAULT '[]';
+-- `?health=failed` pages a few GPUs out of a large fleet without reading the others.
+CREATE INDEX IF NOT EXISTS hw_accelerators_health_idx ON hw_accelerators (health_status, accelerator_id);
 
 CREATE TABLE IF NOT EXISTS hw_node_storage (
     node_id      text NOT NULL,

@@ -243,7 +243,9 @@ def _health_events(observation: HardwareObservation, state: NodeState) -> list[E
             events.append(
                 AcceleratorXidObserved(accelerator_id=accelerator_id, uuid=gpu_uuid, code=xid.code, at=xid.at)
             )
-        after = judge(signals, recent_xids(known, now))
+        # The XIDs of this report were drained during its collection, after `observed_at` was
+        # taken: judged at the latest of them, so they count at once rather than a refresh later.
+        after = judge(signals, recent_xids(known, max([now, *(x.at for x in reported)])))
         if after != before:
             events.append(
                 AcceleratorHealthChanged(

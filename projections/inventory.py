@@ -61,6 +61,7 @@ ACCELERATORS = TableSpec(
         "health_status",
         "health_action",
         "health_reasons",
+        "health_xids",
     ),
     key=("accelerator_id",),
 )
@@ -110,7 +111,8 @@ WORK_LEASES = TableSpec(
 class InventoryProjection(Projection[NodeState]):
     name = "inventory"
     # 2: GPU health verdicts, recent XIDs and health signals (issue 16).
-    version = 2
+    # 3: the recent XIDs on the accelerator row (hw_accelerators.health_xids), for the API and /metrics.
+    version = 3
     tables = (
         NODES,
         ACCELERATORS,
@@ -214,6 +216,7 @@ class InventoryProjection(Projection[NodeState]):
                 a.health.status,
                 a.health.action,
                 a.health.reasons,
+                a.xids,
             )
             for a in s.accelerators.values()
         ]

@@ -106,6 +106,12 @@ def node_record(state: NodeState) -> dict[str, Any]:
         {"mount": s["mount"], "used_bytes": s["used_bytes"], "total_bytes": s["total_bytes"]}
         for s in sorted(_as_dicts(rows, "hw_node_storage"), key=lambda s: s["mount"])
     ]
+    # The node's GPUs by verdict, counted as the API's node query counts them.
+    verdicts = [
+        a["health_status"] for a in _as_dicts(rows, "hw_accelerators") if a["status"] != "decommissioned"
+    ]
+    for verdict in ("healthy", "degraded", "failed"):
+        record[f"health_{verdict}"] = verdicts.count(verdict)
     return record
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import msgspec
+
 from collectors.facts import UNSUPPORTED, Known
+from collectors.gpu_health import CLOCK_EVENT_REASONS, ECC_COUNTERS, AcceleratorHealthSignals
 from collectors.observations import (
     AcceleratorObservation,
     CpuInfo,
@@ -96,3 +99,48 @@ def meta(at: datetime = T0, source: str = "local") -> EventMetadata:
 
 def new(payload: EventPayload, at: datetime = T0) -> NewEvent:
     return NewEvent(payload=payload, metadata=meta(at))
+
+
+def signals(**changes: object) -> AcceleratorHealthSignals:
+    """A data-center GPU's health signals with nothing wrong (every fact known), then `changes`."""
+    base: dict[str, object] = {
+        "clock_event_reasons": {n: Known(False) for n in CLOCK_EVENT_REASONS},
+        "ecc_mode": Known("enabled"),
+        "ecc_errors": {n: Known(0) for n in ECC_COUNTERS},
+        "remapped_rows": {
+            "correctable": Known(0),
+            "uncorrectable": Known(0),
+            "pending": Known(False),
+            "failure": Known(False),
+        },
+        "retired_pages": {"single_bit": Known(0), "double_bit": Known(0), "pending": Known(False)},
+        "pcie_replay_count": Known(0),
+        "xid_events": Known(True),
+    }
+    return AcceleratorHealthSignals(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def pending_remap(**changes: object) -> AcceleratorHealthSignals:
+    """Degraded, reset_gpu: a row remap waits for a GPU reset."""
+    return signals(
+        remapped_rows={
+            "correctable": Known(0),
+            "uncorrectable": Known(1),
+            "pending": Known(True),
+            "failure": Known(False),
+        },
+        **changes,
+    )
+
+
+def uncorrected_ecc(count: int = 2, **changes: object) -> AcceleratorHealthSignals:
+    """Failed, service: uncorrectable ECC errors since the driver loaded."""
+    return signals(
+        ecc_errors={**{n: Known(0) for n in ECC_COUNTERS}, "uncorrected_volatile": Known(count)}, **changes
+    )
+
+
+def with_health(
+    observation: AcceleratorObservation, health: AcceleratorHealthSignals
+) -> AcceleratorObservation:
+    return msgspec.structs.replace(observation, health=health)

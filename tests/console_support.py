@@ -1,6 +1,10 @@
 """A small fleet for the console tests, reconciled through the real service into a real database:
 an online node whose GPUs read a measured 0 % fan, an unsupported fan, an unavailable power reading
-and (after a second report) a missing GPU; a stale node; an offline node without GPUs."""
+and (after a second report) a missing GPU; a stale node; an offline node without GPUs.
+
+GPU health: the 0 %-fan GPU is healthy, the unsupported-fan one degraded (a row remap pending and
+XID 63), the missing A100 sends no signals (an older agent), the stale node's GPU has failed
+(uncorrectable ECC errors). Hopper GPUs retire no pages: those signals are unsupported."""
 
 from __future__ import annotations
 
@@ -12,17 +16,19 @@ import msgspec
 
 from api.services.inventory import HardwareInventoryService
 from collectors.facts import UNSUPPORTED, Known, Unavailable
+from collectors.gpu_health import RETIRED_PAGES, XidOccurrence
 from collectors.identity import NodeIdentity
 from collectors.observations import AcceleratorObservation, HardwareObservation
 from ledger.events import EventMetadata
 from ledger.node import node_id_for
 from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS
-from tests.builders import gpu, host, scan
+from tests.builders import gpu, host, pending_remap, scan, signals, uncorrected_ecc, with_health
 
 ZERO_FAN_GPU = "GPU-00000000-0000-4000-8000-000000000001"
 NO_FAN_GPU = "GPU-00000000-0000-4000-8000-000000000002"
 MISSING_GPU = "GPU-00000000-0000-4000-8000-000000000003"
+FAILED_GPU = "GPU-00000000-0000-4000-8000-000000000007"  # the stale node's
 ONLINE, STALE, OFFLINE = "gpu-a01", "gpu-b02", "cpu-c03"
 
 
@@ -30,12 +36,17 @@ def node_id(hostname: str) -> str:
     return node_id_for(f"console-test/{hostname}")
 
 
-def _gpus(with_missing: bool) -> list[AcceleratorObservation]:
-    zero = gpu(1, fan=Known(0))
+NO_RETIREMENT = {"retired_pages": {n: UNSUPPORTED for n in RETIRED_PAGES}}
+
+
+def _gpus(with_missing: bool, xid_at: datetime) -> list[AcceleratorObservation]:
+    zero = with_health(gpu(1, fan=Known(0)), signals(**NO_RETIREMENT))
     no_fan = gpu(2)
     no_fan = msgspec.structs.replace(
         no_fan, telemetry={**no_fan.telemetry, "power_watts": Unavailable("NVML: NoPermission")}
     )
+    # The same occurrence in both reports (a resend): recorded once.
+    no_fan = with_health(no_fan, pending_remap(xids=[XidOccurrence(code=63, at=xid_at)], **NO_RETIREMENT))
     assert no_fan.telemetry["fan_speed_percent"] == UNSUPPORTED
     out = [zero, no_fan]
     if with_missing:
@@ -83,13 +94,14 @@ async def caught_up(pool: asyncpg.Pool, within: float = 120.0) -> None:
 async def seed_fleet(pool: asyncpg.Pool) -> datetime:
     """The fleet above; returns a moment after the first reports and before the changes."""
     service = HardwareInventoryService(EventStore(pool, ALL_PROJECTIONS))
-    await report(service, ONLINE, _gpus(with_missing=True), ago=1)
-    await report(service, STALE, [gpu(7)], ago=120)
+    xid_at = datetime.now(UTC) - timedelta(seconds=2)
+    await report(service, ONLINE, _gpus(with_missing=True, xid_at=xid_at), ago=1)
+    await report(service, STALE, [with_health(gpu(7), uncorrected_ecc(**NO_RETIREMENT))], ago=120)
     await report(service, OFFLINE, [], ago=900)
     # A whole second between the two, so the moment survives a form that keeps only seconds.
     before_changes = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
     await asyncio.sleep((before_changes - datetime.now(UTC)).total_seconds() + 0.05)
     # The A100 is gone from the next complete enumeration (missing); the kernel was upgraded.
-    await report(service, ONLINE, _gpus(with_missing=False), kernel="6.8.0-50-generic")
+    await report(service, ONLINE, _gpus(with_missing=False, xid_at=xid_at), kernel="6.8.0-50-generic")
     await caught_up(pool)
     return before_changes

@@ -19,7 +19,7 @@ from api.services.inventory import HardwareInventoryService
 from collectors.facts import Known
 from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS
-from tests.builders import gpu
+from tests.builders import gpu, pending_remap, signals, uncorrected_ecc, with_health
 from tests.conftest import OPERATOR_TOKEN
 from tests.console_support import report
 
@@ -46,14 +46,30 @@ async def client(pool: asyncpg.Pool, tmp_path: Path) -> AsyncIterator[httpx.Asyn
         yield c
 
 
+# GPU number -> health signals: three degraded GPUs on three nodes, two failed ones on two; the
+# others send healthy signals or (the odd-numbered A100) none, as an older agent does.
+HEALTH = {
+    1: pending_remap(),
+    21: pending_remap(),
+    101: pending_remap(),
+    12: uncorrected_ecc(),
+    22: uncorrected_ecc(),
+}
+
+
+def observed(n: int, **changes: Any) -> Any:
+    g = msgspec.structs.replace(gpu(n), **changes)
+    return g if n == 100 else with_health(g, HEALTH.get(n, signals()))
+
+
 async def seed(pool: asyncpg.Pool) -> None:
     """Seven nodes: online ones with H200s, stale ones with an A100, offline ones without GPUs."""
     service = HardwareInventoryService(EventStore(pool, ALL_PROJECTIONS))
     a100 = Known("NVIDIA A100-SXM4-40GB")
     for i in range(3):
-        await report(service, f"online-{i}", [gpu(10 * i + 1), gpu(10 * i + 2)], ago=1)
+        await report(service, f"online-{i}", [observed(10 * i + 1), observed(10 * i + 2)], ago=1)
     for i in range(2):
-        g = msgspec.structs.replace(gpu(100 + i), name=a100)
+        g = observed(100 + i, name=a100)
         await report(service, f"stale-{i}", [g], ago=120)
     for i in range(2):
         await report(service, f"offline-{i}", [], ago=900)
@@ -87,6 +103,11 @@ async def test_node_filters_page_across_boundaries(pool: asyncpg.Pool, client: h
         ({"inventory_status": "degraded"}, lambda n: False, 0),
         ({"hostname": "STALE-1"}, lambda n: n["hostname"] == "stale-1", 1),
         ({"liveness": "online", "hostname": "online-2"}, lambda n: n["hostname"] == "online-2", 1),
+        # By the node's worst GPU verdict; a node without GPUs is healthy.
+        ({"health": "failed"}, lambda n: n["hostname"] in ("online-1", "online-2"), 2),
+        ({"health": "degraded"}, lambda n: n["hostname"] in ("online-0", "stale-1"), 2),
+        ({"health": "healthy"}, lambda n: n["hostname"] in ("stale-0", "offline-0", "offline-1"), 3),
+        ({"health": "failed", "liveness": "stale"}, lambda n: False, 0),
     ]
     for params, keep, count in cases:
         expected = [n["id"] for n in everything if keep(n)]
@@ -95,6 +116,10 @@ async def test_node_filters_page_across_boundaries(pool: asyncpg.Pool, client: h
             got = await all_pages(client, "/api/v1/hardware/nodes", params, limit)
             # Every matching node once, in id order, whatever the page size.
             assert [n["id"] for n in got] == expected, (params, limit)
+
+
+def uuids(*numbers: int) -> set[str]:
+    return {gpu(n).uuid for n in numbers}
 
 
 async def test_accelerator_filters_page_across_boundaries(
@@ -114,6 +139,11 @@ async def test_accelerator_filters_page_across_boundaries(
         ({"status": "active"}, lambda a: a["status"] == "active", 8),
         ({"status": "missing"}, lambda a: False, 0),
         ({"model": "NVIDIA A100-SXM4-40GB", "status": "active"}, lambda a: a["name"].endswith("40GB"), 2),
+        ({"health": "degraded"}, lambda a: a["uuid"] in uuids(1, 21, 101), 3),
+        ({"health": "failed"}, lambda a: a["uuid"] in uuids(12, 22), 2),
+        ({"health": "healthy"}, lambda a: a["uuid"] in uuids(2, 11, 100), 3),
+        ({"health": "failed", "node_id": online_0["id"]}, lambda a: False, 0),
+        ({"health": "degraded", "model": other_model}, lambda a: a["uuid"] in uuids(1, 21), 2),
     ]
     for params, keep, count in cases:
         expected = [a["id"] for a in everything if keep(a)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -19,6 +20,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from api.cli.operator import parse_moment
+from collectors.facts import UNSUPPORTED
+from collectors.gpu_health import RETIRED_PAGES, XidOccurrence
 from collectors.observations import HardwareObservation
 from ledger.node import node_id_for
 from tests.agent_support import (
@@ -32,7 +35,7 @@ from tests.agent_support import (
     report_body,
     stop_process,
 )
-from tests.builders import T0, gpu, host, scan
+from tests.builders import T0, gpu, host, pending_remap, scan, signals, uncorrected_ecc, with_health
 
 
 def hw(*args: str, env: dict[str, str], columns: int = 100) -> subprocess.CompletedProcess[str]:
@@ -50,11 +53,23 @@ async def hw_async(*args: str, env: dict[str, str]) -> subprocess.CompletedProce
     return await asyncio.to_thread(hw, *args, env=env)
 
 
+# GPU number -> its health signals: alpha's GPU 1 degraded (a row remap pending, XID 63), beta's
+# GPU 7 failed (uncorrectable ECC errors), alpha's GPU 0 healthy; Hopper retires no pages.
+NO_RETIREMENT = {"retired_pages": {n: UNSUPPORTED for n in RETIRED_PAGES}}
+HEALTH = {
+    0: signals(**NO_RETIREMENT),
+    1: pending_remap(xids=[XidOccurrence(code=63, at=T0)], **NO_RETIREMENT),
+    7: uncorrected_ecc(**NO_RETIREMENT),
+}
+DEGRADED, FAILED, HEALTHY = (gpu(n).uuid for n in (1, 7, 0))
+
+
 async def add_node(http: httpx.AsyncClient, url: str, key: str, hostname: str, gpus: list[int]) -> str:
     token = (await create_token(http, url))["token"]
     r = await enroll_direct(http, url, token, key, hostname)
     assert r.status_code in (200, 201), r.text
-    obs = HardwareObservation(observed_at=T0, host=host(hostname), nvml=scan([gpu(n) for n in gpus]))
+    observed = [with_health(gpu(n), HEALTH[n]) if n in HEALTH else gpu(n) for n in gpus]
+    obs = HardwareObservation(observed_at=T0, host=host(hostname), nvml=scan(observed))
     r = await post_report(http, url, r.json()["credential"], report_body(key, 1, stream="inventory", obs=obs))
     assert r.status_code in (200, 202), r.text
     return node_id_for(key)
@@ -140,6 +155,85 @@ async def test_node_and_gpu_commands(fleet: tuple[ServerProcess, dict[str, str]]
     # No server configured: Typer names the variable.
     unset = await hw_async("node", "list", env=clean_env(MODELFORGE_TOKEN=OPERATOR_TOKEN))
     assert unset.returncode == 2 and "MODELFORGE_SERVER" in unset.stderr
+
+
+def rows_by_header(stdout: str) -> list[dict[str, str]]:
+    """A table's rows as {header: cell}, cut at the header's column starts (rich left-aligns
+    every column and puts two spaces between them; a cell may hold single spaces)."""
+    header, *lines = stdout.splitlines()
+    starts = [(m.start(), m.group()) for m in re.finditer(r"\S+(?: \S+)*", header)]
+    out = []
+    for line in lines:
+        bounds = [*[s for s, _ in starts[1:]], len(line)]
+        out.append({name: line[s:e].strip() for (s, name), e in zip(starts, bounds, strict=True)})
+    return out
+
+
+def row_of(stdout: str, column: str, value: str) -> dict[str, str]:
+    return next(r for r in rows_by_header(stdout) if r[column] == value)
+
+
+async def test_gpu_health_in_lists_show_and_the_health_filter(
+    fleet: tuple[ServerProcess, dict[str, str]],
+) -> None:
+    server, _ = fleet
+    env = env_for(server)
+
+    listed = await hw_async("gpu", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert {r["UUID"]: r["HEALTH"] for r in rows_by_header(listed.stdout)} == {
+        DEGRADED: "degraded",
+        FAILED: "failed",
+        HEALTHY: "healthy",
+    }
+    wide = hw("gpu", "list", "-o", "wide", env=env, columns=250)
+    cells = {r["UUID"]: (r["HEALTH"], r["ACTION"], r["REASONS"]) for r in rows_by_header(wide.stdout)}
+    assert cells == {
+        DEGRADED: ("degraded", "reset_gpu", "row_remap_pending,xid_63"),
+        FAILED: ("failed", "service", "ecc_uncorrected"),
+        HEALTHY: ("healthy", "none", ""),
+    }
+
+    # The filter is the server's: only the GPUs with that verdict, in every output.
+    degraded = await hw_async("gpu", "list", "--health", "degraded", env=env)
+    assert [r["UUID"] for r in rows_by_header(degraded.stdout)] == [DEGRADED]
+    failed = json.loads((await hw_async("gpu", "list", "--health", "failed", "-o", "json", env=env)).stdout)
+    assert [(g["uuid"], g["health"]["status"], g["health"]["action"]) for g in failed] == [
+        (FAILED, "failed", "service")
+    ]
+    none = await hw_async("gpu", "list", "--health", "failed", "--node", "gpu-alpha", env=env)
+    assert none.returncode == 0 and none.stdout == "no GPUs on node gpu-alpha with health failed\n"
+    bad = await hw_async("gpu", "list", "--health", "sick", env=env)
+    assert bad.returncode == 2 and "sick" in bad.stderr
+
+    shown = await asyncio.to_thread(hw, "gpu", "show", DEGRADED, env=env, columns=160)
+    assert shown.returncode == 0, shown.stderr
+    fields = [line.split(None, 1) for line in shown.stdout.splitlines()[1:] if line.strip()]
+
+    def field(name: str) -> list[str]:
+        return [value.strip() for key, value in fields if key == name]
+
+    assert field("health") == ["degraded"] and field("action") == ["reset_gpu"]
+    assert field("reason") == [
+        "row_remap_pending (degraded, reset_gpu): row remapping pending: reset the GPU",
+        "xid_63 (degraded, reset_gpu): XID 63: ECC page retirement or row remapping recorded",
+    ]
+    assert field("xid") == ["63 at 2026-11-30 12:00:00Z"]
+    signal = {
+        name: value.strip()
+        for name, value in (
+            line.split(None, 2)[1:] for line in shown.stdout.splitlines() if line.startswith("signal ")
+        )
+    }
+    assert signal["remapped_rows.pending"] == "yes" and signal["remapped_rows.uncorrectable"] == "1"
+    assert signal["retired_pages.single_bit"] == "(unsupported)", "not supported is never shown as 0"
+    assert signal["clock_event_reasons"] == "none" and signal["xid_events"] == "yes"
+    beta = await asyncio.to_thread(hw, "gpu", "show", FAILED, env=env, columns=160)
+    assert "ecc_uncorrected (failed, service)" in beta.stdout and "\nxid " not in beta.stdout
+
+    nodes = await asyncio.to_thread(hw, "node", "list", env=env, columns=160)
+    assert row_of(nodes.stdout, "HOSTNAME", "gpu-alpha")["HEALTH"] == "degraded (1 degraded)"
+    assert row_of(nodes.stdout, "HOSTNAME", "gpu-beta")["HEALTH"] == "failed (1 failed)"
 
 
 async def test_events_filters_and_follow(fleet: tuple[ServerProcess, dict[str, str]]) -> None:

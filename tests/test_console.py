@@ -18,6 +18,7 @@ from api.http.context import AppContext
 from api.services.repository import HardwareRepository
 from ledger.db import init_connection
 from tests.console_support import (
+    FAILED_GPU,
     MISSING_GPU,
     NO_FAN_GPU,
     OFFLINE,
@@ -254,6 +255,87 @@ async def test_gpu_page_events_feed_and_decommission_preview(console: Console) -
 
     preview = await console.page(f"/console/nodes/{node_id(ONLINE)}/decommission")
     assert 'id="can-execute"' in preview and "yes" in preview and MISSING_GPU in preview
+
+
+def text_of(fragment: str) -> str:
+    return re.sub(r"\s+", " ", re.sub("<[^>]+>", "", fragment)).strip()
+
+
+async def accelerator_id(console: Console, gpu_uuid: str) -> str:
+    async with console.pool.acquire() as conn:
+        found: str = await conn.fetchval(
+            "SELECT accelerator_id FROM hw_accelerators WHERE uuid = $1", gpu_uuid
+        )
+    return found
+
+
+async def test_node_and_fleet_pages_show_each_gpus_health(console: Console) -> None:
+    await seed_fleet(console.pool)
+    await console.login()
+    html = await console.page(f"/console/nodes/{node_id(ONLINE)}")
+    gpus = {re.search(r'data-gpu="([^"]+)"', r).group(1): r for r in rows_of(html, "gpus")[1:]}  # type: ignore[union-attr]
+    health = {u: re.search(r'<tr [^>]*data-health="([a-z]+)"', r).group(1) for u, r in gpus.items()}  # type: ignore[union-attr]
+    assert health == {ZERO_FAN_GPU: "healthy", NO_FAN_GPU: "degraded", MISSING_GPU: "healthy"}
+    degraded = text_of(gpus[NO_FAN_GPU])
+    assert "degraded reset gpu" in degraded and "row_remap_pending, xid_63" in degraded
+    assert re.search(r'id="node-health"[^>]*>GPUs degraded<', html)
+    assert text_of(html.split('id="node-gpu-health">', 1)[1].split("</dd>", 1)[0]) == (
+        "2 healthy, 1 degraded, 0 failed"
+    )
+    # The timeline tells the verdict's change and the XID in words.
+    assert "health: healthy -&gt; degraded, action reset_gpu" in html
+    assert "XID 63: ECC page retirement or row remapping recorded" in html
+
+    fleet = {
+        r.split("</a></th>")[0].rsplit(">", 1)[-1]: text_of(r)
+        for r in rows_of(await console.page("/console/"), "fleet")[1:]
+    }
+    assert "1 degraded" in fleet[ONLINE] and "failed" not in fleet[ONLINE]
+    assert "1 failed" in fleet[STALE] and "degraded" not in fleet[STALE]
+    assert "failed" not in fleet[OFFLINE] and "degraded" not in fleet[OFFLINE]
+    failed = rows_of(await console.page("/console/?health=failed"), "fleet")[1:]
+    assert len(failed) == 1 and STALE in failed[0]
+    healthy = rows_of(await console.page("/console/?health=healthy"), "fleet")[1:]
+    assert len(healthy) == 1 and OFFLINE in healthy[0], "a node without GPUs is healthy"
+    assert "health must be one of healthy, degraded, failed" in await console.page(
+        "/console/?health=sick", status=400
+    )
+
+
+async def test_gpu_page_shows_verdict_action_reasons_xids_and_signals(console: Console) -> None:
+    await seed_fleet(console.pool)
+    await console.login()
+    html = await console.page(f"/console/gpus/{await accelerator_id(console, NO_FAN_GPU)}")
+    assert 'id="gpu-health">degraded<' in html
+    assert "recommended action: <strong>reset gpu</strong>" in html
+    reasons = re.findall(r'<li data-code="([a-z_0-9]+)" data-status="([a-z]+)">', html)
+    assert reasons == [("row_remap_pending", "degraded"), ("xid_63", "degraded")]
+    assert "row remapping pending: reset the GPU" in html
+    xids = rows_of(html, "gpu-xids")[1:]
+    assert len(xids) == 1, "the resent XID is recorded once"
+    assert 'data-xid="63"' in xids[0] and "ECC page retirement or row remapping recorded" in xids[0]
+    # Signals: a fact each, a known yes, a known 0 and an unsupported page retirement told apart.
+    assert cell(html, "remapped_rows.pending", NO_FAN_GPU) == "known|yes"
+    assert cell(html, "remapped_rows.uncorrectable", NO_FAN_GPU) == "known|1"
+    assert cell(html, "ecc_errors.uncorrected_volatile", NO_FAN_GPU) == "known|0"
+    assert cell(html, "retired_pages.single_bit", NO_FAN_GPU).startswith("unsupported|not supported")
+    assert cell(html, "clock_event_reasons.hw_thermal_slowdown", NO_FAN_GPU) == "known|no"
+
+    failed = await console.page(f"/console/gpus/{await accelerator_id(console, FAILED_GPU)}")
+    assert 'id="gpu-health">failed<' in failed and "recommended action: <strong>service</strong>" in failed
+    assert re.findall(r'<li data-code="([a-z_0-9]+)"', failed) == ["ecc_uncorrected"]
+    assert cell(failed, "ecc_errors.uncorrected_volatile", FAILED_GPU) == "known|2"
+    assert '<p id="gpu-xids">No XID recorded.</p>' in failed
+
+    healthy = await console.page(f"/console/gpus/{await accelerator_id(console, ZERO_FAN_GPU)}")
+    assert 'id="gpu-health">healthy<' in healthy and "recommended action: <strong>none</strong>" in healthy
+    assert "No rule fires on its known signals." in healthy
+    # The missing A100's agent sent no signals, and a missing GPU has no current sample anyway.
+    missing = await console.page(f"/console/gpus/{await accelerator_id(console, MISSING_GPU)}")
+    assert 'id="gpu-health">healthy<' in missing and 'id="gpu-signals"' in missing
+    assert (
+        "No current health signals: the GPU is missing." in missing and 'gpu-signals"><caption' not in missing
+    )
 
 
 async def test_assets_are_served_here_and_pages_load_nothing_from_elsewhere(console: Console) -> None:

@@ -185,6 +185,9 @@ async def test_every_page_in_a_browser(server: ServerProcess, browser: WebDriver
             missing_id = await conn.fetchval(
                 "SELECT accelerator_id FROM hw_accelerators WHERE uuid = $1", MISSING_GPU
             )
+            degraded_id = await conn.fetchval(
+                "SELECT accelerator_id FROM hw_accelerators WHERE uuid = $1", NO_FAN_GPU
+            )
     finally:
         await pool.close()
     base = server.url  # type: ignore[attr-defined]
@@ -208,6 +211,8 @@ async def test_every_page_in_a_browser(server: ServerProcess, browser: WebDriver
     assert len(rows(browser, "fleet")) == 4
     online = next(r for r in rows(browser, "fleet") if r.startswith(ONLINE))
     assert "1 missing" in online and "NVIDIA H200" in online and "online" in online
+    assert "1 degraded" in online
+    assert "1 failed" in next(r for r in rows(browser, "fleet") if r.startswith(STALE))
     shot(browser, "fleet")
     search = browser.find_element(By.ID, "q")
     search.send_keys("gpu-", Keys.ENTER)
@@ -238,6 +243,9 @@ async def test_every_page_in_a_browser(server: ServerProcess, browser: WebDriver
     assert zero.value_of_css_property("background-image") != none.value_of_css_property("background-image")
     missing = browser.find_element(By.CSS_SELECTOR, f'#gpus tr[data-gpu="{MISSING_GPU}"]')
     assert "missing since" in missing.text
+    degraded = browser.find_element(By.CSS_SELECTOR, f'#gpus tr[data-gpu="{NO_FAN_GPU}"]')
+    assert "degraded reset gpu" in degraded.text and "row_remap_pending, xid_63" in degraded.text
+    assert browser.find_element(By.ID, "node-health").text == "GPUs degraded"
     timeline = browser.find_element(By.CSS_SELECTOR, "ol.timeline").text
     assert "6.8.0-45-generic -> 6.8.0-50-generic" in timeline and "ACCELERATOR_MISSING" in timeline
     shot(browser, "node")
@@ -260,6 +268,25 @@ async def test_every_page_in_a_browser(server: ServerProcess, browser: WebDriver
     assert browser.find_element(By.ID, "gpu-status").text == "missing"
     assert "ACCELERATOR_MISSING" in browser.find_element(By.CSS_SELECTOR, "ol.timeline").text
     shot(browser, "gpu")
+
+    # GPU health: the verdict, the action, each reason, the XID and the signals as facts.
+    browser.get(f"{base}/console/gpus/{degraded_id}")
+    wait_for(browser, "#gpu-health")
+    assert browser.find_element(By.ID, "gpu-health").text == "degraded"
+    assert browser.find_element(By.ID, "gpu-action").text == "recommended action: reset gpu"
+    codes = [
+        e.get_attribute("data-code") for e in browser.find_elements(By.CSS_SELECTOR, "#health-reasons li")
+    ]
+    assert codes == ["row_remap_pending", "xid_63"]
+    (xid,) = browser.find_elements(By.CSS_SELECTOR, "#gpu-xids tbody tr")
+    assert xid.get_attribute("data-xid") == "63" and "row remapping recorded" in xid.text
+    pending = browser.find_element(By.CSS_SELECTOR, '#gpu-signals td[data-metric="remapped_rows.pending"]')
+    retired = browser.find_element(By.CSS_SELECTOR, '#gpu-signals td[data-metric="retired_pages.single_bit"]')
+    assert pending.text == "yes" and pending.value_of_css_property("font-style") == "normal"
+    assert (
+        retired.text.startswith("not supported") and retired.value_of_css_property("font-style") == "italic"
+    )
+    shot(browser, "gpu-health")
 
     # Decommission preview (read-only).
     browser.get(f"{base}/console/nodes/{node_id(ONLINE)}/decommission")

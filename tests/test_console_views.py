@@ -4,12 +4,27 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.http.console.views import age, event_summary, fact_view, form_moment, human_bytes, parse_moment
+from api.http.console.views import (
+    age,
+    event_lines,
+    event_summary,
+    fact_view,
+    form_moment,
+    human_bytes,
+    parse_moment,
+    signal_rows,
+    xid_meaning,
+)
 from collectors.facts import UNSUPPORTED, Known, TemporarilyFailed, Unavailable, Unknown
+from collectors.gpu_health import CLOCK_EVENT_REASONS
+from ledger.events import AcceleratorHealthChanged
+from ledger.health import XID_RULES, HealthReason
+from tests.builders import pending_remap
 
 METRICS = [
     "fan_speed_percent",
@@ -104,3 +119,46 @@ def test_changes_read_before_to_after() -> None:
         "reason: absent from a complete scan",
         "GPU GPU-2",
     ]
+
+
+def test_health_events_read_as_sentences_not_as_data() -> None:
+    lines = event_lines(
+        "ACCELERATOR_HEALTH_CHANGED",
+        AcceleratorHealthChanged(
+            accelerator_id="a1",
+            uuid="GPU-3",
+            before="healthy",
+            after="failed",
+            action="service",
+            reasons=[
+                HealthReason("xid_79", "failed", "service", "XID 79: GPU has fallen off the bus"),
+            ],
+        ),
+    )
+    assert lines == [
+        "health: healthy -> failed, action service",
+        "reasons: xid_79 (XID 79: GPU has fallen off the bus)",
+        "GPU GPU-3",
+    ]
+    assert event_summary("ACCELERATOR_XID_OBSERVED", {"uuid": "GPU-3", "code": 13, "at": "x"}) == [
+        "XID 13: not in the health rules (usually a program's fault): recorded only",
+        "GPU GPU-3",
+    ]
+
+
+def test_signal_rows_list_every_signal_once_in_the_documented_groups() -> None:
+    from api.services.views import HealthSignalsBody
+
+    body = msgspec.convert(msgspec.to_builtins(pending_remap()), HealthSignalsBody)
+    names = [name for name, _ in signal_rows(body)]
+    assert len(names) == len(set(names)) == 1 + 4 + 4 + 3 + 1 + len(CLOCK_EVENT_REASONS) + 1
+    assert names[:3] == ["ecc_mode", "ecc_errors.corrected_volatile", "ecc_errors.uncorrected_volatile"]
+    assert dict(signal_rows(body))["remapped_rows.pending"] == Known(True)
+    assert names[-1] == "xid_events"
+
+
+@given(code=st.integers(0, 200))
+def test_every_xid_has_a_meaning_and_the_rule_table_is_its_source(code: int) -> None:
+    meaning = xid_meaning(code)
+    assert meaning.startswith(f"XID {code}")
+    assert (code in XID_RULES) == ("recorded only" not in meaning)

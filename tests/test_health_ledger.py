@@ -11,7 +11,6 @@ import msgspec
 
 from collectors.facts import Known
 from collectors.gpu_health import (
-    CLOCK_EVENT_REASONS,
     ECC_COUNTERS,
     AcceleratorHealthSignals,
     XidOccurrence,
@@ -35,38 +34,9 @@ from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS, INVENTORY
 from projections.pointintime import accelerator_records, inventory_as_of
 from projections.rebuild import rebuild
-from tests.builders import T0, gpu, host, meta, scan
+from tests.builders import T0, gpu, host, meta, pending_remap, scan, signals
 
 IDENTITY = NodeIdentity(key="health-node", source="configured")
-
-
-def signals(**changes: object) -> AcceleratorHealthSignals:
-    base: dict[str, object] = {
-        "clock_event_reasons": {n: Known(False) for n in CLOCK_EVENT_REASONS},
-        "ecc_mode": Known("enabled"),
-        "ecc_errors": {n: Known(0) for n in ECC_COUNTERS},
-        "remapped_rows": {
-            "correctable": Known(0),
-            "uncorrectable": Known(0),
-            "pending": Known(False),
-            "failure": Known(False),
-        },
-        "retired_pages": {"single_bit": Known(0), "double_bit": Known(0), "pending": Known(False)},
-        "pcie_replay_count": Known(0),
-        "xid_events": Known(True),
-    }
-    return AcceleratorHealthSignals(**{**base, **changes})  # type: ignore[arg-type]
-
-
-def pending_remap() -> AcceleratorHealthSignals:
-    return signals(
-        remapped_rows={
-            "correctable": Known(0),
-            "uncorrectable": Known(1),
-            "pending": Known(True),
-            "failure": Known(False),
-        }
-    )
 
 
 def healthy_gpu(n: int, health: AcceleratorHealthSignals | None = None) -> AcceleratorObservation:
@@ -172,6 +142,23 @@ def test_an_xid_is_recorded_once_and_fails_the_gpu_for_its_window() -> None:
     # Telemetry never carries the XIDs (they are lifecycle events).
     telemetry = node.state.accelerators[gpu(0).uuid].telemetry
     assert telemetry is not None and telemetry.health is not None and telemetry.health.xids == []
+
+
+def test_an_xid_drained_during_the_collection_counts_at_once() -> None:
+    # observed_at is taken when the collection starts; NVML's XIDs are drained during it, so
+    # their `at` is a little later. The GPU must fail by this refresh, not the next one.
+    node = Node()
+    node.refresh(obs(healthy_gpu(0)))
+    collection_started = timedelta(minutes=1)
+    xid = XidOccurrence(code=79, at=T0 + collection_started + timedelta(milliseconds=40))
+    changed = lifecycle(node.refresh(obs(healthy_gpu(0, signals(xids=[xid])), at=collection_started)))
+    assert [type(p) for p in changed] == [AcceleratorXidObserved, AcceleratorHealthChanged]
+    assert node.state.accelerators[gpu(0).uuid].health.status == "failed"
+    # And it still clears after its window, measured from when it was drained.
+    (cleared,) = lifecycle(
+        node.refresh(obs(healthy_gpu(0), at=collection_started + XID_WINDOW + timedelta(seconds=1)))
+    )
+    assert isinstance(cleared, AcceleratorHealthChanged) and cleared.after == "healthy"
 
 
 def test_an_old_agent_without_signals_leaves_gpus_healthy_and_quiet() -> None:

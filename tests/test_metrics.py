@@ -3,6 +3,8 @@ unsupported absent and a known 0 kept; the catalog page generated from the code.
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -13,8 +15,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.services.metrics import (
+    GPU_CLOCK_EVENTS,
+    GPU_HEALTH_SIGNALS,
     GPU_LABELS,
     GPU_TELEMETRY,
+    GPU_XID,
+    HEALTH_ACTIONS,
+    HEALTH_STATES,
     METRICS,
     GpuRow,
     NodeRow,
@@ -22,7 +29,9 @@ from api.services.metrics import (
     render,
     render_catalog,
 )
-from tests.fixtures_nvml import multi_gpu_scenario, rtx_4090_driver_535
+from collectors.gpu_health import CLOCK_EVENT_REASONS
+from tests.fakes.fake_pynvml import nvmlClocksEventReasonGpuIdle, nvmlClocksEventReasonHwThermalSlowdown
+from tests.fixtures_nvml import multi_gpu_scenario, rtx_3060_laptop, rtx_4090_driver_535
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,6 +105,128 @@ async def test_missing_gpu_is_flagged_and_has_no_current_telemetry(make_api) -> 
     assert counts == {"active": 1, "missing": 1}
 
 
+def by_uuid(text: str, name: str) -> dict[str, float]:
+    return {s.labels["UUID"]: s.value for s in samples(text, name)}
+
+
+def state_set(text: str, name: str, label: str) -> dict[str, str]:
+    """UUID -> the one state whose series is 1, checking that exactly one is and the rest 0."""
+    out: dict[str, str] = {}
+    seen: dict[str, list[float]] = {}
+    for s in samples(text, name):
+        seen.setdefault(s.labels["UUID"], []).append(s.value)
+        if s.value == 1:
+            out[s.labels["UUID"]] = s.labels[label]
+    for uuid, values in seen.items():
+        assert sorted(values) == [0] * (len(values) - 1) + [1], (name, uuid, values)
+    return out
+
+
+async def test_gpu_health_metrics_follow_the_verdicts_and_export_only_known_signals(make_api) -> None:  # type: ignore[no-untyped-def]
+    sc = multi_gpu_scenario(3)
+    clean, pending, failing = sc.gpus
+    pending.remapped_rows = (0, 1, 1, 0)  # correctable, uncorrectable, pending, failure
+    pending.clock_event_reasons = nvmlClocksEventReasonGpuIdle | nvmlClocksEventReasonHwThermalSlowdown
+    failing.ecc_errors = {**failing.ecc_errors, "uncorrected_volatile": 3, "corrected_aggregate": 12}
+    consumer = rtx_3060_laptop().gpus[0]  # no ECC, no row remapper: unsupported, not 0
+    sc.gpus.append(consumer)
+    api = make_api(sc)
+    await api.refresh()
+    api.nvml.xid(failing.uuid, 79)
+    api.nvml.xid(failing.uuid, 13)  # an application's fault: recorded, no verdict of its own
+    await api.refresh()
+    text = (await api.get("/metrics")).text
+    accs = {a["uuid"]: a for a in (await api.get("/api/v1/hardware/accelerators")).json()["items"]}
+
+    # The state sets say what the API says, one state at 1 per GPU.
+    assert state_set(text, "modelforge_gpu_health_status", "status") == {
+        u: a["health"]["status"] for u, a in accs.items()
+    }
+    assert state_set(text, "modelforge_gpu_health_status", "status") == {
+        clean.uuid: "healthy",
+        pending.uuid: "degraded",
+        failing.uuid: "failed",
+        consumer.uuid: "healthy",
+    }
+    assert state_set(text, "modelforge_gpu_health_action", "action") == {
+        u: a["health"]["action"] for u, a in accs.items()
+    }
+    reasons = {
+        (s.labels["UUID"], s.labels["code"], s.labels["status"])
+        for s in samples(text, "modelforge_gpu_health_reason")
+    }
+    assert reasons == {
+        (pending.uuid, "row_remap_pending", "degraded"),
+        (pending.uuid, "clock_event_hw_thermal_slowdown", "degraded"),
+        (failing.uuid, "ecc_uncorrected", "failed"),
+        (failing.uuid, "xid_79", "failed"),
+    }
+
+    # dcgm-exporter's names and meanings; a consumer GPU's ECC and row counters are absent.
+    assert by_uuid(text, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") == {clean.uuid: 0, pending.uuid: 0, failing.uuid: 3}
+    assert by_uuid(text, "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL") == {
+        clean.uuid: 0,
+        pending.uuid: 0,
+        failing.uuid: 12,
+    }
+    assert by_uuid(text, "DCGM_FI_DEV_ROW_REMAP_PENDING") == {clean.uuid: 0, pending.uuid: 1, failing.uuid: 0}
+    assert by_uuid(text, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS")[pending.uuid] == 1
+    assert consumer.uuid not in by_uuid(text, "DCGM_FI_DEV_ROW_REMAP_FAILURE")
+    assert by_uuid(text, "DCGM_FI_DEV_RETIRED_SBE") == {}, "Hopper and Ampere retire no pages: absent"
+    assert by_uuid(text, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER")[consumer.uuid] == 0
+    mask = by_uuid(text, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
+    assert mask[pending.uuid] == CLOCK_EVENT_REASONS["gpu_idle"] | CLOCK_EVENT_REASONS["hw_thermal_slowdown"]
+    assert mask[clean.uuid] == 0
+    # The newest XID's code, as dcgm-exporter's is the last one seen; none for GPUs without any.
+    assert by_uuid(text, "DCGM_FI_DEV_XID_ERRORS") == {failing.uuid: 13}
+    for name in ("DCGM_FI_DEV_XID_ERRORS", "modelforge_gpu_health_status"):
+        assert all(set(s.labels) - {"status"} == set(GPU_LABELS) for s in samples(text, name))
+
+    # Serviced: the failing GPU comes back clean; the verdict follows at the next refresh.
+    failing.ecc_errors = {**failing.ecc_errors, "uncorrected_volatile": 0}
+    await api.refresh()
+    text = (await api.get("/metrics")).text
+    assert (
+        state_set(text, "modelforge_gpu_health_status", "status")[failing.uuid] == "failed"
+    )  # XID 79 window
+    assert {
+        s.labels["code"]
+        for s in samples(text, "modelforge_gpu_health_reason")
+        if s.labels["UUID"] == failing.uuid
+    } == {"xid_79"}
+
+
+async def test_promtool_accepts_the_health_metrics(make_api) -> None:  # type: ignore[no-untyped-def]
+    from tests.test_monitoring_deploy import promtool_path
+
+    sc = multi_gpu_scenario(2)
+    sc.gpus[1].remapped_rows = (0, 0, 0, 1)
+    api = make_api(sc)
+    await api.refresh()
+    api.nvml.xid(sc.gpus[1].uuid, 64)
+    await api.refresh()
+    text = (await api.get("/metrics")).text
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [promtool_path(), "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # dcgm-exporter's own names are kept on purpose (docs/metrics.md), lint and all: its label
+    # names (modelName, ...) are not snake_case and its PCIe replay counter says "COUNTER".
+    dcgm_names = (
+        "label names should be written in 'snake_case'",
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter'",
+    )
+    lines = (done.stdout + done.stderr).splitlines()
+    problems = [line for line in lines if line.strip() and not any(d in line for d in dcgm_names)]
+    assert problems == [], problems
+    assert done.returncode in (0, 3), done  # 3: lint findings only (those above), no parse error
+    assert by_uuid(text, "DCGM_FI_DEV_ROW_REMAP_FAILURE") == {sc.gpus[0].uuid: 0, sc.gpus[1].uuid: 1}
+
+
 # --- the collector, without I/O ---------------------------------------------------------------------
 
 facts = st.one_of(
@@ -147,6 +278,72 @@ def test_liveness_gauge_has_exactly_one_state_set(age: float) -> None:
     got = {s.labels["liveness"]: s.value for s in samples(text, "modelforge_node_liveness")}
     assert sum(got.values()) == 1 and got[state] == 1
     assert state == ("online" if age <= 60 else "stale" if age <= 300 else "offline")
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    values=st.fixed_dictionaries({spec.source: facts for spec in GPU_HEALTH_SIGNALS}),
+    reasons=st.dictionaries(st.sampled_from(sorted(CLOCK_EVENT_REASONS)), facts),
+    xid=st.none() | st.integers(1, 200),
+    verdict=st.sampled_from(HEALTH_STATES),
+    action=st.sampled_from(HEALTH_ACTIONS),
+)
+def test_a_health_sample_exists_exactly_when_its_signal_is_known_and_of_its_kind(
+    values: dict[str, Any], reasons: dict[str, Any], xid: int | None, verdict: str, action: str
+) -> None:
+    signals: dict[str, Any] = {"clock_event_reasons": reasons}
+    for source, fact in values.items():
+        group, _, name = source.removeprefix("health.").partition(".")
+        if name:
+            signals.setdefault(group, {})[name] = fact
+        else:
+            signals[group] = fact
+    gpu = GpuRow(
+        "n1",
+        "host",
+        "GPU-1",
+        "active",
+        "0",
+        "NVIDIA H200",
+        "0000:01:00.0",
+        "580",
+        {},
+        health_status=verdict,
+        health_action=action,
+        health_signals=signals,
+        last_xid=xid,
+    )
+    text = render(
+        Snapshot(nodes=[], gpus=[gpu], accelerator_counts={}, head=0, folded=0, counters={})
+    ).decode()
+    parsed = families(text)
+    for spec in GPU_HEALTH_SIGNALS:
+        fact = values[spec.source]
+        value = fact.get("value")
+        if fact["state"] != "known":
+            want = None
+        elif spec.flag:
+            want = float(value) if isinstance(value, bool) else None
+        else:
+            want = float(value) if isinstance(value, int) and not isinstance(value, bool) else None
+        got = [s.value for s in parsed[spec.name].samples]
+        assert got == ([] if want is None else [want]), (spec.name, fact)
+    # The clock bitmask only when every reason is a known boolean; never a partial mask.
+    complete = set(reasons) == set(CLOCK_EVENT_REASONS) and all(
+        f["state"] == "known" and isinstance(f.get("value"), bool) for f in reasons.values()
+    )
+    mask = [s.value for s in parsed[GPU_CLOCK_EVENTS.name].samples]
+    if complete:
+        assert mask == [float(sum(CLOCK_EVENT_REASONS[n] for n, f in reasons.items() if f["value"]))]
+    else:
+        assert mask == []
+    assert [s.value for s in parsed[GPU_XID.name].samples] == ([] if xid is None else [float(xid)])
+    assert {s.labels["status"]: s.value for s in parsed["modelforge_gpu_health_status"].samples} == {
+        s: float(s == verdict) for s in HEALTH_STATES
+    }
+    assert {s.labels["action"]: s.value for s in parsed["modelforge_gpu_health_action"].samples} == {
+        a: float(a == action) for a in HEALTH_ACTIONS
+    }
 
 
 def test_metrics_catalog_page_is_up_to_date() -> None:

@@ -27,11 +27,12 @@ ALERTS = (
     "ModelForgeNodeOffline",
     "ModelForgeGpuMissing",
     "ModelForgeInventoryDegraded",
+    "ModelForgeGpuFailed",
 )
 
 
-@pytest.fixture(scope="session")
-def promtool() -> str:
+def promtool_path() -> str:
+    """promtool, installed with apt-get when missing; the calling test fails when it cannot be."""
     path = shutil.which("promtool")
     if path is None:
         why = _apt_install("prometheus")
@@ -39,6 +40,11 @@ def promtool() -> str:
         if path is None:
             pytest.fail(f"promtool (Debian package prometheus) cannot be installed: {why or 'not on PATH'}")
     return path
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    return promtool_path()
 
 
 @pytest.fixture

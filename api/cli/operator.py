@@ -24,8 +24,16 @@ import typer
 import yaml
 
 from api.cli.common import CliError, parse_moment, table
-from api.services.views import AcceleratorBody, AcceleratorPage, EventBody, EventPage, NodeBody, NodePage
-from collectors.facts import Known
+from api.services.views import (
+    AcceleratorBody,
+    AcceleratorPage,
+    EventBody,
+    EventPage,
+    HealthSignalsBody,
+    NodeBody,
+    NodePage,
+)
+from collectors.facts import Fact, Known
 from ledger.settings import setting
 
 COMMANDS = ("node", "gpu", "events")
@@ -49,6 +57,12 @@ class GpuState(enum.StrEnum):
     active = "active"
     missing = "missing"
     decommissioned = "decommissioned"
+
+
+class Health(enum.StrEnum):
+    healthy = "healthy"
+    degraded = "degraded"
+    failed = "failed"
 
 
 class RemoteError(Exception):
@@ -101,13 +115,16 @@ class Api:
                 return items
             cursor = page.next_cursor
 
-    def accelerators(self, node_id: str | None = None, state: str | None = None) -> list[AcceleratorBody]:
+    def accelerators(
+        self, node_id: str | None = None, state: str | None = None, health: str | None = None
+    ) -> list[AcceleratorBody]:
         items: list[AcceleratorBody] = []
         cursor: str | None = None
         while True:
             params = [("limit", "500")]
             params += [("node_id", node_id)] if node_id else []
             params += [("status", state)] if state else []
+            params += [("health", health)] if health else []
             params += [("cursor", cursor)] if cursor else []
             page = msgspec.json.decode(self.get("/hardware/accelerators", params), type=AcceleratorPage)
             items += page.items
@@ -177,6 +194,21 @@ def _nothing(what: str) -> None:
     sys.stdout.write(f"no {what}\n")
 
 
+def _node_health(n: NodeBody) -> str:
+    """The worst GPU verdict, with how many GPUs are not healthy ("failed (1 failed, 2 degraded)")."""
+    h = n.health
+    counts = [f"{v} {k}" for k, v in (("failed", h.failed), ("degraded", h.degraded)) if v]
+    return h.status + (f" ({', '.join(counts)})" if counts else "")
+
+
+def _fact_text(fact: Fact) -> str:
+    """A known value as it is; any other state named in brackets, so it never reads as a value."""
+    if isinstance(fact, Known):
+        return ("yes" if fact.value else "no") if isinstance(fact.value, bool) else str(fact.value)
+    reason = getattr(fact, "reason", None)
+    return f"({fact.__struct_config__.tag}{f': {reason}' if reason else ''})"
+
+
 # --- commands ----------------------------------------------------------------------------------
 
 
@@ -240,7 +272,7 @@ def node_list(
     for g in api.accelerators():
         if g.status != "decommissioned":
             counts[g.node_id] = counts.get(g.node_id, 0) + 1
-    header = ["ID", "HOSTNAME", "LIVENESS", "STATUS", "INVENTORY", "GPUS", "DRIVER"]
+    header = ["ID", "HOSTNAME", "LIVENESS", "STATUS", "INVENTORY", "GPUS", "HEALTH", "DRIVER"]
     rows = [
         [
             n.id if output is Output.wide else n.id[:8],
@@ -249,6 +281,7 @@ def node_list(
             n.status,
             n.inventory_status,
             str(counts.get(n.id, 0)),
+            _node_health(n),
             n.driver_version or "",
         ]
         for n in nodes
@@ -286,6 +319,11 @@ def node_show(
         ["cpu", f"{found.cpu.model or ''} ({found.cpu.logical_cores or '?'} logical cores)"],
         ["memory", _gib(found.memory_total_bytes)],
         ["driver", f"{found.driver_version or ''} (CUDA {found.cuda_driver_version or '?'})"],
+        [
+            "gpu health",
+            f"{found.health.status}: {found.health.healthy} healthy, {found.health.degraded} degraded, "
+            f"{found.health.failed} failed",
+        ],
         ["first seen", _when(found.first_seen_at)],
         ["last seen", _when(found.last_seen_at)],
     ]
@@ -298,7 +336,7 @@ def node_show(
 
 
 def _gpu_table(gpus: list[AcceleratorBody], nodes: dict[str, NodeBody], output: Output) -> None:
-    header = ["UUID", "NODE", "INDEX", "NAME", "MEMORY", "STATE"]
+    header = ["UUID", "NODE", "INDEX", "NAME", "MEMORY", "STATE", "HEALTH"]
     rows = [
         [
             g.uuid,
@@ -307,13 +345,16 @@ def _gpu_table(gpus: list[AcceleratorBody], nodes: dict[str, NodeBody], output: 
             g.name or "",
             _gib(g.memory_total_bytes),
             g.status,
+            g.health.status,
         ]
         for g in gpus
     ]
     if output is Output.wide:
-        header += ["PCI", "CC", "DRIVER", "LAST SEEN"]
+        header += ["ACTION", "REASONS", "PCI", "CC", "DRIVER", "LAST SEEN"]
         for r, g in zip(rows, gpus, strict=True):
             r += [
+                g.health.action,
+                ",".join(x.code for x in g.health.reasons),
                 g.pci_bus_id or "",
                 g.compute_capability or "",
                 g.driver_version or "",
@@ -329,19 +370,27 @@ def gpu_list(
     token_file: TokenFileOpt = None,
     node: NodeOpt = None,
     state: Annotated[GpuState | None, typer.Option("--state", help="Only GPUs in this state.")] = None,
+    health: Annotated[
+        Health | None, typer.Option("--health", help="Only GPUs with this health verdict.")
+    ] = None,
     output: OutputOpt = Output.table,
 ) -> None:
-    """Every GPU, or those of one node or in one state."""
+    """Every GPU, or those of one node, in one state or with one health verdict."""
     api = connect(server, token, token_file)
     nodes = api.nodes()
     node_id = resolve_node(nodes, node).id if node else None
-    gpus = api.accelerators(node_id=node_id, state=state.value if state else None)
+    gpus = api.accelerators(
+        node_id=node_id, state=state.value if state else None, health=health.value if health else None
+    )
     if output in (Output.json, Output.yaml):
         emit(gpus, output)
         return
     if not gpus:
         _nothing(
-            "GPUs" + (f" on node {node}" if node else "") + (f" in state {state.value}" if state else "")
+            "GPUs"
+            + (f" on node {node}" if node else "")
+            + (f" in state {state.value}" if state else "")
+            + (f" with health {health.value}" if health else "")
         )
         return
     _gpu_table(gpus, {n.id: n for n in nodes}, output)
@@ -363,6 +412,15 @@ def gpu_show(
         return
     # Only known values: unsupported or failed readings are not numbers to show.
     telemetry = {k: v.value for k, v in found.telemetry.items() if isinstance(v, Known)}
+    h = found.health
+    health = [
+        ["health", h.status],
+        ["action", h.action],
+        *[["reason", f"{r.code} ({r.status}, {r.action}): {r.detail}"] for r in h.reasons],
+        *[["xid", f"{x.code} at {_when(x.at)}"] for x in reversed(h.recent_xids)],
+    ]
+    # Every signal, its state named when it is not a value (an unsupported ECC count is not 0).
+    signals = [] if h.signals is None else _signal_rows(h.signals)
     rows = [
         ["uuid", found.uuid],
         ["id", found.id],
@@ -376,8 +434,23 @@ def gpu_show(
         ["driver", f"{found.driver_version or ''} (CUDA {found.cuda_driver_version or '?'})"],
         ["first seen", _when(found.first_seen_at)],
         ["last seen", _when(found.last_seen_at)],
+        *health,
+        *[[f"signal {k}", _fact_text(v)] for k, v in signals],
     ] + [[f"telemetry {k}", str(v)] for k, v in sorted(telemetry.items())]
     table(["FIELD", "VALUE"], rows, wrap=(1,))
+
+
+def _signal_rows(signals: HealthSignalsBody) -> list[tuple[str, Fact]]:
+    out: list[tuple[str, Fact]] = [("ecc_mode", signals.ecc_mode)]
+    for group in ("ecc_errors", "remapped_rows", "retired_pages"):
+        out += [(f"{group}.{k}", v) for k, v in sorted(getattr(signals, group).items())]
+    out.append(("pcie_replay_count", signals.pcie_replay_count))
+    # Only the reasons in effect: the others are the normal case and would be most of the list.
+    active = [k for k, v in signals.clock_event_reasons.items() if isinstance(v, Known) and v.value is True]
+    unknown = [v for v in signals.clock_event_reasons.values() if not isinstance(v, Known)]
+    reasons: Fact = unknown[0] if unknown else Known(", ".join(active) or "none")
+    out += [("clock_event_reasons", reasons), ("xid_events", signals.xid_events)]
+    return out
 
 
 def _event_row(e: EventBody, wide: bool) -> list[str]:

@@ -111,15 +111,20 @@ async def refresh(
 Liveness = Literal["online", "stale", "offline", "local"]
 InventoryStatus = Literal["pending", "ok", "degraded", "failed"]
 AcceleratorStatus = Literal["active", "missing", "decommissioned"]
+HealthStatus = Literal["healthy", "degraded", "failed"]
 
 
-@get("/hardware/nodes", summary="Compute nodes (filters: hostname, liveness, inventory_status)")
+@get("/hardware/nodes", summary="Compute nodes (filters: hostname, liveness, inventory_status, health)")
 async def list_nodes(
     repository: NamedDependency[HardwareRepository],
     audit: NamedDependency[AuditRepository],
     hostname: Annotated[str | None, QueryParameter(description="exact, case-insensitive")] = None,
     liveness: FromQuery[Liveness | None] = None,
     inventory_status: FromQuery[InventoryStatus | None] = None,
+    health: Annotated[
+        HealthStatus | None,
+        QueryParameter(description="the node's worst GPU verdict (health.status; healthy without GPUs)"),
+    ] = None,
     cursor: FromQuery[str | None] = None,
     limit: Limit = 100,
     as_of: FromQuery[datetime | None] = None,
@@ -133,10 +138,16 @@ async def list_nodes(
             if (hostname is None or (n.hostname or "").lower() == hostname.lower())
             and (liveness is None or n.liveness == liveness)
             and (inventory_status is None or n.inventory_status == inventory_status)
+            and (health is None or n.health.status == health)
         ]
         return NodePage(items=nodes, next_cursor=None, as_of_position=position)
     items, next_cursor = await repository.list_nodes(
-        cursor=cursor, limit=limit, hostname=hostname, liveness=liveness, inventory_status=inventory_status
+        cursor=cursor,
+        limit=limit,
+        hostname=hostname,
+        liveness=liveness,
+        inventory_status=inventory_status,
+        health=health,
     )
     return NodePage(items=items, next_cursor=next_cursor)
 
@@ -178,23 +189,30 @@ async def get_node(
     return _tagged(node, if_none_match)
 
 
-@get("/hardware/accelerators", summary="Accelerators (filters: node_id, status, model)")
+@get("/hardware/accelerators", summary="Accelerators (filters: node_id, status, model, health)")
 async def list_accelerators(
     repository: NamedDependency[HardwareRepository],
     audit: NamedDependency[AuditRepository],
     node_id: FromQuery[str | None] = None,
     status: FromQuery[AcceleratorStatus | None] = None,
     model: Annotated[str | None, QueryParameter(description="the model name, e.g. NVIDIA H200")] = None,
+    health: Annotated[
+        HealthStatus | None, QueryParameter(description="the GPU's health verdict (health.status)")
+    ] = None,
     cursor: FromQuery[str | None] = None,
     limit: Limit = 100,
     as_of: FromQuery[datetime | None] = None,
 ) -> AcceleratorPage:
     if as_of is not None:
         accs, position = await audit.accelerators_as_of(_aware(as_of), node_id=node_id, status=status)
-        accs = [a for a in accs if model is None or a.name == model]
+        accs = [
+            a
+            for a in accs
+            if (model is None or a.name == model) and (health is None or a.health.status == health)
+        ]
         return AcceleratorPage(items=accs, next_cursor=None, as_of_position=position)
     items, next_cursor = await repository.list_accelerators(
-        node_id=node_id, status=status, cursor=cursor, limit=limit, model=model
+        node_id=node_id, status=status, cursor=cursor, limit=limit, model=model, health=health
     )
     return AcceleratorPage(items=items, next_cursor=next_cursor)
 

@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from api.services.repository import LivenessPolicy, _fact
 from collectors.facts import Known
+from collectors.gpu_health import CLOCK_EVENT_REASONS
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 VERSION = "0.1.0"
@@ -34,6 +35,8 @@ GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname", "pci_bus_id", "node_id")
 NODE_LABELS = ("Hostname", "node_id")
 LIVENESS_STATES = ("online", "stale", "offline", "local")
 INVENTORY_STATES = ("pending", "ok", "degraded", "failed")
+HEALTH_STATES = ("healthy", "degraded", "failed")
+HEALTH_ACTIONS = ("none", "monitor", "inspect_host", "reset_gpu", "service")
 
 
 class MetricSpec(msgspec.Struct, frozen=True):
@@ -44,6 +47,8 @@ class MetricSpec(msgspec.Struct, frozen=True):
     # the read-model telemetry key this metric comes from, and the factor to base units
     source: str = ""
     scale: float = 1.0
+    # a health signal that is a yes/no fact, exported as 1/0 (dcgm-exporter's form)
+    flag: bool = False
 
 
 def _gpu(name: str, source: str, help_: str, scale: float = 1.0) -> MetricSpec:
@@ -71,6 +76,110 @@ GPU_TELEMETRY = (
         "performance_state",
         "GPU performance state number (0 = P0, maximum performance).",
     ),
+)
+
+
+def _dcgm(name: str, signal: str, help_: str, *, flag: bool = False) -> MetricSpec:
+    return MetricSpec(name, "gauge", help_, GPU_LABELS, f"health.{signal}", flag=flag)
+
+
+# GPU health signals (collectors/gpu_health.py) under dcgm-exporter's names, so its alerts and
+# dashboards work unchanged. Gauges all: prometheus-client would append `_total` to a counter's
+# name, and the value is the device's own count as last read either way (rate() works alike).
+GPU_HEALTH_SIGNALS = (
+    _dcgm(
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "ecc_errors.corrected_volatile",
+        "Single-bit (corrected) ECC errors since the driver loaded.",
+    ),
+    _dcgm(
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "ecc_errors.uncorrected_volatile",
+        "Double-bit (uncorrected) ECC errors since the driver loaded.",
+    ),
+    _dcgm(
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+        "ecc_errors.corrected_aggregate",
+        "Single-bit (corrected) ECC errors over the GPU's lifetime.",
+    ),
+    _dcgm(
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        "ecc_errors.uncorrected_aggregate",
+        "Double-bit (uncorrected) ECC errors over the GPU's lifetime.",
+    ),
+    _dcgm(
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "remapped_rows.uncorrectable",
+        "Rows remapped for uncorrectable errors (Ampere and later).",
+    ),
+    _dcgm(
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "remapped_rows.correctable",
+        "Rows remapped for correctable errors (Ampere and later).",
+    ),
+    _dcgm(
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "remapped_rows.failure",
+        "1 when row remapping has failed (the GPU needs service), else 0.",
+        flag=True,
+    ),
+    _dcgm(
+        "DCGM_FI_DEV_ROW_REMAP_PENDING",
+        "remapped_rows.pending",
+        "1 when a row remap waits for a GPU reset, else 0.",
+        flag=True,
+    ),
+    _dcgm(
+        "DCGM_FI_DEV_RETIRED_SBE",
+        "retired_pages.single_bit",
+        "Pages retired for single-bit errors (before Ampere).",
+    ),
+    _dcgm(
+        "DCGM_FI_DEV_RETIRED_DBE",
+        "retired_pages.double_bit",
+        "Pages retired for double-bit errors (before Ampere).",
+    ),
+    _dcgm(
+        "DCGM_FI_DEV_RETIRED_PENDING",
+        "retired_pages.pending",
+        "1 when a page retirement waits for a GPU reset, else 0 (before Ampere).",
+        flag=True,
+    ),
+    _dcgm(
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "pcie_replay_count", "PCIe replays (retries) counted by the GPU."
+    ),
+)
+GPU_CLOCK_EVENTS = MetricSpec(
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+    "gauge",
+    "Active clock event (throttle) reasons as NVML's bitmask, e.g. 0x40 hardware thermal slowdown; "
+    "absent unless every reason is known.",
+    GPU_LABELS,
+    "health.clock_event_reasons",
+)
+GPU_XID = MetricSpec(
+    "DCGM_FI_DEV_XID_ERRORS",
+    "gauge",
+    "Code of the newest XID error the ledger recorded for the GPU (absent when none).",
+    GPU_LABELS,
+)
+GPU_HEALTH_STATUS = MetricSpec(
+    "modelforge_gpu_health_status",
+    "gauge",
+    "1 for the GPU's health verdict (docs/gpu-health.md), 0 for the others.",
+    (*GPU_LABELS, "status"),
+)
+GPU_HEALTH_ACTION = MetricSpec(
+    "modelforge_gpu_health_action",
+    "gauge",
+    "1 for the action the verdict recommends, 0 for the others.",
+    (*GPU_LABELS, "action"),
+)
+GPU_HEALTH_REASON = MetricSpec(
+    "modelforge_gpu_health_reason",
+    "gauge",
+    "One series per reason of the GPU's verdict (always 1); none for a healthy GPU.",
+    (*GPU_LABELS, "code", "status", "action"),
 )
 
 NODE_TELEMETRY = (
@@ -181,6 +290,12 @@ METRICS: tuple[MetricSpec, ...] = (
     *STORAGE,
     GPU_INFO,
     *GPU_TELEMETRY,
+    GPU_HEALTH_STATUS,
+    GPU_HEALTH_ACTION,
+    GPU_HEALTH_REASON,
+    *GPU_HEALTH_SIGNALS,
+    GPU_CLOCK_EVENTS,
+    GPU_XID,
     ACCELERATORS,
     *COUNTERS,
     LOG_HEAD,
@@ -211,6 +326,13 @@ class GpuRow(msgspec.Struct, frozen=True):
     pci_bus_id: str
     driver_version: str
     telemetry: dict[str, Any]
+    health_status: str = "healthy"
+    health_action: str = "none"
+    # (code, status, action) of each reason of the verdict
+    health_reasons: list[tuple[str, str, str]] = []
+    # the latest health signals as stored (jsonb builtins); None without any
+    health_signals: dict[str, Any] | None = None
+    last_xid: int | None = None
 
 
 class Snapshot(msgspec.Struct, frozen=True):
@@ -250,6 +372,43 @@ def sample_value(raw: Any) -> float | None:
     return None
 
 
+def signal_value(signals: dict[str, Any] | None, spec: MetricSpec) -> float | None:
+    """A health signal as a sample value, or None (absent) unless known and of its kind: a count
+    (an integer) or, for a flag, a boolean as 1/0. Unsupported is absent, never 0."""
+    if not signals:
+        return None
+    group, _, name = spec.source.removeprefix("health.").partition(".")
+    raw = signals.get(group)
+    if name:
+        raw = raw.get(name) if isinstance(raw, dict) else None
+    if raw is None:
+        return None
+    fact = _fact(raw)
+    if not isinstance(fact, Known):
+        return None
+    value = fact.value
+    if spec.flag:
+        return float(value) if isinstance(value, bool) else None
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def clock_event_mask(signals: dict[str, Any] | None) -> int | None:
+    """NVML's clock event reasons bitmask (as DCGM reports it), rebuilt from the per-reason
+    facts; None unless every reason is a known boolean, since a partial mask would read as
+    'not throttled' for the reasons it lacks."""
+    reasons = (signals or {}).get("clock_event_reasons")
+    if not isinstance(reasons, dict):
+        return None
+    mask = 0
+    for name, bit in CLOCK_EVENT_REASONS.items():
+        raw = reasons.get(name)
+        fact = None if raw is None else _fact(raw)
+        if not isinstance(fact, Known) or not isinstance(fact.value, bool):
+            return None
+        mask |= bit if fact.value else 0
+    return mask
+
+
 async def read_snapshot(
     pool: asyncpg.Pool, liveness: LivenessPolicy, counters: dict[str, int], now: datetime | None = None
 ) -> Snapshot:
@@ -265,7 +424,8 @@ async def read_snapshot(
         )
         gpu_rows = await conn.fetch(
             "SELECT a.node_id, n.hostname, a.uuid, a.status, a.device_index, a.name, a.pci_bus_id, "
-            "a.driver_version, t.metrics FROM hw_accelerators a "
+            "a.driver_version, t.metrics, a.health_status, a.health_action, a.health_reasons, "
+            "a.health_xids->-1->'code' AS last_xid, t.health_signals FROM hw_accelerators a "
             "JOIN hw_nodes n ON n.node_id = a.node_id "
             "LEFT JOIN hw_accelerator_telemetry t ON t.accelerator_id = a.accelerator_id "
             "WHERE a.status IN ('active', 'missing') AND n.status = 'active' ORDER BY a.node_id, a.uuid"
@@ -297,6 +457,12 @@ async def read_snapshot(
             driver_version=_known_text(r["driver_version"]),
             # a missing GPU's last telemetry is history, not a current reading
             telemetry=dict(r["metrics"] or {}) if r["status"] == "active" else {},
+            # The verdict and the XIDs are the ledger's record, not a reading: kept when missing.
+            health_status=r["health_status"],
+            health_action=r["health_action"],
+            health_reasons=[(x["code"], x["status"], x["action"]) for x in r["health_reasons"] or []],
+            health_signals=r["health_signals"] if r["status"] == "active" else None,
+            last_xid=r["last_xid"] if isinstance(r["last_xid"], int) else None,
         )
         for r in gpu_rows
     ]
@@ -369,6 +535,37 @@ class ReadModelCollector(Collector):
         yield info
         yield from gpu_telemetry.values()
 
+        verdict, action, reason = (
+            _family(GPU_HEALTH_STATUS),
+            _family(GPU_HEALTH_ACTION),
+            _family(GPU_HEALTH_REASON),
+        )
+        signals = {spec.name: _family(spec) for spec in GPU_HEALTH_SIGNALS}
+        clock_events, xid = _family(GPU_CLOCK_EVENTS), _family(GPU_XID)
+        for g in s.gpus:
+            labels = [g.index, g.uuid, g.model, g.hostname, g.pci_bus_id, g.node_id]
+            for state in HEALTH_STATES:
+                verdict.add_metric([*labels, state], 1 if g.health_status == state else 0)
+            for name in HEALTH_ACTIONS:
+                action.add_metric([*labels, name], 1 if g.health_action == name else 0)
+            for code, reason_status, reason_action in g.health_reasons:
+                reason.add_metric([*labels, code, reason_status, reason_action], 1)
+            for spec in GPU_HEALTH_SIGNALS:
+                value = signal_value(g.health_signals, spec)
+                if value is not None:  # unsupported / failed / not sent: absent, never 0
+                    signals[spec.name].add_metric(labels, value)
+            mask = clock_event_mask(g.health_signals)
+            if mask is not None:
+                clock_events.add_metric(labels, mask)
+            if g.last_xid is not None:
+                xid.add_metric(labels, g.last_xid)
+        yield verdict
+        yield action
+        yield reason
+        yield from signals.values()
+        yield clock_events
+        yield xid
+
         accelerators = _family(ACCELERATORS)
         for status, count in sorted(s.accelerator_counts.items()):
             accelerators.add_metric([status], count)
@@ -429,6 +626,31 @@ def render_catalog() -> str:
         "| `modelforge_gpu_power_watts` | `DCGM_FI_DEV_POWER_USAGE` |",
         "| `modelforge_gpu_clock_sm_hertz` | `DCGM_FI_DEV_SM_CLOCK` × 10^6 |",
         "| `modelforge_gpu_clock_memory_hertz` | `DCGM_FI_DEV_MEM_CLOCK` × 10^6 |",
+        "",
+        "## GPU health",
+        "",
+        "The health signals (docs/gpu-health.md) carry dcgm-exporter's own names and meanings, so its",
+        "alerts and dashboards apply unchanged. Like every metric here, a signal is exported only when",
+        "it is a known fact: an unsupported one (ECC on a consumer GPU, row remapping before Ampere,",
+        "page retirement after it) or one from an agent that sends no signals is absent, never 0.",
+        "",
+        "- All are gauges (dcgm-exporter types some as counters): the value is the device's own count",
+        "  as last read, and `rate()`/`increase()` work on it alike. The `_VOL_` ECC counts restart at",
+        "  each driver load; the `_AGG_` ones are the GPU's lifetime.",
+        "- SBE (single-bit) is NVML's *corrected* count, DBE (double-bit) its *uncorrected* one.",
+        "- `DCGM_FI_DEV_ROW_REMAP_FAILURE`, `DCGM_FI_DEV_ROW_REMAP_PENDING` and",
+        "  `DCGM_FI_DEV_RETIRED_PENDING` are 1 or 0.",
+        "- `DCGM_FI_DEV_CLOCKS_EVENT_REASONS` is NVML's bitmask, as DCGM reports it (0x8 hardware",
+        "  slowdown, 0x40 hardware thermal slowdown, 0x80 power brake; 0x1 idle and 0x4 software power",
+        "  cap are normal operation); absent unless every reason is known.",
+        "- `DCGM_FI_DEV_XID_ERRORS` is the code of the newest XID the ledger recorded for the GPU, as",
+        "  dcgm-exporter's is the last XID seen; it stays until another XID replaces it (the verdict",
+        "  counts an XID for 24 hours only). Absent when the GPU never reported one. It is kept for a",
+        "  missing GPU (an XID 79 is often why it went missing), while the signals are not.",
+        "- `modelforge_gpu_health_status` is 1 for the verdict (`healthy`, `degraded`, `failed`) and 0",
+        "  for the others, `modelforge_gpu_health_action` the same for the recommended action (`none`,",
+        "  `monitor`, `inspect_host`, `reset_gpu`, `service`); `modelforge_gpu_health_reason` has one",
+        "  series per reason (`code`, with its own `status` and `action`).",
         "",
         "## Metrics",
         "",

@@ -11,18 +11,23 @@ import msgspec
 
 from api.services.views import (
     AcceleratorBody,
+    AcceleratorHealthBody,
     CpuBody,
     EventBody,
     EventPage,
+    HealthSignalsBody,
     InventoryHealth,
     NodeBody,
+    NodeHealthBody,
     OsBody,
     StorageBody,
     UndecodableBody,
 )
 from collectors.facts import Fact, Known, TemporarilyFailed, Unavailable, Unknown, Unsupported
+from collectors.gpu_health import XidOccurrence
 from ledger.events import EventClass, RecordedEvent
 from ledger.feed import LogFeed
+from ledger.health import HealthReason, HealthStatus
 from ledger.reading import (
     MAX_POSITION,
     MAX_TX_ID,
@@ -44,6 +49,7 @@ class FleetQuery(msgspec.Struct, frozen=True):
     liveness: str = ""
     inventory_status: str = ""
     status: str = ""
+    health: str = ""  # the node's worst GPU verdict
 
 
 class FleetRow(msgspec.Struct):
@@ -166,6 +172,26 @@ def _facts(value: Any) -> dict[str, Fact]:
     return {k: _fact(v) for k, v in (value or {}).items()}
 
 
+def node_health(healthy: int, degraded: int, failed: int) -> NodeHealthBody:
+    """The node's summary from its GPUs' counts by verdict: the worst verdict present."""
+    worst: HealthStatus = "failed" if failed else "degraded" if degraded else "healthy"
+    return NodeHealthBody(status=worst, healthy=healthy, degraded=degraded, failed=failed)
+
+
+def accelerator_health(r: asyncpg.Record | dict[str, Any]) -> AcceleratorHealthBody:
+    """The accelerator row's verdict, remembered XIDs and latest signals (jsonb, or builtins from
+    a point-in-time fold: the same shapes)."""
+    signals = r["health_signals"]
+    return AcceleratorHealthBody(
+        status=r["health_status"],
+        action=r["health_action"],
+        reasons=msgspec.convert(r["health_reasons"] or [], list[HealthReason]),
+        recent_xids=msgspec.convert(r["health_xids"] or [], list[XidOccurrence]),
+        # The stored signals carry an empty `xids` (XIDs are lifecycle events): not shown here.
+        signals=None if signals is None else msgspec.convert(signals, HealthSignalsBody),
+    )
+
+
 class LivenessPolicy(msgspec.Struct, frozen=True):
     stale_after: float = 60.0
     offline_after: float = 300.0
@@ -184,15 +210,28 @@ class LivenessPolicy(msgspec.Struct, frozen=True):
         return "offline"
 
 
+# The node's GPUs by verdict: decommissioned ones are no longer the node's to take work.
 _NODE_SELECT = """
 SELECT n.*, t.metrics AS host_metrics, t.observed_at AS telemetry_observed_at,
        t.received_at AS last_received_at, t.observed_at AS last_observed_at, t.clock_skew_seconds,
        greatest(n.first_seen_at, t.received_at) AS last_seen_at,
        coalesce((SELECT jsonb_agg(jsonb_build_object('mount', s.mount, 'used_bytes', s.used_bytes,
                                                      'total_bytes', s.total_bytes) ORDER BY s.mount)
-                 FROM hw_node_storage s WHERE s.node_id = n.node_id), '[]'::jsonb) AS storage
+                 FROM hw_node_storage s WHERE s.node_id = n.node_id), '[]'::jsonb) AS storage,
+       h.health_healthy, h.health_degraded, h.health_failed
 FROM hw_nodes n LEFT JOIN hw_host_telemetry t ON t.node_id = n.node_id
+LEFT JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE a.health_status = 'healthy') AS health_healthy,
+           count(*) FILTER (WHERE a.health_status = 'degraded') AS health_degraded,
+           count(*) FILTER (WHERE a.health_status = 'failed') AS health_failed
+    FROM hw_accelerators a WHERE a.node_id = n.node_id AND a.status <> 'decommissioned'
+) h ON true
 """
+# `node_health` in SQL, so the node list filters by the node's worst verdict on the server.
+_NODE_HEALTH_SQL = (
+    "CASE WHEN h.health_failed > 0 THEN 'failed' WHEN h.health_degraded > 0 THEN 'degraded' "
+    "ELSE 'healthy' END"
+)
 
 # The telemetry row is joined per accelerator (LATERAL ... OFFSET 0 keeps the planner from a merge
 # join that reads the telemetry index from its start up to the page's cursor on every page).
@@ -200,10 +239,11 @@ _ACCELERATOR_SELECT = """
 SELECT a.accelerator_id, a.node_id, a.uuid, a.status, a.device_index, a.pci_bus_id, a.name,
        a.memory_total_bytes, a.compute_capability, a.mig_mode, a.driver_version, a.cuda_driver_version,
        a.first_seen_at, greatest(a.last_seen_at, t.received_at) AS last_seen_at, a.missing_since,
-       t.metrics AS metrics, t.observed_at AS telemetry_observed_at
+       t.metrics AS metrics, t.observed_at AS telemetry_observed_at,
+       a.health_status, a.health_action, a.health_reasons, a.health_xids, t.health_signals
 FROM hw_accelerators a
 LEFT JOIN LATERAL (
-    SELECT x.metrics, x.observed_at, x.received_at FROM hw_accelerator_telemetry x
+    SELECT x.metrics, x.observed_at, x.received_at, x.health_signals FROM hw_accelerator_telemetry x
     WHERE x.accelerator_id = a.accelerator_id OFFSET 0
 ) t ON true
 """
@@ -269,6 +309,7 @@ class HardwareRepository:
             clock_skew_seconds=r["clock_skew_seconds"],
             decommissioned_at=r["decommissioned_at"],
             generation=r["lifecycle_version"],
+            health=node_health(r["health_healthy"], r["health_degraded"], r["health_failed"]),
         )
 
     async def list_nodes(
@@ -279,6 +320,7 @@ class HardwareRepository:
         hostname: str | None = None,
         liveness: str | None = None,
         inventory_status: str | None = None,
+        health: str | None = None,
     ) -> tuple[list[NodeBody], str | None]:
         """A page of nodes by id; the filters narrow the keyset, so a cursor pages the filtered set.
         Liveness is judged in SQL by the same rule and at the same moment as the bodies."""
@@ -295,6 +337,9 @@ class HardwareRepository:
         if inventory_status is not None:
             args.append(inventory_status)
             where.append(f"n.inventory_status = ${len(args)}")
+        if health is not None:
+            args.append(health)
+            where.append(f"{_NODE_HEALTH_SQL} = ${len(args)}")
         args.append(limit + 1)
         query = f"{_NODE_SELECT} WHERE {' AND '.join(where)} ORDER BY n.node_id LIMIT ${len(args)}"
         async with self.pool.acquire() as conn:
@@ -340,6 +385,7 @@ class HardwareRepository:
             first_seen_at=r["first_seen_at"],
             last_seen_at=r["last_seen_at"],
             missing_since=r["missing_since"],
+            health=accelerator_health(r),
         )
 
     async def list_accelerators(
@@ -350,6 +396,7 @@ class HardwareRepository:
         cursor: str | None,
         limit: int,
         model: str | None = None,
+        health: str | None = None,
     ) -> tuple[list[AcceleratorBody], str | None]:
         after = decode_id_cursor(cursor) if cursor else ""
         where = ["a.accelerator_id > $1"]
@@ -364,6 +411,9 @@ class HardwareRepository:
             # The model is the accelerator's name fact (e.g. "NVIDIA H200"), matched when known.
             args.append(model)
             where.append(f"a.name->>'state' = 'known' AND a.name->>'value' = ${len(args)}")
+        if health is not None:
+            args.append(health)
+            where.append(f"a.health_status = ${len(args)}")
         args.append(limit + 1)
         query = (
             f"{_ACCELERATOR_SELECT} WHERE {' AND '.join(where)} ORDER BY a.accelerator_id LIMIT ${len(args)}"
@@ -472,6 +522,9 @@ class HardwareRepository:
         if query.status:
             args.append(query.status)
             where.append(f"n.status = ${len(args)}")
+        if query.health:
+            args.append(query.health)
+            where.append(f"{_NODE_HEALTH_SQL} = ${len(args)}")
         if cursor:
             after_host, after_id = decode_fleet_cursor(cursor)
             args += [after_host, after_id]

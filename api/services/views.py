@@ -9,7 +9,9 @@ import msgspec
 
 from api.services.inventory import EventSummary
 from collectors.facts import Fact
+from collectors.gpu_health import XidOccurrence
 from ledger.events import EventMetadata, EventPayload
+from ledger.health import HealthAction, HealthReason, HealthStatus
 
 
 class Problem(msgspec.Struct, omit_defaults=True):
@@ -43,6 +45,16 @@ class StorageBody(msgspec.Struct):
     total_bytes: Fact
 
 
+class NodeHealthBody(msgspec.Struct):
+    """The node's GPUs by verdict (decommissioned GPUs left out) and the worst of them: a node
+    without GPUs is `healthy`."""
+
+    status: HealthStatus
+    healthy: int
+    degraded: int
+    failed: int
+
+
 class NodeBody(msgspec.Struct):
     id: str
     identity_key: str | None
@@ -74,7 +86,32 @@ class NodeBody(msgspec.Struct):
     clock_skew_seconds: float | None
     decommissioned_at: datetime | None
     generation: int
+    health: NodeHealthBody
     as_of_position: int | None = None
+
+
+class HealthSignalsBody(msgspec.Struct):
+    """The health signals of the GPU's latest sample (docs/gpu-health.md), each a fact in the
+    availability form; the XIDs are in `AcceleratorHealthBody.recent_xids`, not here."""
+
+    clock_event_reasons: dict[str, Fact]
+    ecc_mode: Fact
+    ecc_errors: dict[str, Fact]
+    remapped_rows: dict[str, Fact]
+    retired_pages: dict[str, Fact]
+    pcie_replay_count: Fact
+    xid_events: Fact
+
+
+class AcceleratorHealthBody(msgspec.Struct):
+    status: HealthStatus
+    action: HealthAction
+    reasons: list[HealthReason]
+    # The XIDs the ledger remembers for this GPU (within 24 hours of the newest, at most 64),
+    # oldest first; the verdict counts those within 24 hours of its own observation.
+    recent_xids: list[XidOccurrence]
+    # null when the node's agent sends no health signals (an older agent) or no sample yet.
+    signals: HealthSignalsBody | None
 
 
 class AcceleratorBody(msgspec.Struct):
@@ -96,6 +133,7 @@ class AcceleratorBody(msgspec.Struct):
     first_seen_at: datetime
     last_seen_at: datetime
     missing_since: datetime | None
+    health: AcceleratorHealthBody
 
 
 class NodePage(msgspec.Struct):

@@ -33,7 +33,12 @@ class ConsolePlugin(InitPluginProtocol):
         env.filters.update(
             age=views.age, moment=views.moment, form_moment=views.form_moment, bytes=views.human_bytes
         )
-        env.globals.update(fact_view=views.fact_view, event_lines=views.event_lines)
+        env.globals.update(
+            fact_view=views.fact_view,
+            event_lines=views.event_lines,
+            signal_rows=views.signal_rows,
+            xid_meaning=views.xid_meaning,
+        )
         app_config.template_config = TemplateConfig(instance=JinjaTemplateEngine(engine_instance=env))
         app_config.route_handlers.extend(console_routers())
         return app_config

@@ -37,6 +37,7 @@ TIMELINE_LIMIT = 200
 LIVENESS = ("online", "stale", "offline", "local")
 INVENTORY = ("pending", "ok", "degraded", "failed")
 STATUSES = ("active", "decommissioned")
+HEALTH = ("healthy", "degraded", "failed")
 
 
 class BadInput(ValueError):
@@ -189,6 +190,7 @@ async def fleet(
     # Named apart from the app's `inventory` dependency, which a same-named parameter would shadow.
     inventory_filter: Annotated[str | None, QueryParameter(name="inventory")] = None,
     status: FromQuery[str | None] = None,
+    health: FromQuery[str | None] = None,
     cursor: FromQuery[str | None] = None,
     as_of: FromQuery[str | None] = None,
 ) -> Template:
@@ -198,6 +200,7 @@ async def fleet(
         liveness=_choice(liveness, LIVENESS, "liveness"),
         inventory_status=_choice(inventory_filter, INVENTORY, "inventory"),
         status=_choice(status, STATUSES, "status"),
+        health=_choice(health, HEALTH, "health"),
     )
     repo = _ctx(request).repository
     position = None
@@ -213,6 +216,7 @@ async def fleet(
             ("liveness", query.liveness),
             ("inventory", query.inventory_status),
             ("status", query.status),
+            ("health", query.health),
             ("as_of", views.form_moment(moment)),
         )
         if v
@@ -227,6 +231,7 @@ async def fleet(
         liveness_states=LIVENESS,
         inventory_states=INVENTORY,
         statuses=STATUSES,
+        health_states=HEALTH,
         next_url="/console/?" + urlencode({**filters, "cursor": next_cursor}) if next_cursor else None,
         first_url=("/console/?" + urlencode(filters)) if cursor else None,
     )
@@ -260,6 +265,8 @@ async def _fleet_as_of(
         if query.inventory_status and n.inventory_status != query.inventory_status:
             continue
         if query.status and n.status != query.status:
+            continue
+        if query.health and n.health.status != query.health:
             continue
         gpus = by_node.get(n.id, [])
         rows.append(

@@ -10,7 +10,10 @@ from typing import Any
 
 import msgspec
 
+from api.services.views import HealthSignalsBody
 from collectors.facts import Fact, Known, TemporarilyFailed, Unavailable, Unknown, Unsupported
+from collectors.gpu_health import CLOCK_EVENT_REASONS, ECC_COUNTERS, REMAPPED_ROWS, RETIRED_PAGES
+from ledger.health import XID_RULES
 
 
 class FactView(msgspec.Struct, frozen=True):
@@ -99,6 +102,39 @@ def _plain(value: Any) -> str:
     return str(value)
 
 
+def xid_meaning(code: int) -> str:
+    """What an XID says about the GPU: the rule's text, or that it is not a GPU fault."""
+    rule = XID_RULES.get(code)
+    if rule is None:
+        return f"XID {code}: not in the health rules (usually a program's fault): recorded only"
+    return rule[2]
+
+
+def _ordered(group: str, facts: dict[str, Fact], names: tuple[str, ...]) -> list[tuple[str, Fact]]:
+    # The collector's order first (how nvidia-smi -q lists them), then anything newer.
+    keys = [n for n in names if n in facts] + sorted(set(facts) - set(names))
+    return [(f"{group}.{k}", facts[k]) for k in keys]
+
+
+def signal_rows(signals: HealthSignalsBody) -> list[tuple[str, Fact]]:
+    """The health signals as (name, fact) rows, grouped as docs/gpu-health.md lists them."""
+    return [
+        ("ecc_mode", signals.ecc_mode),
+        *_ordered("ecc_errors", signals.ecc_errors, ECC_COUNTERS),
+        *_ordered("remapped_rows", signals.remapped_rows, REMAPPED_ROWS),
+        *_ordered("retired_pages", signals.retired_pages, RETIRED_PAGES),
+        ("pcie_replay_count", signals.pcie_replay_count),
+        *_ordered("clock_event_reasons", signals.clock_event_reasons, tuple(CLOCK_EVENT_REASONS)),
+        ("xid_events", signals.xid_events),
+    ]
+
+
+def _reason_text(reason: Any) -> str:
+    if isinstance(reason, dict) and "code" in reason:
+        return f"{reason['code']} ({reason.get('detail', '')})"
+    return str(reason)
+
+
 def event_summary(event_type: str, data: dict[str, Any]) -> list[str]:
     """One line per thing the event says; changes read `field: before -> after`."""
     lines: list[str] = []
@@ -112,11 +148,15 @@ def event_summary(event_type: str, data: dict[str, Any]) -> list[str]:
         name, index, pci = (_plain(data.get(k)) for k in ("name", "index", "pci_bus_id"))
         what = f"{name} at index {index}, PCI {pci}"
         lines.append(("rediscovered " if data.get("rediscovered") else "discovered ") + what)
+    if event_type == "ACCELERATOR_HEALTH_CHANGED":
+        lines.append(f"health: {data.get('before')} -> {data.get('after')}, action {data.get('action')}")
+    if event_type == "ACCELERATOR_XID_OBSERVED" and isinstance(data.get("code"), int):
+        lines.append(xid_meaning(data["code"]))
     for key in ("reason", "status", "stage", "detail", "hostname", "owner", "actor"):
         if key in data and isinstance(data[key], str | int) and not isinstance(data[key], bool):
             lines.append(f"{key}: {data[key]}")
     if data.get("reasons"):
-        lines.append("reasons: " + "; ".join(str(r) for r in data["reasons"]))
+        lines.append("reasons: " + "; ".join(_reason_text(r) for r in data["reasons"]))
     uuid = data.get("uuid") or data.get("accelerator_uuid")
     if uuid:
         lines.append(f"GPU {uuid}")
