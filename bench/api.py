@@ -192,6 +192,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 async def run(args: argparse.Namespace) -> int:
     from ledger.db import create_pool, migrate
+    from projections.inventory import ALL_PROJECTIONS
+    from projections.rebuild import rebuild_outdated
 
     h.require_wrk()
     report = h.Report("api")
@@ -204,6 +206,9 @@ async def run(args: argparse.Namespace) -> int:
             try:
                 async with pool.acquire() as conn:
                     await migrate(conn)
+                # As `serve` prepares a database: the read models' shapes recorded (empty here), so
+                # the server does not rebuild them from the log, which the fold fill leaves empty.
+                await rebuild_outdated(pool, ALL_PROJECTIONS)
                 t0 = time.perf_counter()
                 fill = fill_by_fold if args.fill == "fold" else fill_by_append
                 events = await fill(pool, args.nodes, random.Random(20261130))
