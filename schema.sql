@@ -125,20 +125,29 @@ BEGIN
 END;
 $$;
 
--- The same lock, and the folded state projection `p_projection` checkpointed for the stream, in
--- one round trip: every unit of work (a report, a refresh) opens its stream with it.
-CREATE OR REPLACE FUNCTION mf_open_stream(p_stream_id text, p_projection text)
-RETURNS TABLE (out_version bigint, out_lifecycle_version bigint, out_tombstoned_at timestamptz,
-               out_state text)
+-- Open streams for a unit of work (one stream) or a batch of them (group commit): the rebuild
+-- gate (shared), each stream's advisory lock in the order given (callers sort the ids, so every
+-- batch locks in one order and no two deadlock), then where each stream stands and the folded state
+-- projection `p_projection` checkpointed for it, one row per id in the order given, all in one
+-- round trip. Read after the locks are granted: a function, like mf_lock_stream.
+CREATE OR REPLACE FUNCTION mf_open_streams(p_stream_ids text[], p_projection text)
+RETURNS TABLE (out_stream_id text, out_version bigint, out_lifecycle_version bigint,
+               out_tombstoned_at timestamptz, out_state text)
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_id  text;
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(7305820111);  -- the rebuild gate
-    PERFORM pg_advisory_xact_lock(hashtextextended(p_stream_id, 0));
+    FOREACH v_id IN ARRAY p_stream_ids LOOP
+        PERFORM pg_advisory_xact_lock(hashtextextended(v_id, 0));
+    END LOOP;
     RETURN QUERY
-        SELECT coalesce(max(s.version), 0), coalesce(max(s.lifecycle_version), 0), max(s.tombstoned_at),
-               (SELECT ps.state::text FROM projection_state ps
-                WHERE ps.projection = p_projection AND ps.stream_id = p_stream_id)
-        FROM streams s WHERE s.stream_id = p_stream_id;
+        SELECT i.id, coalesce(s.version, 0), coalesce(s.lifecycle_version, 0), s.tombstoned_at,
+               ps.state::text
+        FROM unnest(p_stream_ids) WITH ORDINALITY AS i(id, n)
+        LEFT JOIN streams s ON s.stream_id = i.id
+        LEFT JOIN projection_state ps ON ps.projection = p_projection AND ps.stream_id = i.id
+        ORDER BY i.n;
 END;
 $$;
 
@@ -266,6 +275,36 @@ BEGIN
         SET version = EXCLUDED.version, lifecycle_version = EXCLUDED.lifecycle_version,
             head_hash = EXCLUDED.head_hash, tombstoned_at = EXCLUDED.tombstoned_at,
             updated_at = EXCLUDED.updated_at;
+END;
+$$;
+
+-- Append to several streams in one round trip (a group commit's batch): `p_counts[i]` events of
+-- the flat arrays go to `p_stream_ids[i]` at `p_expected_versions[i]`, each exactly as mf_append
+-- does it (its checks, its idempotency, its hash chain). One failure fails the whole call, and
+-- the caller's transaction with it. Rows: mf_append's, each with its stream's index (1-based).
+CREATE OR REPLACE FUNCTION mf_append_many(
+    p_stream_ids text[], p_expected_versions bigint[], p_counts integer[], p_event_ids uuid[],
+    p_event_types text[], p_event_classes text[], p_schema_versions integer[], p_data jsonb[],
+    p_metadata jsonb[], p_locked boolean DEFAULT false
+) RETURNS TABLE (out_stream_index integer, out_global_position bigint, out_stream_version bigint,
+               out_already_stored boolean, out_recorded_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_lo  integer := 1;
+    v_hi  integer;
+    i     integer;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_stream_ids, 1), 0) LOOP
+        v_hi := v_lo + p_counts[i] - 1;
+        RETURN QUERY
+            SELECT i, a.out_global_position, a.out_stream_version, a.out_already_stored,
+                   a.out_recorded_at
+            FROM mf_append(p_stream_ids[i], p_expected_versions[i], p_event_ids[v_lo:v_hi],
+                           p_event_types[v_lo:v_hi], p_event_classes[v_lo:v_hi],
+                           p_schema_versions[v_lo:v_hi], p_data[v_lo:v_hi], p_metadata[v_lo:v_hi],
+                           p_locked) a;
+        v_lo := v_hi + 1;
+    END LOOP;
 END;
 $$;
 

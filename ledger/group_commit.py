@@ -1,112 +1,136 @@
-"""Group commit: units of work of concurrent callers share one transaction.
+"""Group commit: units of work of concurrent callers share one transaction and its statements.
 
 An agent report is one short unit of work on its node's stream. Run one transaction each, every
-report pays its own BEGIN and COMMIT round trips and its own WAL flush; at fleet rates those are
-a fifth of the work. `GroupCommit.run` queues a unit of work and returns its result once the
-transaction that ran it has committed, so an acknowledgement still means "stored" (a server
-killed mid-batch acknowledged none of it, and the agents retry).
+report paid its own BEGIN and COMMIT, its own WAL flush and five statements of its own; at fleet
+rates that overhead is most of the work. `GroupCommit.run(key, item)` queues an item and returns
+its outcome once the transaction that handled it has committed, so an acknowledgement still means
+"stored" (a server killed mid-batch acknowledged none of it, and the agents retry).
 
-    * Batches form naturally, without a timer: while `concurrency` batches are running, new work
-      waits; when one ends, the next takes everything waiting (up to `max_batch`). At low load a
-      unit of work runs at once, alone.
-    * Within a batch the units run one after another on one connection, in the order of their
-      keys (stream ids; stable for one key), so batches take stream locks in one global order and
-      never deadlock each other. Units of one stream see each other's writes, as in sequence.
-    * Per-stream checks stay per stream: each unit locks its stream, reads its version, state and
-      tombstone and decides alone. A unit that raises fails nobody else: the batch is rolled back
-      and each of its units runs again in a transaction of its own, so every caller gets the
-      outcome its unit has alone. Units must therefore be safe to run twice when the first run
-      was rolled back (they read everything they decide on inside the transaction).
+    * Batches form naturally, without a timer: while `concurrency` batches are running, new items
+      wait; when one ends, the next takes what is waiting (up to `max_batch`, one item per key:
+      a later item of the same key waits for the next batch, so it sees the first one's writes).
+      At low load an item runs at once, alone.
+    * The handler gets the batch's items sorted by key (stream ids) and one connection inside
+      the batch's transaction, and returns one outcome per item: its result, or the exception
+      that refuses it. A refused item must have written nothing (refusals are decided before the
+      writes); the others are committed together. Sorted keys mean batches take stream locks in
+      one global order and never deadlock each other.
+    * A handler that raises (an unexpected database error, a conflict) fails nobody else: the
+      batch is rolled back and each of its items is handled again alone, in a transaction of its
+      own, so every caller gets the outcome its item has alone. Handlers must therefore decide
+      only on what they read inside the transaction.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
 
 import asyncpg
 import structlog
 
 log = structlog.get_logger(__name__)
 
-T = TypeVar("T")
+I = TypeVar("I")  # noqa: E741 - the item type
+R = TypeVar("R")
 
-Work = Callable[[asyncpg.Connection], Awaitable[T]]
+Handler = Callable[[asyncpg.Connection, Sequence[I]], Awaitable[Sequence[R | BaseException]]]
 
 
-class _Pending(Generic[T]):
-    __slots__ = ("future", "key", "work")
+class _Pending(Generic[I, R]):
+    __slots__ = ("future", "item", "key")
 
-    def __init__(self, key: str, work: Work[T], future: asyncio.Future[T]) -> None:
+    def __init__(self, key: str, item: I, future: asyncio.Future[R]) -> None:
         self.key = key
-        self.work = work
+        self.item = item
         self.future = future
 
 
-class GroupCommit:
-    def __init__(self, pool: asyncpg.Pool, *, max_batch: int = 32, concurrency: int = 2) -> None:
+class GroupCommit(Generic[I, R]):
+    def __init__(
+        self, pool: asyncpg.Pool, handler: Handler[I, R], *, max_batch: int = 32, concurrency: int = 2
+    ) -> None:
         if max_batch < 1 or concurrency < 1:
             raise ValueError("max_batch and concurrency must be at least 1")
         self.pool = pool
+        self.handler = handler
         self.max_batch = max_batch
         self.concurrency = concurrency
-        self._waiting: list[_Pending[Any]] = []
+        self._waiting: list[_Pending[I, R]] = []
         self._running = 0
-        # Observability (exported by the server's metrics): transactions and units committed.
+        self._drains: set[asyncio.Task[None]] = set()  # referenced, so none is collected midway
+        # Observability (the server's /metrics): transactions committed and items they committed.
         self.batches = 0
         self.units = 0
 
-    async def run(self, key: str, work: Work[T]) -> T:
-        """Run `work(conn)` inside a transaction shared with other callers' units; its result
-        once that transaction committed (its exception, having run alone, if it raised)."""
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._waiting.append(_Pending(key, work, future))
+    async def run(self, key: str, item: I) -> R:
+        """Handle `item` in a transaction shared with other callers' items; its result once that
+        transaction committed, or the exception that refused it."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[R] = loop.create_future()
+        self._waiting.append(_Pending(key, item, future))
         if self._running < self.concurrency:
             self._running += 1
-            asyncio.get_running_loop().create_task(self._drain())
+            drain = loop.create_task(self._drain())
+            self._drains.add(drain)
+            drain.add_done_callback(self._drains.discard)
         return await future
+
+    def _take(self) -> list[_Pending[I, R]]:
+        batch: list[_Pending[I, R]] = []
+        keys: set[str] = set()
+        rest: list[_Pending[I, R]] = []
+        for pending in self._waiting:
+            if len(batch) < self.max_batch and pending.key not in keys:
+                keys.add(pending.key)
+                batch.append(pending)
+            else:
+                rest.append(pending)
+        self._waiting = rest
+        return sorted(batch, key=lambda p: p.key)
 
     async def _drain(self) -> None:
         try:
             while self._waiting:
-                batch, self._waiting = self._waiting[: self.max_batch], self._waiting[self.max_batch :]
-                batch.sort(key=lambda p: p.key)  # one lock order for every batch; stable per key
+                batch = self._take()
                 if len(batch) == 1 or not await self._together(batch):
                     for pending in batch:
                         await self._alone(pending)
         finally:
             self._running -= 1
 
-    async def _together(self, batch: list[_Pending[Any]]) -> bool:
-        """Run the batch in one transaction; False (nothing committed, nobody answered) when any
-        unit raised or the transaction failed."""
-        results: list[Any] = []
+    async def _together(self, batch: list[_Pending[I, R]]) -> bool:
+        """Handle the batch in one transaction; False (nothing committed, nobody answered) when
+        the handler raised or the transaction failed."""
         try:
             async with self.pool.acquire() as conn, conn.transaction():
-                for pending in batch:
-                    results.append(await pending.work(conn))
-        except Exception as exc:
+                outcomes = await self.handler(conn, [p.item for p in batch])
+        except Exception as exc:  # any failure: every item is handled again, alone
             log.debug("group_commit.split", units=len(batch), error=type(exc).__name__)
             return False
-        self.batches += 1
-        self.units += len(batch)
-        for pending, result in zip(batch, results, strict=True):
-            if not pending.future.done():  # a caller that went away is not answered
-                pending.future.set_result(result)
+        self._answer(batch, outcomes)
         return True
 
-    async def _alone(self, pending: _Pending[Any]) -> None:
+    async def _alone(self, pending: _Pending[I, R]) -> None:
         try:
             async with self.pool.acquire() as conn, conn.transaction():
-                result = await pending.work(conn)
+                outcomes = await self.handler(conn, [pending.item])
         except BaseException as exc:
             if not pending.future.done():
                 pending.future.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
             return
+        self._answer([pending], outcomes)
+
+    def _answer(self, batch: list[_Pending[I, R]], outcomes: Sequence[R | BaseException]) -> None:
         self.batches += 1
-        self.units += 1
-        if not pending.future.done():
-            pending.future.set_result(result)
+        for pending, outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                if not pending.future.done():
+                    pending.future.set_exception(outcome)
+                continue
+            self.units += 1
+            if not pending.future.done():  # a caller that went away is not answered
+                pending.future.set_result(outcome)

@@ -19,9 +19,6 @@ import structlog
 
 from ledger.events import (
     SCHEMA_VERSION,
-    EventClass,
-    EventMetadata,
-    EventPayload,
     NewEvent,
     RecordedEvent,
     validate_metadata,
@@ -88,6 +85,16 @@ class AppendResult(msgspec.Struct, frozen=True):
     states: dict[str, object] = {}
 
 
+class AppendRequest(msgspec.Struct, frozen=True):
+    """One stream's part of `EventStore.append_many`."""
+
+    stream_id: str
+    expected_version: int | None
+    events: Sequence[NewEvent]
+    # Each inline projection's folded state of the stream as the caller loaded it, by name.
+    prior_states: Mapping[str, object] = {}
+
+
 class InlineProjection(Protocol):
     """A read model the store keeps current inside each append's transaction."""
 
@@ -103,6 +110,13 @@ class InlineProjection(Protocol):
         """Fold `events` into the read model and return the stream's new folded state (None when
         the projection does not handle the stream). `prior`: the stream's folded state as the
         caller already loaded it under the stream lock (saves reading it twice), else None."""
+        ...
+
+    async def apply_many(
+        self, conn: asyncpg.Connection, appended: Sequence[tuple[str, Sequence[RecordedEvent], object]]
+    ) -> list[object]:
+        """`apply` for several streams at once, `(stream_id, events, prior)` each, in one write;
+        the new states in the same order."""
         ...
 
 
@@ -143,76 +157,107 @@ class EventStore:
         """
         if not events:
             raise ValueError("append needs at least one event")
-        encoded = [(validate_payload(e.payload), validate_metadata(e.metadata)) for e in events]
+        request = AppendRequest(stream_id, expected_version, events, prior_states or {})
         if conn is None:
             async with self.pool.acquire() as own, own.transaction():
-                return await self._append(
-                    own, stream_id, expected_version, events, encoded, locked, prior_states
-                )
-        return await self._append(conn, stream_id, expected_version, events, encoded, locked, prior_states)
+                (result,) = await self.append_many(own, [request], locked=locked)
+                return result
+        (result,) = await self.append_many(conn, [request], locked=locked)
+        return result
 
-    async def _append(
-        self,
-        conn: asyncpg.Connection,
-        stream_id: str,
-        expected_version: int | None,
-        events: Sequence[NewEvent],
-        encoded: list[tuple[tuple[bytes, EventPayload], tuple[bytes, EventMetadata]]],
-        locked: bool,
-        prior_states: Mapping[str, object] | None = None,
-    ) -> AppendResult:
-        classes: list[EventClass] = [e.event_class for e in events]
+    async def append_many(
+        self, conn: asyncpg.Connection, requests: Sequence[AppendRequest], *, locked: bool = False
+    ) -> list[AppendResult]:
+        """Append to several streams in the caller's transaction, in one round trip
+        (`mf_append_many`), then fold every stream's events into the inline projections in one
+        write per projection. Each stream is checked as `append` checks it; with more than one
+        stream, a conflict, tombstone or duplicate raises a plain LedgerError for the whole call
+        (the caller's group commit then runs each alone, where the typed error names its stream)."""
+        if any(not r.events for r in requests):
+            raise ValueError("append needs at least one event per stream")
+        encoded = [
+            [(validate_payload(e.payload), validate_metadata(e.metadata)) for e in r.events] for r in requests
+        ]
+        flat = [e for r in requests for e in r.events]
+        codes = [c for per in encoded for c in per]
         try:
             rows = await conn.fetch(
-                "SELECT out_global_position, out_stream_version, out_already_stored, out_recorded_at "
-                "FROM mf_append($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-                stream_id,
-                expected_version,
-                [e.event_id for e in events],
-                [e.event_type for e in events],
-                classes,
-                [SCHEMA_VERSION] * len(events),
-                [msgspec.Raw(d) for (d, _), _m in encoded],
-                [msgspec.Raw(m) for _d, (m, _) in encoded],
+                "SELECT out_stream_index, out_global_position, out_stream_version, out_already_stored, "
+                "out_recorded_at FROM mf_append_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                [r.stream_id for r in requests],
+                [r.expected_version for r in requests],
+                [len(r.events) for r in requests],
+                [e.event_id for e in flat],
+                [e.event_type for e in flat],
+                [e.event_class for e in flat],
+                [SCHEMA_VERSION] * len(flat),
+                [msgspec.Raw(d) for (d, _), _m in codes],
+                [msgspec.Raw(m) for _d, (m, _) in codes],
                 locked,
             )
         except asyncpg.PostgresError as exc:
-            translated = _translate(exc, stream_id, expected_version)
+            if len(requests) == 1:
+                translated = _translate(exc, requests[0].stream_id, requests[0].expected_version)
+            else:
+                translated = LedgerError(f"a batch of {len(requests)} appends failed: {exc}")
             if translated is not None:
                 raise translated from exc
             raise
-        if rows and rows[0]["out_already_stored"]:
-            stored = await conn.fetch(
-                f"SELECT {EVENT_COLUMNS} FROM events WHERE event_id = ANY($1) ORDER BY global_position",
-                [e.event_id for e in events],
-            )
-            recorded = [event_from_row(r) for r in stored]
-            log.info("append.idempotent", stream_id=stream_id, events=len(recorded))
-            return AppendResult(stream_id, recorded[-1].stream_version, recorded, already_stored=True)
-
-        recorded = [
-            RecordedEvent(
-                global_position=row["out_global_position"],
-                stream_id=stream_id,
-                stream_version=row["out_stream_version"],
-                event_id=event.event_id,
-                event_type=event.event_type,
-                event_class=cls,
-                schema_version=SCHEMA_VERSION,
-                # Fold what the log will give back on rebuild (decoded once, by the validation).
-                payload=payload,
-                metadata=meta,
-                recorded_at=row["out_recorded_at"],
-            )
-            for row, event, cls, ((_, payload), (_, meta)) in zip(rows, events, classes, encoded, strict=True)
-        ]
-        priors = prior_states or {}
-        states: dict[str, object] = {}
+        by_stream: list[list[asyncpg.Record]] = [[] for _ in requests]
+        for row in rows:
+            by_stream[row["out_stream_index"] - 1].append(row)
+        results: list[AppendResult | None] = []
+        fresh: list[tuple[int, list[RecordedEvent]]] = []
+        for i, (request, stream_rows, per) in enumerate(zip(requests, by_stream, encoded, strict=True)):
+            if stream_rows and stream_rows[0]["out_already_stored"]:
+                results.append(await self._stored(conn, request))
+                continue
+            recorded = [
+                RecordedEvent(
+                    global_position=row["out_global_position"],
+                    stream_id=request.stream_id,
+                    stream_version=row["out_stream_version"],
+                    event_id=event.event_id,
+                    event_type=event.event_type,
+                    event_class=event.event_class,
+                    schema_version=SCHEMA_VERSION,
+                    # Fold what the log will give back on rebuild (decoded once, by the validation).
+                    payload=payload,
+                    metadata=meta,
+                    recorded_at=row["out_recorded_at"],
+                )
+                for row, event, ((_, payload), (_, meta)) in zip(
+                    stream_rows, request.events, per, strict=True
+                )
+            ]
+            results.append(None)
+            fresh.append((i, recorded))
+        states: list[dict[str, object]] = [{} for _ in fresh]
         for projection in self.projections:
-            after = await projection.apply(conn, stream_id, recorded, priors.get(projection.name))
-            if after is not None:
-                states[projection.name] = after
-        return AppendResult(stream_id, recorded[-1].stream_version, recorded, False, states)
+            after = await projection.apply_many(
+                conn,
+                [
+                    (requests[i].stream_id, recorded, requests[i].prior_states.get(projection.name))
+                    for i, recorded in fresh
+                ],
+            )
+            for k, state in enumerate(after):
+                if state is not None:
+                    states[k][projection.name] = state
+        for (i, recorded), folded in zip(fresh, states, strict=True):
+            results[i] = AppendResult(
+                requests[i].stream_id, recorded[-1].stream_version, recorded, False, folded
+            )
+        return [r for r in results if r is not None]
+
+    async def _stored(self, conn: asyncpg.Connection, request: AppendRequest) -> AppendResult:
+        stored = await conn.fetch(
+            f"SELECT {EVENT_COLUMNS} FROM events WHERE event_id = ANY($1) ORDER BY global_position",
+            [e.event_id for e in request.events],
+        )
+        recorded = [event_from_row(r) for r in stored]
+        log.info("append.idempotent", stream_id=request.stream_id, events=len(recorded))
+        return AppendResult(request.stream_id, recorded[-1].stream_version, recorded, already_stored=True)
 
     async def lock_stream(self, conn: asyncpg.Connection, stream_id: str) -> StreamInfo:
         """Serialize work on one stream for the rest of the caller's transaction (other streams
@@ -222,16 +267,23 @@ class EventStore:
             stream_id, row["out_version"], row["out_lifecycle_version"], row["out_tombstoned_at"]
         )
 
-    async def open_stream(
-        self, conn: asyncpg.Connection, stream_id: str, state_of: str
-    ) -> tuple[StreamInfo, str | None]:
-        """`lock_stream` and the folded state projection `state_of` checkpointed for the stream
-        (its stored JSON; None before its first event), in one round trip (`mf_open_stream`)."""
-        row = await conn.fetchrow("SELECT * FROM mf_open_stream($1, $2)", stream_id, state_of)
-        info = StreamInfo(
-            stream_id, row["out_version"], row["out_lifecycle_version"], row["out_tombstoned_at"]
-        )
-        return info, row["out_state"]
+    async def open_streams(
+        self, conn: asyncpg.Connection, stream_ids: Sequence[str], state_of: str
+    ) -> list[tuple[StreamInfo, str | None]]:
+        """Lock `stream_ids` in the order given for the rest of the caller's transaction (callers
+        sort them: one lock order for everyone) and say where each stands, with the folded state
+        projection `state_of` checkpointed for it (its stored JSON; None before its first event),
+        in one round trip (`mf_open_streams`)."""
+        rows = await conn.fetch("SELECT * FROM mf_open_streams($1, $2)", list(stream_ids), state_of)
+        return [
+            (
+                StreamInfo(
+                    r["out_stream_id"], r["out_version"], r["out_lifecycle_version"], r["out_tombstoned_at"]
+                ),
+                r["out_state"],
+            )
+            for r in rows
+        ]
 
     async def read_stream(
         self, stream_id: str, *, after_version: int = 0, conn: asyncpg.Connection | None = None

@@ -3,13 +3,18 @@
 Every write above the ledger (a local refresh, an agent report, an enrollment, a credential
 revocation, a work lease, a decommission) is the same transaction:
 
-    lock the stream once (`mf_open_stream`: the rebuild gate shared + the stream's advisory lock)
+    lock the stream once (`mf_open_streams`: the rebuild gate shared + the stream's advisory lock)
     -> know its version and whether it is tombstoned
     -> and its current folded state (the owning projection's checkpoint), in the same round trip
     -> hand that state to a pure decision, which returns the events
     -> append them at the known version (`mf_append`, told the lock is held)
     -> the inline projections fold them once, in the same transaction
     -> the new state comes back from that fold (nothing folds twice, nothing decodes twice).
+
+Several units of a group commit's batch (ledger/group_commit.py) open their streams together
+(`UnitOfWork.open_many`: one round trip, locks in sorted order) and append together
+(`UnitOfWork.append_many`: one append call, one write per projection); each still decides alone
+on its own stream's state.
 
 The ledger knows read models only through the `StateOwner` protocol, so this module does not
 import `projections`.
@@ -25,7 +30,7 @@ import asyncpg
 import msgspec
 
 from ledger.events import NewEvent, RecordedEvent
-from ledger.store import EventStore, StreamInfo, StreamTombstoned
+from ledger.store import AppendRequest, AppendResult, EventStore, StreamInfo, StreamTombstoned
 
 S = TypeVar("S")
 S_co = TypeVar("S_co", covariant=True)
@@ -74,18 +79,19 @@ class OpenStream(Generic[S]):
     def version(self) -> int:
         return self.info.version
 
+    def request(self, events: Sequence[NewEvent]) -> AppendRequest:
+        """What appending `events` at the version this unit knows asks of the store."""
+        return AppendRequest(self.stream_id, self.info.version, events, {self.owner.name: self.state})
+
     async def append(self, events: Sequence[NewEvent]) -> Committed[S]:
         """Append at the version this unit knows; the lock is held, so it cannot have moved."""
         if not events:
             return Committed(events=[], state=self.state, stream_version=self.info.version)
-        result = await self.store.append(
-            self.stream_id,
-            self.info.version,
-            events,
-            conn=self.conn,
-            locked=True,
-            prior_states={self.owner.name: self.state},
-        )
+        (result,) = await self.store.append_many(self.conn, [self.request(events)], locked=True)
+        return self.committed(result)
+
+    def committed(self, result: AppendResult) -> Committed[S]:
+        """Take the store's result of this unit's append as the unit's new state and version."""
         after = result.states.get(self.owner.name)
         state_type = self.owner.state_type
         # An already-stored batch is folded into the state this unit loaded; nothing to refold.
@@ -126,10 +132,39 @@ class UnitOfWork(Generic[S]):
             yield await self._lock(conn, stream_id)
 
     async def _lock(self, conn: asyncpg.Connection, stream_id: str) -> OpenStream[S]:
-        info, raw = await self.store.open_stream(conn, stream_id, self.owner.name)
-        if info.tombstoned_at is not None:
-            raise StreamTombstoned(
-                stream_id, f"stream {stream_id} is tombstoned and takes no more events", info.tombstoned_at
-            )
-        state = self.owner.initial(stream_id) if raw is None else self.owner.decode_state(raw)
-        return OpenStream(self.store, self.owner, conn, info, state)
+        (opened,) = (await self.open_many(conn, [stream_id])).values()
+        if isinstance(opened, StreamTombstoned):
+            raise opened
+        return opened
+
+    async def open_many(
+        self, conn: asyncpg.Connection, stream_ids: Sequence[str]
+    ) -> dict[str, OpenStream[S] | StreamTombstoned]:
+        """Lock several streams in the caller's transaction (in sorted order, as every batch does)
+        and load each one's state: an open stream per id, or the StreamTombstoned a unit on that
+        stream would raise."""
+        out: dict[str, OpenStream[S] | StreamTombstoned] = {}
+        for info, raw in await self.store.open_streams(conn, sorted(set(stream_ids)), self.owner.name):
+            sid = info.stream_id
+            if info.tombstoned_at is not None:
+                out[sid] = StreamTombstoned(
+                    sid, f"stream {sid} is tombstoned and takes no more events", info.tombstoned_at
+                )
+                continue
+            state = self.owner.initial(sid) if raw is None else self.owner.decode_state(raw)
+            out[sid] = OpenStream(self.store, self.owner, conn, info, state)
+        return out
+
+    async def append_many(
+        self, conn: asyncpg.Connection, appends: Sequence[tuple[OpenStream[S], Sequence[NewEvent]]]
+    ) -> list[Committed[S]]:
+        """Append each open stream's events at the version it knows (one stream once), in one
+        call; their committed states in the same order."""
+        requests = [stream.request(events) for stream, events in appends if events]
+        results = iter(await self.store.append_many(conn, requests, locked=True) if requests else [])
+        return [
+            stream.committed(next(results))
+            if events
+            else Committed(events=[], state=stream.state, stream_version=stream.version)
+            for stream, events in appends
+        ]

@@ -40,15 +40,15 @@ class TableSpec(msgspec.Struct, frozen=True):
 
 
 def _changes_sql(ops: Sequence[tuple[str, str, TableSpec]], state_table: str) -> str:
-    """One statement for every change of one stream's rows: a data-modifying CTE per table and
-    operation, each fed one jsonb array of row objects (`jsonb_populate_recordset` types the values
-    by the table's own columns), then the new folded state. One round trip and one statement
-    however many rows changed, where a statement per row (executemany) cost a parse, a plan and
-    an executor start each. Deleted and upserted keys are disjoint, so the CTEs never touch the
-    same row twice."""
+    """One statement for every change of the rows of one or more streams: a data-modifying CTE
+    per table and operation, each fed one jsonb array of row objects (`jsonb_populate_recordset`
+    types the values by the table's own columns), then the new folded states, fed the same way.
+    One round trip and one statement however many rows and streams changed, where a statement
+    per row (executemany) cost a parse, a plan and an executor start each. Deleted and upserted
+    keys are disjoint, so the CTEs never touch the same row twice."""
     ctes: list[str] = []
     for i, (op, table, spec) in enumerate(ops):
-        param = f"${i + 6}"
+        param = f"${i + 2}"
         source = f"jsonb_populate_recordset(NULL::{table}, {param})"
         cols = ", ".join(spec.columns)
         if op == "delete":
@@ -62,10 +62,12 @@ def _changes_sql(ops: Sequence[tuple[str, str, TableSpec]], state_table: str) ->
                 f"ON CONFLICT ({', '.join(spec.key)}) {conflict})"
             )
     head = f"WITH {', '.join(ctes)} " if ctes else ""
+    state_cols = "projection, stream_id, stream_version, position, state"
     return (
-        f"{head}INSERT INTO {state_table} (projection, stream_id, stream_version, position, state) "
-        "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (projection, stream_id) DO UPDATE SET "
-        "stream_version = EXCLUDED.stream_version, position = EXCLUDED.position, state = EXCLUDED.state"
+        f"{head}INSERT INTO {state_table} ({state_cols}) SELECT {state_cols} "
+        f"FROM jsonb_populate_recordset(NULL::{state_table}, $1) ON CONFLICT (projection, stream_id) "
+        "DO UPDATE SET stream_version = EXCLUDED.stream_version, position = EXCLUDED.position, "
+        "state = EXCLUDED.state"
     )
 
 
@@ -138,38 +140,67 @@ class Projection(Generic[S]):
     ) -> S | None:
         """Fold `events` into the read model inline and return the stream's new state (None for
         a stream this projection does not handle). `prior`: the state as the caller loaded it."""
-        if not self.handles(stream_id):
-            return None
-        before = prior if isinstance(prior, self.state_type) else await self.load_state(conn, stream_id)
-        after = self.fold_all(before, events)
-        await self.write_changes(conn, stream_id, before, after)
+        (after,) = await self.apply_many(conn, [(stream_id, events, prior)])
         return after
+
+    async def apply_many(
+        self, conn: asyncpg.Connection, appended: Sequence[tuple[str, Sequence[RecordedEvent], object]]
+    ) -> list[S | None]:
+        """`apply` for several streams (a group commit's batch): each folded alone, every change
+        written in one statement."""
+        out: list[S | None] = []
+        changes: list[tuple[str, S, S]] = []
+        for stream_id, events, prior in appended:
+            if not self.handles(stream_id):
+                out.append(None)
+                continue
+            before = prior if isinstance(prior, self.state_type) else await self.load_state(conn, stream_id)
+            after = self.fold_all(before, events)
+            changes.append((stream_id, before, after))
+            out.append(after)
+        if changes:
+            await self.write_changes_many(conn, changes)
+        return out
 
     async def write_changes(
         self, conn: asyncpg.Connection, stream_id: str, before: S, after: S, *, suffix: str = ""
     ) -> None:
         """Write the difference between the rows of `before` and `after`, and the new state."""
-        old_rows, new_rows = self.rows(before), self.rows(after)
+        await self.write_changes_many(conn, [(stream_id, before, after)], suffix=suffix)
+
+    async def write_changes_many(
+        self, conn: asyncpg.Connection, changes: Sequence[tuple[str, S, S]], *, suffix: str = ""
+    ) -> None:
+        """`write_changes` for several streams `(stream_id, before, after)`, in one statement."""
+        if len({stream_id for stream_id, _b, _a in changes}) != len(changes):
+            raise ValueError("one statement writes each stream once: fold a stream's events together")
+        gone_by: dict[str, list[dict[str, Any]]] = {spec.name: [] for spec in self.tables}
+        changed_by: dict[str, list[dict[str, Any]]] = {spec.name: [] for spec in self.tables}
+        states: list[dict[str, Any]] = []
+        for stream_id, before, after in changes:
+            old_rows, new_rows = self.rows(before), self.rows(after)
+            for spec in self.tables:
+                old = {spec.key_of(r): r for r in old_rows.get(spec.name, ())}
+                new = {spec.key_of(r): r for r in new_rows.get(spec.name, ())}
+                changed_by[spec.name].extend(_objects(spec, [r for k, r in new.items() if old.get(k) != r]))
+                gone_by[spec.name].extend(dict(zip(spec.key, k, strict=True)) for k in old if k not in new)
+            version, position = self.checkpoint_of(after)
+            states.append(
+                {
+                    "projection": self.name,
+                    "stream_id": stream_id,
+                    "stream_version": version,
+                    "position": position,
+                    "state": msgspec.Raw(msgspec.json.encode(self.persisted(after))),
+                }
+            )
         ops: list[tuple[str, str, TableSpec]] = []
         args: list[object] = []
         for spec in self.tables:
-            old = {spec.key_of(r): r for r in old_rows.get(spec.name, ())}
-            new = {spec.key_of(r): r for r in new_rows.get(spec.name, ())}
-            changed = [r for k, r in new.items() if old.get(k) != r]
-            gone = [dict(zip(spec.key, k, strict=True)) for k in old if k not in new]
-            if gone:
+            if gone_by[spec.name]:
                 ops.append(("delete", spec.name + suffix, spec))
-                args.append(gone)
-            if changed:
+                args.append(gone_by[spec.name])
+            if changed_by[spec.name]:
                 ops.append(("upsert", spec.name + suffix, spec))
-                args.append(_objects(spec, changed))
-        version, position = self.checkpoint_of(after)
-        await conn.execute(
-            _changes_sql(ops, STATE_TABLE + suffix),
-            self.name,
-            stream_id,
-            version,
-            position,
-            msgspec.Raw(msgspec.json.encode(self.persisted(after))),
-            *args,
-        )
+                args.append(changed_by[spec.name])
+        await conn.execute(_changes_sql(ops, STATE_TABLE + suffix), states, *args)

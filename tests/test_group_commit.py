@@ -4,6 +4,7 @@ caller gets its own unit's outcome, and a unit that fails fails nobody else."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 
 import asyncpg
@@ -25,14 +26,28 @@ async def probe(pool: asyncpg.Pool) -> asyncpg.Pool:
     return pool
 
 
-def inserting(key: str, fail: bool = False):  # type: ignore[no-untyped-def]
-    async def unit(conn: asyncpg.Connection) -> str:
-        await conn.execute("INSERT INTO gc_probe (k) VALUES ($1)", key)
-        if fail:
-            raise ValueError(f"unit {key} refuses")
-        return key.upper()
+class Item:
+    def __init__(self, key: str, *, refuse: bool = False, explode: bool = False) -> None:
+        self.key, self.refuse, self.explode = key, refuse, explode
 
-    return unit
+
+seen: list[list[str]] = []  # the keys of each batch the handler got, in order
+
+
+async def handler(conn: asyncpg.Connection, items: Sequence[Item]) -> list[str | BaseException]:
+    """Inserts a row per item and answers its key in capitals; a refused item writes nothing and
+    is answered with its error; an exploding one fails the whole call after the others wrote."""
+    seen.append([i.key for i in items])
+    out: list[str | BaseException] = []
+    for item in items:
+        if item.refuse:
+            out.append(PermissionError(f"{item.key} refused"))
+            continue
+        await conn.execute("INSERT INTO gc_probe (k) VALUES ($1)", item.key)
+        if item.explode:
+            raise ValueError(f"{item.key} exploded")
+        out.append(item.key.upper())
+    return out
 
 
 async def rows(pool: asyncpg.Pool) -> list[tuple[str, int]]:
@@ -43,31 +58,48 @@ async def rows(pool: asyncpg.Pool) -> list[tuple[str, int]]:
         ]
 
 
-async def test_units_that_arrive_together_commit_in_one_transaction(probe: asyncpg.Pool) -> None:
-    group = GroupCommit(probe, max_batch=8, concurrency=1)
+async def transactions(pool: asyncpg.Pool) -> list[int]:
+    async with pool.acquire() as conn:
+        return sorted(r["n"] for r in await conn.fetch("SELECT count(*) AS n FROM gc_probe GROUP BY tx"))
+
+
+async def test_items_that_arrive_together_commit_in_one_transaction(probe: asyncpg.Pool) -> None:
+    group: GroupCommit[Item, str] = GroupCommit(probe, handler, max_batch=8, concurrency=1)
     keys = [f"k{i}" for i in range(8)]
-    results = await asyncio.gather(*(group.run(k, inserting(k)) for k in keys))
+    results = await asyncio.gather(*(group.run(k, Item(k)) for k in keys))
     assert results == [k.upper() for k in keys]
-    async with probe.acquire() as conn:
-        transactions = await conn.fetchval("SELECT count(DISTINCT tx) FROM gc_probe")
-    assert transactions == 1 and (group.batches, group.units) == (1, 8)
+    assert await transactions(probe) == [8] and (group.batches, group.units) == (1, 8)
     assert await rows(probe) == [(k, 1) for k in keys]
 
 
 async def test_a_batch_never_exceeds_max_batch(probe: asyncpg.Pool) -> None:
-    group = GroupCommit(probe, max_batch=3, concurrency=1)
+    group: GroupCommit[Item, str] = GroupCommit(probe, handler, max_batch=3, concurrency=1)
     keys = [f"k{i:02d}" for i in range(10)]
-    await asyncio.gather(*(group.run(k, inserting(k)) for k in keys))
-    async with probe.acquire() as conn:
-        sizes = [r["n"] for r in await conn.fetch("SELECT count(*) AS n FROM gc_probe GROUP BY tx")]
-    assert sorted(sizes) == [1, 3, 3, 3] and group.units == 10
+    await asyncio.gather(*(group.run(k, Item(k)) for k in keys))
+    assert await transactions(probe) == [1, 3, 3, 3] and group.units == 10
 
 
-async def test_a_failing_unit_fails_only_itself_and_the_others_are_stored_once(probe: asyncpg.Pool) -> None:
-    group = GroupCommit(probe, max_batch=8, concurrency=1)
+async def test_a_refused_item_gets_its_error_and_the_others_commit_together(probe: asyncpg.Pool) -> None:
+    group: GroupCommit[Item, str] = GroupCommit(probe, handler, max_batch=8, concurrency=1)
     keys = [f"k{i}" for i in range(5)]
     outcomes = await asyncio.gather(
-        *(group.run(k, inserting(k, fail=k == "k2")) for k in keys), return_exceptions=True
+        *(group.run(k, Item(k, refuse=k == "k1")) for k in keys), return_exceptions=True
+    )
+    assert [o if isinstance(o, str) else type(o).__name__ for o in outcomes] == [
+        "K0",
+        "PermissionError",
+        "K2",
+        "K3",
+        "K4",
+    ]
+    assert await transactions(probe) == [4] and group.batches == 1
+
+
+async def test_a_failing_item_fails_only_itself_and_the_others_are_stored_once(probe: asyncpg.Pool) -> None:
+    group: GroupCommit[Item, str] = GroupCommit(probe, handler, max_batch=8, concurrency=1)
+    keys = [f"k{i}" for i in range(5)]
+    outcomes = await asyncio.gather(
+        *(group.run(k, Item(k, explode=k == "k2")) for k in keys), return_exceptions=True
     )
     assert [o if isinstance(o, str) else type(o).__name__ for o in outcomes] == [
         "K0",
@@ -77,22 +109,17 @@ async def test_a_failing_unit_fails_only_itself_and_the_others_are_stored_once(p
         "K4",
     ]
     assert await rows(probe) == [("k0", 1), ("k1", 1), ("k3", 1), ("k4", 1)], "nothing of k2, nothing twice"
+    assert await transactions(probe) == [1, 1, 1, 1], "after the failed batch, each item ran alone"
 
 
-async def test_a_batch_runs_its_units_in_key_order_and_one_key_in_arrival_order(probe: asyncpg.Pool) -> None:
-    group = GroupCommit(probe, max_batch=16, concurrency=1)
-    ran: list[str] = []
-
-    def recording(key: str, tag: str):  # type: ignore[no-untyped-def]
-        async def unit(conn: asyncpg.Connection) -> None:
-            await conn.execute("SELECT 1")
-            ran.append(f"{key}/{tag}")
-
-        return unit
-
-    calls = [("c", "1"), ("a", "1"), ("b", "1"), ("a", "2"), ("c", "2"), ("a", "3")]
-    await asyncio.gather(*(group.run(k, recording(k, t)) for k, t in calls))
-    assert ran == ["a/1", "a/2", "a/3", "b/1", "c/1", "c/2"]
+async def test_a_batch_is_sorted_by_key_and_holds_one_item_per_key(probe: asyncpg.Pool) -> None:
+    group: GroupCommit[Item, str] = GroupCommit(probe, handler, max_batch=16, concurrency=1)
+    seen.clear()
+    calls = ["c", "a", "b", "a", "c", "a"]
+    results = await asyncio.gather(*(group.run(k, Item(k)) for k in calls))
+    assert results == [k.upper() for k in calls]
+    # The first batch takes one item per key, sorted; later items of a key wait, in arrival order.
+    assert seen == [["a", "b", "c"], ["a", "c"], ["a"]]
 
 
 async def test_concurrent_agent_reports_share_transactions_and_are_each_accepted_once(

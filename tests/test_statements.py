@@ -2,12 +2,13 @@
 (asyncpg's query logger sees every statement a connection sends, BEGIN and COMMIT included). The
 figures are in docs/performance.md: counted this way, a report sent 11 before the unit of work
 (two stream locks), 10 with it, 8 since a projection writes all its changed rows and its state
-in one statement, and 7 since the lock and the state load are one call (`mf_open_stream`); a
-refresh sent 9, then 6, and sends 5. (Reports that arrive together share BEGIN and COMMIT:
-tests/test_group_commit.py.)"""
+in one statement, and 7 since the lock and the state load are one call (`mf_open_streams`); a
+refresh sent 9, then 6, and sends 5. Reports that arrive together (group commit) send the same
+seven statements for the whole batch."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from tests.fixtures_nvml import multi_gpu_scenario
 
 REPORT_STATEMENTS = 7  # BEGIN, lock and state, position, append, one write, advance, COMMIT
 REFRESH_STATEMENTS = 5  # BEGIN, lock and state, append, one write, COMMIT
+# Reports that arrive together (group commit): the same seven for the whole batch.
+BATCH_STATEMENTS = 7  # BEGIN, locks and states, positions, append, one write, advance, COMMIT
 
 
 class Counter:
@@ -68,8 +71,33 @@ async def test_a_steady_state_agent_report_sends_fewer_statements_than_before(
     assert second.status == "accepted" and second.lifecycle_events == [] and second.events > 0
     assert len(counter.queries) == REPORT_STATEMENTS, counter.queries
     # One lock with its state load per report (the unit of work), never two, never apart.
-    assert sum("mf_open_stream" in q for q in counter.queries) == 1
+    assert sum("mf_open_streams" in q for q in counter.queries) == 1
     assert not any("mf_lock_stream" in q or "FROM projection_state" in q for q in counter.queries)
+
+
+async def test_reports_that_arrive_together_share_one_transaction_of_seven_statements(
+    counted: tuple[Services, Counter],
+) -> None:
+    services, counter = counted
+    plane = services.agent_plane
+    token = await plane.create_token(3600, 8)
+    principals = []
+    for i in range(8):
+        enrolled = await plane.enroll(
+            token.token,
+            EnrollRequest(identity_key=f"batch-{i}", identity_source="configured", hostname=f"h{i}"),
+        )
+        principals.append(await plane.authenticate(enrolled.credential))
+        await plane.accept_report(principals[-1], report_body(f"batch-{i}", 1, mem_avail=1), None)
+    counter.queries.clear()
+    acks = await asyncio.gather(
+        *(
+            plane.accept_report(p, report_body(f"batch-{i}", 2, mem_avail=2), None)
+            for i, p in enumerate(principals)
+        )
+    )
+    assert [a.status for a in acks] == ["accepted"] * 8
+    assert len(counter.queries) == BATCH_STATEMENTS, counter.queries
 
 
 async def test_a_steady_state_local_refresh_sends_one_lock_and_one_state_load(
@@ -82,7 +110,7 @@ async def test_a_steady_state_local_refresh_sends_one_lock_and_one_state_load(
     assert outcome.outcome == "succeeded"
     assert all(e.event_class == "observation" for e in outcome.events)
     assert len(counter.queries) == REFRESH_STATEMENTS, counter.queries
-    assert sum("mf_open_stream" in q for q in counter.queries) == 1
+    assert sum("mf_open_streams" in q for q in counter.queries) == 1
     assert not any("mf_lock_stream" in q or "FROM projection_state" in q for q in counter.queries)
 
 

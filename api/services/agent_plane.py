@@ -21,7 +21,7 @@ import hashlib
 import hmac
 import secrets
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
@@ -43,13 +43,14 @@ from agent.protocol import (
 )
 from api.services.errors import (
     Conflict,
+    DomainError,
     Forbidden,
     InvalidRequest,
     NodeIsDecommissioned,
     NotFound,
     Unauthenticated,
 )
-from api.services.inventory import HardwareInventoryService, open_node
+from api.services.inventory import HardwareInventoryService, open_node, reconcile_decision
 from collectors.identity import IdentityError, NodeIdentity, validate_identity_key
 from ledger.events import (
     CredentialIssued,
@@ -196,16 +197,21 @@ MAX_VERIFIED_CREDENTIALS = 100_000
 # How many digests of accepted reports per stream are kept to recognize an unchanged retry.
 RECENT_REPORT_DIGESTS = 32
 
-# Under the node's stream lock: the stream's position, row-locked. (The credential's revocation is
-# read from the node's folded state, which the unit of work already holds.)
-_POSITION_SQL = """
-SELECT last_sequence, recent FROM agent_stream_positions WHERE node_id = $1 AND stream = $2 FOR UPDATE
+# Under the nodes' stream locks, for a batch of reports (one per node): their streams' positions,
+# row-locked, then advanced together. (Each credential's revocation is read from its node's folded
+# state, which the unit of work already holds.)
+_POSITIONS_SQL = """
+SELECT p.node_id, p.stream, p.last_sequence, p.recent FROM agent_stream_positions p
+JOIN unnest($1::text[], $2::text[]) AS u(node_id, stream) ON u.node_id = p.node_id AND u.stream = p.stream
+FOR UPDATE OF p
 """
 
-_ADVANCE_SQL = """
+_ADVANCE_MANY_SQL = """
 INSERT INTO agent_stream_positions AS p
     (node_id, stream, last_sequence, reports, skipped, recent, last_observed_at, last_received_at)
-VALUES ($1, $2, $3, 1, $4, $5, $6, $7)
+SELECT u.node_id, u.stream, u.last_sequence, 1, u.skipped, u.recent, u.observed_at, u.received_at
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::jsonb[], $6::timestamptz[],
+            $7::timestamptz[]) AS u(node_id, stream, last_sequence, skipped, recent, observed_at, received_at)
 ON CONFLICT (node_id, stream) DO UPDATE SET
     last_sequence = EXCLUDED.last_sequence, reports = p.reports + 1, skipped = p.skipped + EXCLUDED.skipped,
     recent = EXCLUDED.recent, last_observed_at = EXCLUDED.last_observed_at,
@@ -289,6 +295,68 @@ def sequence_refusal(
     )
 
 
+class _ReportItem(msgspec.Struct, frozen=True):
+    """A validated report waiting for its node's unit of work in a group commit."""
+
+    principal: Principal
+    report: Report
+    digest: str
+    received_at: datetime
+    sent_at: datetime | None
+
+
+class _Accepted(msgspec.Struct, frozen=True):
+    """What a report that passed its checks appends, and how its stream position moves."""
+
+    events: list[NewEvent]
+    last: int | None
+    gap: int
+    recent: dict[str, str]
+
+
+def decide_report(
+    state: NodeState, item: _ReportItem, last: int | None, recent: dict[str, str]
+) -> ReportAck | DomainError | _Accepted:
+    """A report against its node's folded state and its stream's position: refused (the error),
+    an unchanged retry (the `duplicate` ack), or accepted (the events to append). Pure."""
+    principal, report = item.principal, item.report
+    credential = state.credentials.get(principal.credential_id)
+    if credential is None or credential.revoked_at is not None:
+        return _unauthorized("credential-revoked", "the node credential was revoked")
+    seq, stream_name = report.sequence, report.stream
+    refusal = sequence_refusal(stream_name, seq, last, recent, item.digest)
+    if refusal is not None:
+        return refusal
+    if last is not None and seq <= last:  # the same content again: an unchanged retry
+        return ReportAck(
+            status="duplicate",
+            node_id=report.node_id,
+            stream=stream_name,
+            sequence=seq,
+            previous_sequence=last,
+            gap=0,
+            received_at=item.received_at,
+            events=0,
+        )
+    gap = seq - (last or 0) - 1
+    metadata = EventMetadata(
+        received_at=item.received_at,
+        source="agent",
+        observed_at=report.observed_at,
+        agent_stream=stream_name,
+        agent_sequence=seq,
+        agent_sent_at=item.sent_at,
+        agent_report_sha256=item.digest,
+        agent_sequence_gap=gap if gap > 0 else None,
+        actor=f"credential:{principal.credential_id}",
+    )
+    identity = NodeIdentity(key=report.identity_key, source=report.identity_source)
+    kept = {k: v for k, v in recent.items() if int(k) > seq - RECENT_REPORT_DIGESTS}
+    kept[str(seq)] = item.digest
+    events = reconcile_decision(identity, report.observation, metadata)(state)
+    return _Accepted(events=events, last=last, gap=max(0, gap), recent=kept)
+
+
 class EnrollmentService:
     def __init__(
         self,
@@ -307,8 +375,11 @@ class EnrollmentService:
         # so a revocation by any server is honoured at once. Saves a query and a pool round per
         # report.
         self._verified: dict[str, tuple[str, Principal]] = {}
-        # Concurrent reports of different nodes share transactions (ledger/group_commit.py).
-        self.reports = GroupCommit(inventory.store.pool)
+        # Concurrent reports of different nodes share transactions and statements
+        # (ledger/group_commit.py); 4 batches at once measured best on 2 cores (docs/performance.md).
+        self.reports: GroupCommit[_ReportItem, ReportAck] = GroupCommit(
+            inventory.store.pool, self._commit_reports, concurrency=4
+        )
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -703,85 +774,74 @@ class EnrollmentService:
                 errors=errors[:50],
             )
         digest = hashlib.sha256(raw).hexdigest()
-        node_id, stream_name, seq = report.node_id, report.stream, report.sequence
-
-        async def unit(conn: asyncpg.Connection) -> ReportAck:
-            # Decides on what it reads under the lock only: safe to run again (group commit).
-            async with open_node(self.nodes, node_id, conn=conn) as node:
-                return await self._reconcile_report(node, principal, report, digest, received_at, sent_at)
-
-        ack = await self.reports.run(node_id, unit)
+        item = _ReportItem(principal, report, digest, received_at, sent_at)
+        ack = await self.reports.run(report.node_id, item)
         if ack.gap > 0:
             log.warning(
-                "agent.report_gap", node_id=node_id, stream=stream_name, sequence=seq, skipped=ack.gap
+                "agent.report_gap",
+                node_id=ack.node_id,
+                stream=ack.stream,
+                sequence=ack.sequence,
+                skipped=ack.gap,
             )
         return ack
 
-    async def _reconcile_report(
+    async def _commit_reports(
+        self, conn: asyncpg.Connection, items: Sequence[_ReportItem]
+    ) -> list[ReportAck | BaseException]:
+        """A group commit's batch of reports, one per node, in the batch's transaction: every
+        node's unit of work opened at once (locks in node-id order), each report decided alone
+        on its own node's state and stream position (`decide_report`), the accepted ones
+        appended, folded and their positions advanced together: seven statements per batch."""
+        node_ids = [i.report.node_id for i in items]
+        opened = await self.nodes.open_many(conn, node_ids)
+        rows = await conn.fetch(_POSITIONS_SQL, node_ids, [i.report.stream for i in items])
+        positions = {(r["node_id"], r["stream"]): r for r in rows}
+        outcomes: list[ReportAck | BaseException | None] = []
+        accepted: list[tuple[int, OpenStream[NodeState], _ReportItem, _Accepted]] = []
+        for k, item in enumerate(items):
+            node = opened[item.report.node_id]
+            if isinstance(node, StreamTombstoned):
+                outcomes.append(NodeIsDecommissioned(node.stream_id, node.tombstoned_at))
+                continue
+            row = positions.get((item.report.node_id, item.report.stream))
+            last: int | None = row["last_sequence"] if row is not None else None
+            recent: dict[str, str] = (row["recent"] if row is not None else None) or {}
+            decision = decide_report(node.state, item, last, recent)
+            if isinstance(decision, _Accepted):
+                accepted.append((k, node, item, decision))
+            outcomes.append(None if isinstance(decision, _Accepted) else decision)
+        if accepted:
+            await self._append_accepted(conn, accepted, outcomes)
+        return [o for o in outcomes if o is not None]
+
+    async def _append_accepted(
         self,
-        node: OpenStream[NodeState],
-        principal: Principal,
-        report: Report,
-        digest: str,
-        received_at: datetime,
-        sent_at: datetime | None,
-    ) -> ReportAck:
-        """Check the credential and the sequence under the node's lock, reconcile, advance."""
-        node_id, stream_name, seq = report.node_id, report.stream, report.sequence
-        credential = node.state.credentials.get(principal.credential_id)
-        if credential is None or credential.revoked_at is not None:
-            raise _unauthorized("credential-revoked", "the node credential was revoked")
-        row = await node.conn.fetchrow(_POSITION_SQL, node_id, stream_name)
-        last: int | None = row["last_sequence"] if row is not None else None
-        recent: dict[str, str] = (row["recent"] if row is not None else None) or {}
-        refusal = sequence_refusal(stream_name, seq, last, recent, digest)
-        if refusal is not None:
-            raise refusal
-        if last is not None and seq <= last:  # the same content again: an unchanged retry
-            return ReportAck(
-                status="duplicate",
-                node_id=node_id,
-                stream=stream_name,
-                sequence=seq,
-                previous_sequence=last,
-                gap=0,
-                received_at=received_at,
-                events=0,
+        conn: asyncpg.Connection,
+        accepted: list[tuple[int, OpenStream[NodeState], _ReportItem, _Accepted]],
+        outcomes: list[ReportAck | BaseException | None],
+    ) -> None:
+        committed = await self.nodes.append_many(conn, [(node, d.events) for _k, node, _i, d in accepted])
+        await conn.execute(
+            _ADVANCE_MANY_SQL,
+            [i.report.node_id for _k, _n, i, _d in accepted],
+            [i.report.stream for _k, _n, i, _d in accepted],
+            [i.report.sequence for _k, _n, i, _d in accepted],
+            [d.gap for _k, _n, _i, d in accepted],
+            [d.recent for _k, _n, _i, d in accepted],
+            [i.report.observed_at for _k, _n, i, _d in accepted],
+            [i.received_at for _k, _n, i, _d in accepted],
+        )
+        for (k, node, item, d), done in zip(accepted, committed, strict=True):
+            self.inventory.reconciled(node.stream_id, done, "agent")
+            outcomes[k] = ReportAck(
+                status="accepted",
+                node_id=item.report.node_id,
+                stream=item.report.stream,
+                sequence=item.report.sequence,
+                previous_sequence=d.last,
+                gap=d.gap,
+                received_at=item.received_at,
+                events=len(done.events),
+                lifecycle_events=[e.event_type for e in done.events if e.event_class == "lifecycle"],
             )
-        gap = seq - (last or 0) - 1
-        metadata = EventMetadata(
-            received_at=received_at,
-            source="agent",
-            observed_at=report.observed_at,
-            agent_stream=stream_name,
-            agent_sequence=seq,
-            agent_sent_at=sent_at,
-            agent_report_sha256=digest,
-            agent_sequence_gap=gap if gap > 0 else None,
-            actor=f"credential:{principal.credential_id}",
-        )
-        identity = NodeIdentity(key=report.identity_key, source=report.identity_source)
-        committed = await self.inventory.reconcile_in(node, identity, report.observation, metadata)
-        kept = {k: v for k, v in recent.items() if int(k) > seq - RECENT_REPORT_DIGESTS}
-        kept[str(seq)] = digest
-        await node.conn.execute(
-            _ADVANCE_SQL,
-            node_id,
-            stream_name,
-            seq,
-            max(0, gap),
-            kept,
-            report.observed_at,
-            received_at,
-        )
-        return ReportAck(
-            status="accepted",
-            node_id=node_id,
-            stream=stream_name,
-            sequence=seq,
-            previous_sequence=last,
-            gap=max(0, gap),
-            received_at=received_at,
-            events=len(committed.events),
-            lifecycle_events=[e.event_type for e in committed.events if e.event_class == "lifecycle"],
-        )

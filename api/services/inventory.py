@@ -197,18 +197,22 @@ class HardwareInventoryService:
         """Reconcile an observation inside an open unit of work (a refresh's own, or an agent
         report's, which also checks and advances its sequence under the same lock)."""
         committed = await stream.decide(reconcile_decision(identity, observation, metadata))
+        self.reconciled(stream.stream_id, committed, metadata.source)
+        return committed
+
+    def reconciled(self, node_id: str, committed: Committed[NodeState], source: str) -> None:
+        """Count and log one reconciled refresh or report (a group commit appends several)."""
         self.counters.refreshes += 1
         self.counters.events += len(committed.events)
         lifecycle = [e.event_type for e in committed.events if e.event_class == "lifecycle"]
         # Telemetry-only runs are the steady state of a fleet: debug, not a log line per report.
         (log.info if lifecycle else log.debug)(
             "inventory.reconciled",
-            node_id=stream.stream_id,
-            source=metadata.source,
+            node_id=node_id,
+            source=source,
             lifecycle_events=lifecycle,
             status=committed.state.inventory_status,
         )
-        return committed
 
     async def record_revival_refused(
         self,
