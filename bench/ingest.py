@@ -18,6 +18,9 @@ Measured:
 - two servers: the closed loop split over two `serve` processes sharing the database;
 - open loop: `--rate` (1,000/s) offered for `--open-seconds`, latency from each report's scheduled
   time; says whether the backlog of waiting reports grows;
+- retention: `--retention-events` old snapshots (received 24-48 h ago) pruned by the product's
+  `prune_observations` while the closed loop runs: its p99 meanwhile, and the events table's size
+  and dead tuples before, after the prune and after a VACUUM;
 - statements: the SQL statements and round trips per report, per refresh (`POST
   /hardware/refresh` of the server's own host) and per ceiling append, counted on the wire by
   the harness's StatementCounter (a proxy between a separate server process and PostgreSQL), with
@@ -327,6 +330,40 @@ class Target:
         return cls(label, tree, db, server, agents)
 
 
+RETENTION_STREAMS = 200  # the old snapshots are spread over this many simulated node streams
+
+
+async def fill_old_telemetry(pool: Any, events: int) -> None:
+    """`events` NODE_TELEMETRY_OBSERVED snapshots received 24-48 h ago (copies of a real report's
+    data and metadata), in `RETENTION_STREAMS` streams of their own, each ending with one recent
+    snapshot: everything else is older than the default 24 h and prunable."""
+    per = max(2, events // RETENTION_STREAMS)
+    async with pool.acquire() as conn:
+        await conn.execute(
+            """
+            INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class,
+                                schema_version, data, metadata, recorded_at, received_at)
+            SELECT gen_random_uuid(), 'retention-sim-' || s, v, e.event_type, e.event_class,
+                   e.schema_version, e.data, e.metadata, now(),
+                   CASE WHEN v = $2 THEN now() ELSE now() - interval '48 hours' + v * ($3 * interval '1 second') END
+            FROM (SELECT * FROM events WHERE event_type = 'NODE_TELEMETRY_OBSERVED' LIMIT 1) e,
+                 generate_series(1, $1) s, generate_series(1, $2) v
+            """,
+            RETENTION_STREAMS,
+            per,
+            86_400.0 / per,
+        )
+        await conn.execute("VACUUM ANALYZE events")
+
+
+async def table_figures(pool: Any) -> tuple[int, int]:
+    """(bytes of the events table with its TOAST and indexes, dead tuples)."""
+    async with pool.acquire() as conn:
+        size = await conn.fetchval("SELECT pg_total_relation_size('events')")
+        dead = await conn.fetchval("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'events'")
+    return int(size), int(dead or 0)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = h.parser(__doc__)
     p.add_argument("--nodes", type=int, default=1000, help="simulated agents of 8 GPUs (default 1,000)")
@@ -341,6 +378,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-open-loop", dest="open_loop", action="store_false", help="skip the open loop")
     p.add_argument("--no-count", dest="count_statements", action="store_false", help="skip the counting")
     p.add_argument(
+        "--retention-events", type=int, default=400_000,
+        help="old snapshots pruned while the closed loop runs (default 400,000: a day of ~46 nodes at 10 s; "
+        "0 skips the retention tier)",
+    )  # fmt: skip
+    p.add_argument(
         "--baseline", metavar="CHECKOUT", type=Path,
         help="another checkout of the product (e.g. a worktree of main) to compare with in the same run: its "
         "`serve` gets its own database and agents, and its http tier and statement counts are interleaved "
@@ -349,6 +391,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.nodes, args.rounds, args.duration, args.open_seconds, args.count = 500, 2, 3.0, 15.0, 200
+        args.retention_events = min(args.retention_events, 100_000)
     return args
 
 
@@ -428,6 +471,38 @@ async def run(args: argparse.Namespace) -> int:
             opened.sample.usage = u
             samples.append(opened.sample)
 
+        pruning: h.Sample | None = None
+        if args.retention_events > 0:
+            from ledger.retention import prune_observations
+
+            before = await table_figures(pool)
+            await fill_old_telemetry(pool, args.retention_events)
+            filled = await table_figures(pool)
+            pruning = h.Sample(f"http while pruning {args.retention_events:,} old snapshots, {c} in flight")
+            started = time.perf_counter()
+            prune = asyncio.create_task(prune_observations(pool))
+            while not prune.done():
+                s, u = await meter.measure(
+                    load.http(pruning.name, [this.server.port], c, min(args.duration, 3.0))
+                )
+                pruning.merge(s, u)
+            pruned = prune.result()
+            took = time.perf_counter() - started
+            after_prune = await table_figures(pool)
+            async with pool.acquire() as conn:
+                await conn.execute("VACUUM events")  # what autovacuum does after a large DELETE
+            vacuumed = await table_figures(pool)
+            samples.append(pruning)
+            mib = 1024 * 1024
+            report.note(
+                f"retention: {pruned.deleted:,} snapshots pruned in {pruned.batches} batches over {took:.1f} s while "
+                f"the closed loop ran (p99 {pruning.ms(99):.0f} ms, against {http.ms(99):.0f} ms without); events "
+                f"table with TOAST and indexes {before[0] / mib:,.0f} MiB before the fill, {filled[0] / mib:,.0f} MiB "
+                f"filled, {after_prune[0] / mib:,.0f} MiB pruned ({after_prune[1]:,} dead tuples), "
+                f"{vacuumed[0] / mib:,.0f} MiB after VACUUM ({vacuumed[1]:,} dead: the space is reused by new "
+                "appends, the file does not shrink)"
+            )
+
         h.table(
             ["tier", "reports/s", "events/s", "p50 ms", "p99 ms", "errors", "server ms", "PG ms", "client ms"],
             [[s.name, s.rate, s.unit_rate, s.ms(50), s.ms(99), s.errors, s.per_op("server_cpu"),
@@ -491,6 +566,12 @@ async def run(args: argparse.Namespace) -> int:
             report.ratio(h.Ratio("two servers / one server (reports/s)", two.rate / http.rate, None))
         report.ratio(h.Ratio("http reports/s (closed loop)", http.rate, TARGET_RATE))
         report.ratio(h.Ratio("http p99 ms (closed loop)", http.ms(99), TARGET_P99_MS, at_least=False))
+        if pruning is not None:
+            report.ratio(
+                h.Ratio(
+                    "http p99 ms while pruning (closed loop)", pruning.ms(99), TARGET_P99_MS, at_least=False
+                )
+            )
         for attr, label in (("server_cpu", "server"), ("db_cpu", "PostgreSQL")):
             v = http.per_op(attr)
             if v is not None:
