@@ -79,7 +79,7 @@ from projections.rebuild import rebuild
 
 TASKS = 8
 POOL = 4
-EVENTS_PER_REPORT = 10
+EVENTS_PER_REPORT = 2  # one NODE_TELEMETRY_OBSERVED snapshot and one lifecycle event
 
 # The SELECT of projections/rebuild.py's bulk phase, verbatim.
 SCAN_SQL = (
