@@ -38,6 +38,15 @@ R = TypeVar("R")
 Handler = Callable[[asyncpg.Connection, Sequence[I]], Awaitable[Sequence[R | BaseException]]]
 
 
+def _fail(future: asyncio.Future[R], exc: BaseException) -> None:
+    if future.done():
+        return
+    if isinstance(exc, asyncio.CancelledError):
+        future.cancel()
+    else:
+        future.set_exception(exc)
+
+
 class _Pending(Generic[I, R]):
     __slots__ = ("future", "item", "key")
 
@@ -91,12 +100,18 @@ class GroupCommit(Generic[I, R]):
         return sorted(batch, key=lambda p: p.key)
 
     async def _drain(self) -> None:
+        batch: list[_Pending[I, R]] = []
         try:
             while self._waiting:
                 batch = self._take()
                 if len(batch) == 1 or not await self._together(batch):
                     for pending in batch:
                         await self._alone(pending)
+        except BaseException as exc:
+            # Cancelled (the server stops) or a bug here: no caller of this batch waits forever.
+            for pending in batch:
+                _fail(pending.future, exc)
+            raise
         finally:
             self._running -= 1
 
@@ -105,20 +120,28 @@ class GroupCommit(Generic[I, R]):
         the handler raised or the transaction failed."""
         try:
             async with self.pool.acquire() as conn, conn.transaction():
-                outcomes = await self.handler(conn, [p.item for p in batch])
+                outcomes = self._checked(batch, await self.handler(conn, [p.item for p in batch]))
         except Exception as exc:  # any failure: every item is handled again, alone
             log.debug("group_commit.split", units=len(batch), error=type(exc).__name__)
             return False
         self._answer(batch, outcomes)
         return True
 
+    @staticmethod
+    def _checked(
+        batch: list[_Pending[I, R]], outcomes: Sequence[R | BaseException]
+    ) -> Sequence[R | BaseException]:
+        # Inside the transaction: a handler that answers the wrong number of items commits nothing.
+        if len(outcomes) != len(batch):
+            raise RuntimeError(f"the handler answered {len(outcomes)} of {len(batch)} items")
+        return outcomes
+
     async def _alone(self, pending: _Pending[I, R]) -> None:
         try:
             async with self.pool.acquire() as conn, conn.transaction():
-                outcomes = await self.handler(conn, [pending.item])
+                outcomes = self._checked([pending], await self.handler(conn, [pending.item]))
         except BaseException as exc:
-            if not pending.future.done():
-                pending.future.set_exception(exc)
+            _fail(pending.future, exc)
             if not isinstance(exc, Exception):
                 raise
             return

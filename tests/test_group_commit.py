@@ -122,6 +122,22 @@ async def test_a_batch_is_sorted_by_key_and_holds_one_item_per_key(probe: asyncp
     assert seen == [["a", "b", "c"], ["a", "c"], ["a"]]
 
 
+async def test_a_handler_that_answers_too_few_items_commits_nothing_and_leaves_nobody_waiting(
+    probe: asyncpg.Pool,
+) -> None:
+    async def forgetful(conn: asyncpg.Connection, items: Sequence[Item]) -> list[str | BaseException]:
+        for item in items:
+            await conn.execute("INSERT INTO gc_probe (k) VALUES ($1)", item.key)
+        return [i.key.upper() for i in items][:-1]
+
+    group: GroupCommit[Item, str] = GroupCommit(probe, forgetful, max_batch=8, concurrency=1)
+    outcomes = await asyncio.wait_for(
+        asyncio.gather(*(group.run(k, Item(k)) for k in ("a", "b", "c")), return_exceptions=True), 30
+    )
+    assert all(isinstance(o, RuntimeError) for o in outcomes), outcomes
+    assert await rows(probe) == []
+
+
 async def test_concurrent_agent_reports_share_transactions_and_are_each_accepted_once(
     pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
