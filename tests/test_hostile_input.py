@@ -326,12 +326,13 @@ async def test_a_valid_report_still_passes_the_guards(target: Target) -> None:
 
 
 async def test_a_revoked_credential_gets_401_even_once_it_was_used(target: Target) -> None:
-    """A credential used (and so, before, cached) and then revoked: 401 for any report, including
-    one for another node (it used to get 403 credential-node-mismatch)."""
+    """A credential used (and so remembered as verified) and then revoked: 401 for any report,
+    including one for another node (it used to get 403 credential-node-mismatch) and a malformed
+    one (400 otherwise)."""
     listed = await target.enrollment.list_credentials(target.node_id)
     await target.enrollment.revoke_credential(listed[0].credential_id, "test")
     before = await target.events()
-    for body in (report_body(KEY, 2), report_body("hostile-node-2", 1)):
+    for body in (report_body(KEY, 2), report_body("hostile-node-2", 1), b'{"protocol": 1,'):
         r = await target.client.post("/api/v1/agent/reports", content=body, headers=target.headers("node"))
         assert r.status_code == 401, r.text
         assert r.json()["type"].endswith("/credential-revoked")
