@@ -10,8 +10,17 @@ from datetime import datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.services.agent_plane import sequence_refusal, token_refusal
+from agent.protocol import ReportAck, decode_report
+from api.services.agent_plane import (
+    AcceptedReport,
+    Principal,
+    ReportItem,
+    decide_report,
+    sequence_refusal,
+    token_refusal,
+)
 from api.services.decommission import preview_of
+from api.services.errors import Conflict, Unauthenticated
 from collectors.identity import NodeIdentity
 from collectors.observations import HardwareObservation
 from ledger.events import (
@@ -22,9 +31,10 @@ from ledger.events import (
     WorkLeaseAcquired,
     WorkLeaseReleased,
 )
-from ledger.node import NodeState, evolve, node_id_for
+from ledger.node import CredentialState, NodeState, evolve, node_id_for
 from ledger.reconcile import reconcile
 from projections.agent import TokenState
+from tests.agent_support import report_body
 from tests.builders import T0, gpu, host, meta, scan
 from tests.test_projection_property import observation_of, steps
 
@@ -158,6 +168,47 @@ def test_a_sequence_is_refused_only_when_reused_with_other_content(seq: int, las
         assert refusal is None
     else:
         assert refusal is not None and refusal.extensions["last_sequence"] == last
+
+
+@given(
+    st.integers(1, 40),
+    st.one_of(st.none(), st.integers(1, 40)),
+    st.booleans(),
+    st.booleans(),
+)
+def test_a_report_is_refused_a_duplicate_or_accepted_on_its_nodes_state_alone(
+    seq: int, last: int | None, same_content: bool, revoked: bool
+) -> None:
+    """decide_report (the batch's per-report decision): a revoked credential first, then the
+    sequence against the stream's position, and an accepted report's events and gap."""
+    key = "decided-agent"
+    raw = report_body(key, seq)
+    digest = "d" * 64
+    report = decode_report(raw)
+    credential = CredentialState(
+        credential_id="c1",
+        identity_key=key,
+        hostname="h",
+        secret_sha256="0" * 64,
+        enrollment_token_id="t",
+        issued_at=T0,
+        position=1,
+        revoked_at=T0 if revoked else None,
+    )
+    state = NodeState(node_id=report.node_id, credentials={"c1": credential})
+    item = ReportItem(Principal("c1", report.node_id, key), report, digest, T0, None)
+    recent = {} if last is None else {str(last): digest if same_content else "e" * 64}
+    decision = decide_report(state, item, last, recent)
+    if revoked:
+        assert isinstance(decision, Unauthenticated) and decision.type == "credential-revoked"
+    elif last is None or seq > last:
+        assert isinstance(decision, AcceptedReport)
+        assert decision.gap == seq - (last or 0) - 1 and decision.recent[str(seq)] == digest
+        assert decision.events and all(e.metadata.agent_sequence == seq for e in decision.events)
+    elif seq == last and same_content:
+        assert isinstance(decision, ReportAck) and decision.status == "duplicate" and decision.events == 0
+    else:
+        assert isinstance(decision, Conflict) and decision.type == "sequence-conflict"
 
 
 def test_a_token_is_refused_when_revoked_expired_or_used_up() -> None:

@@ -295,7 +295,7 @@ def sequence_refusal(
     )
 
 
-class _ReportItem(msgspec.Struct, frozen=True):
+class ReportItem(msgspec.Struct, frozen=True):
     """A validated report waiting for its node's unit of work in a group commit."""
 
     principal: Principal
@@ -305,7 +305,7 @@ class _ReportItem(msgspec.Struct, frozen=True):
     sent_at: datetime | None
 
 
-class _Accepted(msgspec.Struct, frozen=True):
+class AcceptedReport(msgspec.Struct, frozen=True):
     """What a report that passed its checks appends, and how its stream position moves."""
 
     events: list[NewEvent]
@@ -315,8 +315,8 @@ class _Accepted(msgspec.Struct, frozen=True):
 
 
 def decide_report(
-    state: NodeState, item: _ReportItem, last: int | None, recent: dict[str, str]
-) -> ReportAck | DomainError | _Accepted:
+    state: NodeState, item: ReportItem, last: int | None, recent: dict[str, str]
+) -> ReportAck | DomainError | AcceptedReport:
     """A report against its node's folded state and its stream's position: refused (the error),
     an unchanged retry (the `duplicate` ack), or accepted (the events to append). Pure."""
     principal, report = item.principal, item.report
@@ -354,7 +354,7 @@ def decide_report(
     kept = {k: v for k, v in recent.items() if int(k) > seq - RECENT_REPORT_DIGESTS}
     kept[str(seq)] = item.digest
     events = reconcile_decision(identity, report.observation, metadata)(state)
-    return _Accepted(events=events, last=last, gap=max(0, gap), recent=kept)
+    return AcceptedReport(events=events, last=last, gap=max(0, gap), recent=kept)
 
 
 class EnrollmentService:
@@ -377,7 +377,7 @@ class EnrollmentService:
         self._verified: dict[str, tuple[str, Principal]] = {}
         # Concurrent reports of different nodes share transactions and statements
         # (ledger/group_commit.py); 4 batches at once measured best on 2 cores (docs/performance.md).
-        self.reports: GroupCommit[_ReportItem, ReportAck] = GroupCommit(
+        self.reports: GroupCommit[ReportItem, ReportAck] = GroupCommit(
             inventory.store.pool, self._commit_reports, concurrency=4
         )
 
@@ -774,7 +774,7 @@ class EnrollmentService:
                 errors=errors[:50],
             )
         digest = hashlib.sha256(raw).hexdigest()
-        item = _ReportItem(principal, report, digest, received_at, sent_at)
+        item = ReportItem(principal, report, digest, received_at, sent_at)
         ack = await self.reports.run(report.node_id, item)
         if ack.gap > 0:
             log.warning(
@@ -787,7 +787,7 @@ class EnrollmentService:
         return ack
 
     async def _commit_reports(
-        self, conn: asyncpg.Connection, items: Sequence[_ReportItem]
+        self, conn: asyncpg.Connection, items: Sequence[ReportItem]
     ) -> list[ReportAck | BaseException]:
         """A group commit's batch of reports, one per node, in the batch's transaction: every
         node's unit of work opened at once (locks in node-id order), each report decided alone
@@ -798,7 +798,7 @@ class EnrollmentService:
         rows = await conn.fetch(_POSITIONS_SQL, node_ids, [i.report.stream for i in items])
         positions = {(r["node_id"], r["stream"]): r for r in rows}
         outcomes: list[ReportAck | BaseException | None] = []
-        accepted: list[tuple[int, OpenStream[NodeState], _ReportItem, _Accepted]] = []
+        accepted: list[tuple[int, OpenStream[NodeState], ReportItem, AcceptedReport]] = []
         for k, item in enumerate(items):
             node = opened[item.report.node_id]
             if isinstance(node, StreamTombstoned):
@@ -808,9 +808,9 @@ class EnrollmentService:
             last: int | None = row["last_sequence"] if row is not None else None
             recent: dict[str, str] = (row["recent"] if row is not None else None) or {}
             decision = decide_report(node.state, item, last, recent)
-            if isinstance(decision, _Accepted):
+            if isinstance(decision, AcceptedReport):
                 accepted.append((k, node, item, decision))
-            outcomes.append(None if isinstance(decision, _Accepted) else decision)
+            outcomes.append(None if isinstance(decision, AcceptedReport) else decision)
         if accepted:
             await self._append_accepted(conn, accepted, outcomes)
         return [o for o in outcomes if o is not None]
@@ -818,7 +818,7 @@ class EnrollmentService:
     async def _append_accepted(
         self,
         conn: asyncpg.Connection,
-        accepted: list[tuple[int, OpenStream[NodeState], _ReportItem, _Accepted]],
+        accepted: list[tuple[int, OpenStream[NodeState], ReportItem, AcceptedReport]],
         outcomes: list[ReportAck | BaseException | None],
     ) -> None:
         committed = await self.nodes.append_many(conn, [(node, d.events) for _k, node, _i, d in accepted])
