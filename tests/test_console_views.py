@@ -121,6 +121,16 @@ def test_changes_read_before_to_after() -> None:
     ]
 
 
+def test_a_telemetry_snapshot_says_how_many_gpus_it_sampled() -> None:
+    sample = {"accelerator_id": "a", "uuid": "GPU-1", "telemetry": {}}
+    assert event_summary(
+        "NODE_TELEMETRY_OBSERVED", {"telemetry": {}, "storage": [], "accelerators": [sample] * 8}
+    ) == ["telemetry of the host and 8 GPUs"]
+    assert event_summary(
+        "NODE_TELEMETRY_OBSERVED", {"telemetry": {}, "storage": [], "accelerators": [sample]}
+    ) == ["telemetry of the host and 1 GPU"]
+
+
 def test_health_events_read_as_sentences_not_as_data() -> None:
     lines = event_lines(
         "ACCELERATOR_HEALTH_CHANGED",

@@ -152,6 +152,9 @@ def event_summary(event_type: str, data: dict[str, Any]) -> list[str]:
         lines.append(f"health: {data.get('before')} -> {data.get('after')}, action {data.get('action')}")
     if event_type == "ACCELERATOR_XID_OBSERVED" and isinstance(data.get("code"), int):
         lines.append(xid_meaning(data["code"]))
+    if event_type == "NODE_TELEMETRY_OBSERVED" and isinstance(data.get("accelerators"), list):
+        n = len(data["accelerators"])
+        lines.append(f"telemetry of the host and {n} GPU{'' if n == 1 else 's'}")
     for key in ("reason", "status", "stage", "detail", "hostname", "owner", "actor"):
         if key in data and isinstance(data[key], str | int) and not isinstance(data[key], bool):
             lines.append(f"{key}: {data[key]}")
