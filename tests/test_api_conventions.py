@@ -5,6 +5,7 @@ that loads nothing from outside this server."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -195,6 +196,9 @@ async def test_etag_and_if_none_match(pool: asyncpg.Pool, client: httpx.AsyncCli
         assert first.status_code == 200
         etag = first.headers["etag"]
         assert re.fullmatch(r'"[0-9a-f]{32}"', etag)
+        # Strong: the tag is the digest of the very bytes sent, and they are JSON.
+        assert etag == '"' + hashlib.sha256(first.content).hexdigest()[:32] + '"'
+        assert first.headers["content-type"].startswith("application/json")
         again = await client.get(path, headers={**AUTH, "If-None-Match": etag})
         assert again.status_code == 304 and again.content == b"" and again.headers["etag"] == etag
         other = await client.get(path, headers={**AUTH, "If-None-Match": '"0000", W/"1111"'})

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import asyncpg
 import msgspec
 import structlog
-from litestar import Litestar, Response, Router, get, post
+from litestar import Litestar, MediaType, Response, Router, get, post
 from litestar.di import NamedDependency
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import OpenAPIConfig, ResponseSpec
@@ -159,13 +159,15 @@ IfNoneMatch = Annotated[
 
 
 def _tagged(body: Any, if_none_match: str | None) -> Response[Any]:
-    """The body with a strong ETag over its JSON; 304 without a body when the caller has it."""
-    etag = '"' + hashlib.sha256(msgspec.json.encode(body)).hexdigest()[:32] + '"'
+    """The body with a strong ETag over its JSON; 304 without a body when the caller has it.
+    The JSON is rendered once: the bytes hashed are the bytes sent."""
+    encoded = msgspec.json.encode(body)
+    etag = '"' + hashlib.sha256(encoded).hexdigest()[:32] + '"'
     if if_none_match is not None:
         given = {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
         if etag in given or "*" in given:
             return Response(None, status_code=304, headers={"ETag": etag})
-    return Response(body, headers={"ETag": etag})
+    return Response(encoded, media_type=MediaType.JSON, headers={"ETag": etag})
 
 
 @get(
