@@ -110,26 +110,15 @@ LANGUAGE sql IMMUTABLE AS $$
             'UTF8'))
 $$;
 
--- Serialize work on one stream for the rest of the caller's transaction and say where it stands.
--- A function, so the stream row is read with a snapshot taken after the lock is granted (a single
--- SELECT would read with the snapshot of its start, before a wait for the lock).
-CREATE OR REPLACE FUNCTION mf_lock_stream(p_stream_id text)
-RETURNS TABLE (out_version bigint, out_lifecycle_version bigint, out_tombstoned_at timestamptz)
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_advisory_xact_lock_shared(7305820111);  -- the rebuild gate
-    PERFORM pg_advisory_xact_lock(hashtextextended(p_stream_id, 0));
-    RETURN QUERY SELECT coalesce(max(s.version), 0), coalesce(max(s.lifecycle_version), 0),
-                        max(s.tombstoned_at)
-                 FROM streams s WHERE s.stream_id = p_stream_id;
-END;
-$$;
+-- mf_lock_stream (0.1-0.2) locked one stream; mf_open_streams below does that for one or many.
+DROP FUNCTION IF EXISTS mf_lock_stream(text);
 
 -- Open streams for a unit of work (one stream) or a batch of them (group commit): the rebuild
 -- gate (shared), each stream's advisory lock in the order given (callers sort the ids, so every
 -- batch locks in one order and no two deadlock), then where each stream stands and the folded state
 -- projection `p_projection` checkpointed for it, one row per id in the order given, all in one
--- round trip. Read after the locks are granted: a function, like mf_lock_stream.
+-- round trip. A function, so the rows are read with a snapshot taken after the locks are granted
+-- (a single SELECT would read with the snapshot of its start, before a wait for a lock).
 CREATE OR REPLACE FUNCTION mf_open_streams(p_stream_ids text[], p_projection text)
 RETURNS TABLE (out_stream_id text, out_version bigint, out_lifecycle_version bigint,
                out_tombstoned_at timestamptz, out_state text)

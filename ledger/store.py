@@ -261,11 +261,9 @@ class EventStore:
 
     async def lock_stream(self, conn: asyncpg.Connection, stream_id: str) -> StreamInfo:
         """Serialize work on one stream for the rest of the caller's transaction (other streams
-        proceed in parallel) and return where the stream stands."""
-        row = await conn.fetchrow("SELECT * FROM mf_lock_stream($1)", stream_id)
-        return StreamInfo(
-            stream_id, row["out_version"], row["out_lifecycle_version"], row["out_tombstoned_at"]
-        )
+        proceed in parallel) and return where the stream stands (`open_streams` of one)."""
+        ((info, _state),) = await self.open_streams(conn, [stream_id], "")
+        return info
 
     async def open_streams(
         self, conn: asyncpg.Connection, stream_ids: Sequence[str], state_of: str
