@@ -228,13 +228,20 @@ BEGIN
     WITH inserted AS (
         INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class,
                             schema_version, data, metadata, recorded_at, prev_hash, hash,
-                            received_at)
+                            received_at, segment)
         SELECT u.id, p_stream_id, v_first + u.n - 1, u.t, u.c, u.sv, u.d, u.m, v_now, u.ph, u.h,
-               (u.m ->> 'received_at')::timestamptz
+               (u.m ->> 'received_at')::timestamptz,
+               -- An observation goes to the segment of the UTC day it was received, if that day
+               -- has one; everything else to the permanent segment. A retry carries the same
+               -- metadata, so it lands on the same segment and its arbiter below.
+               CASE WHEN u.c = 'observation' THEN coalesce(
+                   (SELECT g.day FROM event_segments g
+                    WHERE g.day = (((u.m ->> 'received_at')::timestamptz) AT TIME ZONE 'UTC')::date),
+                   'infinity') ELSE 'infinity' END
         FROM unnest(p_event_ids, p_event_types, p_event_classes, p_schema_versions, p_data,
                     p_metadata, v_prevs, v_hashes) WITH ORDINALITY AS u(id, t, c, sv, d, m, ph, h, n)
         ORDER BY u.n
-        ON CONFLICT (event_id) DO NOTHING
+        ON CONFLICT (event_id, segment) DO NOTHING
         RETURNING events.global_position, events.stream_version
     )
     SELECT ins.global_position, ins.stream_version, false, v_now FROM inserted ins
@@ -293,6 +300,33 @@ BEGIN
                            p_schema_versions[v_lo:v_hi], p_data[v_lo:v_hi], p_metadata[v_lo:v_hi],
                            p_locked) a;
         v_lo := v_hi + 1;
+    END LOOP;
+END;
+$$;
+
+-- The log's day segments (migration 0004): one partition per UTC day of received observations,
+-- created ahead of time so that appends never wait for one. A partition is made as a table of its
+-- own and then attached, which locks `events` only against other DDL (SHARE UPDATE EXCLUSIVE),
+-- never against appends or reads. Returns the days it created.
+CREATE OR REPLACE FUNCTION mf_ensure_segments(p_from date, p_to date)
+RETURNS SETOF date
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_day   date;
+    v_name  text;
+BEGIN
+    IF to_regclass('event_segments') IS NULL THEN
+        RETURN;  -- before migration 0004: the log is not partitioned yet
+    END IF;
+    FOR v_day IN SELECT d::date FROM generate_series(p_from, p_to, interval '1 day') d LOOP
+        CONTINUE WHEN EXISTS (SELECT 1 FROM event_segments WHERE day = v_day);
+        v_name := 'events_d' || to_char(v_day, 'YYYYMMDD');
+        EXECUTE format('CREATE TABLE %I (LIKE events INCLUDING DEFAULTS INCLUDING CONSTRAINTS '
+                       'INCLUDING COMPRESSION)', v_name);
+        EXECUTE format('ALTER TABLE events ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                       v_name, v_day, v_day + 1);
+        INSERT INTO event_segments (day, partition) VALUES (v_day, v_name);
+        RETURN NEXT v_day;
     END LOOP;
 END;
 $$;

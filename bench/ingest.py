@@ -18,9 +18,10 @@ Measured:
 - two servers: the closed loop split over two `serve` processes sharing the database;
 - open loop: `--rate` (1,000/s) offered for `--open-seconds`, latency from each report's scheduled
   time; says whether the backlog of waiting reports grows;
-- retention: `--retention-events` old snapshots (received 24-48 h ago) pruned by the product's
-  `prune_observations` while the closed loop runs: its p99 meanwhile, and the events table's size
-  and dead tuples before, after the prune and after a VACUUM;
+- retention: `--retention-events` old snapshots (received over the UTC day before yesterday, on
+  that day's segment) pruned by the product's `prune_observations` while the closed loop runs:
+  its p99 meanwhile, and the events table's size (all partitions) and dead tuples before, filled
+  and after the prune;
 - statements: the SQL statements and round trips per report, per refresh (`POST
   /hardware/refresh` of the server's own host) and per ceiling append, counted on the wire by
   the harness's StatementCounter (a proxy between a separate server process and PostgreSQL), with
@@ -47,7 +48,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -333,34 +334,51 @@ class Target:
 RETENTION_STREAMS = 200  # the old snapshots are spread over this many simulated node streams
 
 
-async def fill_old_telemetry(pool: Any, events: int) -> None:
-    """`events` NODE_TELEMETRY_OBSERVED snapshots received 24-48 h ago (copies of a real report's
-    data and metadata), in `RETENTION_STREAMS` streams of their own, each ending with one recent
-    snapshot: everything else is older than the default 24 h and prunable."""
+async def fill_old_telemetry(pool: Any, events: int) -> date:
+    """`events` NODE_TELEMETRY_OBSERVED snapshots received over the whole UTC day before yesterday
+    (copies of a real report's data and metadata) on that day's segment, as the product's appends
+    put them there, in `RETENTION_STREAMS` streams of their own, each ending with one snapshot
+    received now: everything on the old day is prunable. Returns the day."""
+    from ledger.segments import ensure_segments
+
     per = max(2, events // RETENTION_STREAMS)
     async with pool.acquire() as conn:
+        today = await conn.fetchval("SELECT (now() AT TIME ZONE 'UTC')::date")
+        day = today - timedelta(days=2)
+        await ensure_segments(conn, day, ahead=0)
+        await ensure_segments(conn, today, ahead=0)
         await conn.execute(
             """
             INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class,
-                                schema_version, data, metadata, recorded_at, received_at)
+                                schema_version, data, metadata, recorded_at, received_at, segment)
             SELECT gen_random_uuid(), 'retention-sim-' || s, v, e.event_type, e.event_class,
-                   e.schema_version, e.data, e.metadata, now(),
-                   CASE WHEN v = $2 THEN now() ELSE now() - interval '48 hours' + v * ($3 * interval '1 second') END
+                   e.schema_version, e.data, e.metadata, now(), r.at,
+                   (r.at AT TIME ZONE 'UTC')::date
             FROM (SELECT * FROM events WHERE event_type = 'NODE_TELEMETRY_OBSERVED' LIMIT 1) e,
-                 generate_series(1, $1) s, generate_series(1, $2) v
+                 generate_series(1, $1) s, generate_series(1, $2) v,
+                 LATERAL (SELECT CASE WHEN v = $2 THEN now()
+                                 ELSE ($4::date)::timestamp AT TIME ZONE 'UTC' + (v - 1) * ($3 * interval '1 second')
+                                 END AS at) r
             """,
             RETENTION_STREAMS,
             per,
             86_400.0 / per,
+            day,
         )
         await conn.execute("VACUUM ANALYZE events")
+    return day
 
 
 async def table_figures(pool: Any) -> tuple[int, int]:
-    """(bytes of the events table with its TOAST and indexes, dead tuples)."""
+    """(bytes of the events table: every partition with its TOAST and indexes, dead tuples)."""
     async with pool.acquire() as conn:
-        size = await conn.fetchval("SELECT pg_total_relation_size('events')")
-        dead = await conn.fetchval("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'events'")
+        size = await conn.fetchval(
+            "SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('events') WHERE isleaf"
+        )
+        dead = await conn.fetchval(
+            "SELECT sum(n_dead_tup) FROM pg_stat_user_tables WHERE relid IN "
+            "(SELECT relid FROM pg_partition_tree('events') WHERE isleaf)"
+        )
     return int(size), int(dead or 0)
 
 
@@ -476,7 +494,7 @@ async def run(args: argparse.Namespace) -> int:
             from ledger.retention import prune_observations
 
             before = await table_figures(pool)
-            await fill_old_telemetry(pool, args.retention_events)
+            day = await fill_old_telemetry(pool, args.retention_events)
             filled = await table_figures(pool)
             pruning = h.Sample(f"http while pruning {args.retention_events:,} old snapshots, {c} in flight")
             started = time.perf_counter()
@@ -489,18 +507,15 @@ async def run(args: argparse.Namespace) -> int:
             pruned = prune.result()
             took = time.perf_counter() - started
             after_prune = await table_figures(pool)
-            async with pool.acquire() as conn:
-                await conn.execute("VACUUM events")  # what autovacuum does after a large DELETE
-            vacuumed = await table_figures(pool)
             samples.append(pruning)
             mib = 1024 * 1024
             report.note(
-                f"retention: {pruned.deleted:,} snapshots pruned in {pruned.batches} batches over {took:.1f} s while "
-                f"the closed loop ran (p99 {pruning.ms(99):.0f} ms, against {http.ms(99):.0f} ms without); events "
-                f"table with TOAST and indexes {before[0] / mib:,.0f} MiB before the fill, {filled[0] / mib:,.0f} MiB "
-                f"filled, {after_prune[0] / mib:,.0f} MiB pruned ({after_prune[1]:,} dead tuples), "
-                f"{vacuumed[0] / mib:,.0f} MiB after VACUUM ({vacuumed[1]:,} dead: the space is reused by new "
-                "appends, the file does not shrink)"
+                f"retention: {pruned.deleted:,} snapshots pruned ({', '.join(d.isoformat() for d in pruned.segments_dropped)}"
+                f" dropped whole, {pruned.kept_past_day} kept past their day; the simulated day {day.isoformat()}) in "
+                f"{took:.1f} s while the closed loop ran (p99 {pruning.ms(99):.0f} ms, against {http.ms(99):.0f} ms "
+                f"without); events table, every partition with TOAST and indexes: {before[0] / mib:,.0f} MiB before "
+                f"the fill, {filled[0] / mib:,.0f} MiB filled, {after_prune[0] / mib:,.0f} MiB after the prune "
+                f"({after_prune[1]:,} dead tuples; no VACUUM)"
             )
 
         h.table(

@@ -111,6 +111,11 @@ async def migrate(conn: asyncpg.Connection) -> int:
                 await conn.execute("INSERT INTO schema_version (version) VALUES ($1)", step.version)
             log.info("schema.migrated", version=step.version, step=step.name)
             current = step.version
+        # The log's day segments, ahead of the appends that will land on them.
+        from ledger.segments import ensure_segments
+
+        today = await conn.fetchval("SELECT (now() AT TIME ZONE 'UTC')::date")
+        await ensure_segments(conn, today)
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATE_LOCK_KEY)
     return current

@@ -189,7 +189,10 @@ SETTINGS: tuple[Setting, ...] = (
         flag="--retention-hours",
         value=24.0,
         kind="positive",
-        help="Observation events (telemetry) older than this are pruned; the newest per node and GPU stays.",
+        help=(
+            "Observation events (telemetry) are kept at least this long, then pruned (a day's "
+            "segment goes once all of its day is older); the newest per node and GPU stays."
+        ),
     ),
     Setting(
         name="retention_interval",

@@ -27,13 +27,17 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SCHEMA_SNAPSHOT = """
 SELECT string_agg(x, E'\\n' ORDER BY x) FROM (
     SELECT 'column ' || table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable AS x
-    FROM information_schema.columns WHERE table_schema = 'public'
+    FROM information_schema.columns WHERE table_schema = 'public' AND table_name !~ '^events_d[0-9]{8}$'
     UNION ALL SELECT 'index ' || indexdef FROM pg_indexes WHERE schemaname = 'public'
+    AND tablename !~ '^events_d[0-9]{8}$'
     UNION ALL SELECT 'trigger ' || event_object_table || ' ' || trigger_name || ' ' || event_manipulation
     FROM information_schema.triggers WHERE trigger_schema = 'public'
+    AND event_object_table !~ '^events_d[0-9]{8}$'
     UNION ALL SELECT 'function ' || p.proname || ' ' || md5(p.prosrc) FROM pg_proc p
     JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public'
-) s
+    UNION ALL SELECT 'partition ' || c.relname || ' ' || pg_get_expr(c.relpartbound, c.oid) FROM pg_class c
+    WHERE c.relispartition AND c.relkind = 'r' AND c.relname !~ '^events_d[0-9]{8}$'
+) s  -- (the day segments are named by the day they were made on: left out)
 """
 EVENTS = (
     "SELECT global_position, tx_id::text AS tx, event_id, stream_id, stream_version, event_type, "
@@ -109,6 +113,23 @@ async def test_a_filled_0_1_0_database_migrates_forward_keeping_every_event(empt
     try:
         assert await conn.fetchval("SELECT count(*) FROM hw_nodes") == 3
         assert await conn.fetchval("SELECT count(*) FROM hw_accelerators") == 6
+        # the old log is the permanent segment of a partitioned one (0004), and appends go on
+        # after its last position: lifecycle events there, today's observations on today's day
+        assert await conn.fetchval("SELECT relkind::text FROM pg_class WHERE relname = 'events'") == "p"
+        assert await conn.fetchval("SELECT count(*) FROM events_permanent") == len(before)
+        await conn.execute(
+            "SELECT * FROM mf_append('upgrade-probe', 0, "
+            "ARRAY[gen_random_uuid(), gen_random_uuid()], ARRAY['INVENTORY_FAILED', 'HOST_TELEMETRY_OBSERVED'], "
+            "ARRAY['lifecycle', 'observation'], ARRAY[1, 1], ARRAY['{}'::jsonb, '{}'::jsonb], "
+            "ARRAY['{}'::jsonb, jsonb_build_object('received_at', now())])"
+        )
+        probe = await conn.fetch(
+            "SELECT global_position, segment::text AS seg FROM events WHERE stream_id = 'upgrade-probe' "
+            "ORDER BY stream_version"
+        )
+        today = await conn.fetchval("SELECT (now() AT TIME ZONE 'UTC')::date::text")
+        assert [r["seg"] for r in probe] == ["infinity", today]
+        assert probe[0]["global_position"] > max(r["global_position"] for r in before)
     finally:
         await conn.close()
 

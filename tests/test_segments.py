@@ -1,0 +1,155 @@
+"""The log's day segments (ledger/segments.py, docs/retention.md): observations land on the
+partition of the UTC day they were received; retention drops a whole past day, keeping each node's
+and each GPU's newest sample, and the read models rebuild to the same rows afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, date, datetime, timedelta
+
+import asyncpg
+
+from api.services.inventory import HardwareInventoryService
+from collectors.identity import NodeIdentity
+from collectors.observations import HardwareObservation
+from ledger.events import EventMetadata
+from ledger.reading import Checkpoint
+from ledger.retention import prune_observations
+from ledger.segments import ensure_segments, segments
+from ledger.store import EventStore
+from projections.inventory import ALL_PROJECTIONS
+from projections.rebuild import rebuild
+from tests.builders import gpu, host, scan
+
+START = datetime(2026, 11, 1, tzinfo=UTC)
+TELEMETRY = (
+    "SELECT a.uuid, t.metrics->'temperature_celsius'->>'value' AS temp FROM hw_accelerator_telemetry t "
+    "JOIN hw_accelerators a USING (accelerator_id) ORDER BY a.uuid"
+)
+
+
+async def partitions(conn: asyncpg.Connection) -> dict[str, int]:
+    """Each partition of `events` and the events it holds."""
+    rows = await conn.fetch(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+        "WHERE i.inhparent = 'events'::regclass ORDER BY 1"
+    )
+    return {r["relname"]: int(await conn.fetchval(f'SELECT count(*) FROM "{r["relname"]}"')) for r in rows}
+
+
+async def simulate(store: EventStore, nodes: int, reports: int) -> None:
+    """`nodes` nodes reporting every 6 simulated hours from START; node 0 loses its GPU after its
+    second report; node 1 falls silent after its second report."""
+    service = HardwareInventoryService(store)
+    sem = asyncio.Semaphore(8)
+
+    async def report(n: int, r: int) -> None:
+        at = START + r * timedelta(hours=6)
+        gpus = [gpu(0, temp=30 + r)] if not (n == 0 and r >= 2) else []
+        obs = HardwareObservation(observed_at=at, host=host(f"node-{n}", mem_avail=r), nvml=scan(gpus))
+        async with sem:
+            await service.reconcile_observation(
+                NodeIdentity(key=f"seg-{n}", source="configured"),
+                obs,
+                EventMetadata(received_at=at, source="agent", observed_at=at),
+            )
+
+    for r in range(reports):
+        await asyncio.gather(*(report(n, r) for n in range(nodes) if not (n == 1 and r >= 2)))
+
+
+async def test_observations_land_on_the_segment_of_the_day_they_were_received(store: EventStore) -> None:
+    async with store.pool.acquire() as conn:
+        await ensure_segments(conn, START.date(), ahead=1)  # 1 and 2 November
+        assert [s.day for s in await segments(conn)][:2] == [date(2026, 11, 1), date(2026, 11, 2)]
+    await simulate(store, nodes=3, reports=12)  # 1-3 November: the 3rd has no segment
+    async with store.pool.acquire() as conn:
+        held = await partitions(conn)
+        by_day = {
+            r["seg"]: r["n"]
+            for r in await conn.fetch(
+                "SELECT segment::text AS seg, count(*) AS n FROM events WHERE event_class = 'observation' GROUP BY 1"
+            )
+        }
+    assert by_day == {"2026-11-01": 10, "2026-11-02": 8, "infinity": 8}, by_day
+    assert held["events_d20261101"] == 10 and held["events_d20261102"] == 8
+    # every lifecycle event is in the permanent segment, with the observations of the 3rd
+    assert held["events_permanent"] > 8
+    # and the log reads as one: positions in order, each event once
+    events, _ = await store.read_all(Checkpoint(), limit=10_000)
+    positions = [e.global_position for e in events]
+    assert positions == sorted(positions) and len(set(positions)) == len(positions) == sum(held.values())
+
+
+async def test_retention_drops_a_past_day_whole_and_keeps_every_newest_sample(store: EventStore) -> None:
+    nodes = 200
+    async with store.pool.acquire() as conn:
+        await ensure_segments(conn, START.date(), ahead=2)  # 1-3 November
+    await simulate(store, nodes=nodes, reports=12)  # every 6 h, 1 November 00:00 to 3 November 18:00
+    async with store.pool.acquire() as conn:
+        before = await conn.fetch(TELEMETRY)
+        lifecycle = await conn.fetchval("SELECT count(*) FROM events WHERE event_class = 'lifecycle'")
+        held = await partitions(conn)
+    assert held["events_d20261101"] == nodes * 4 - 2
+
+    now = START + timedelta(days=2, hours=18)  # the cutoff (24 h) is 2 November 18:00
+    result = await prune_observations(store.pool, keep=timedelta(hours=24), now=now)
+    assert result.segments_dropped == [date(2026, 11, 1)], "only a day wholly older than the cutoff"
+    # kept from the 1st: node 0's GPU's last sample (its second report) and node 1's last report
+    assert result.kept_past_day == 2
+    assert result.deleted == nodes * 4 - 2 - 2
+    async with store.pool.acquire() as conn:
+        after = await partitions(conn)
+        assert "events_d20261101" not in after
+        assert await conn.fetchval("SELECT count(*) FROM pg_class WHERE relname = 'events_d20261101'") == 0
+        assert date(2026, 11, 1) not in [s.day for s in await segments(conn)]
+        assert await conn.fetchval("SELECT count(*) FROM events WHERE event_class = 'lifecycle'") == lifecycle
+        # the 2nd stays whole: a day segment goes only when all of its day is past the cutoff
+        assert after["events_d20261102"] == held["events_d20261102"]
+        assert await conn.fetch(TELEMETRY) == before
+        kept = await conn.fetch(
+            "SELECT n.hostname, e.segment::text AS seg, e.received_at FROM events e JOIN hw_nodes n ON n.node_id = e.stream_id "
+            "WHERE e.event_class = 'observation' AND e.received_at < $1 ORDER BY 1",
+            datetime(2026, 11, 2, tzinfo=UTC),
+        )
+    assert [(r["hostname"], r["seg"]) for r in kept] == [("node-0", "infinity"), ("node-1", "infinity")]
+    assert {r["received_at"] for r in kept} == {START + timedelta(hours=6)}, "same events, same times"
+
+    report = await rebuild(store.pool, ALL_PROJECTIONS, verify=True)
+    assert report.differences == []
+    async with store.pool.acquire() as conn:
+        assert await conn.fetch(TELEMETRY) == before
+    again = await prune_observations(store.pool, keep=timedelta(hours=24), now=now)
+    assert again.deleted == 0 and again.segments_dropped == []
+
+
+async def test_a_retirement_cut_short_is_finished_by_the_next_pass(store: EventStore) -> None:
+    """The server killed after the day was detached and before it was dropped: the next pass
+    drops it, and what the policy keeps is still kept."""
+    async with store.pool.acquire() as conn:
+        await ensure_segments(conn, START.date(), ahead=1)
+    await simulate(store, nodes=3, reports=8)  # 1 and 2 November
+    async with store.pool.acquire() as conn:
+        before = await conn.fetch(TELEMETRY)
+        # what a pass does before its drop, without moving the kept observations first
+        await conn.execute("DELETE FROM event_segments WHERE day = '2026-11-01'")
+        await conn.execute("ALTER TABLE events DETACH PARTITION events_d20261101")
+    result = await prune_observations(store.pool, keep=timedelta(hours=24), now=START + timedelta(days=2))
+    assert date(2026, 11, 1) in result.segments_dropped
+    assert result.kept_past_day == 2  # node 0's GPU's last sample, node 1's last report, copied back
+    async with store.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM pg_class WHERE relname = 'events_d20261101'") == 0
+        assert await conn.fetch(TELEMETRY) == before
+    report = await rebuild(store.pool, ALL_PROJECTIONS, verify=True)
+    assert report.differences == []
+
+
+async def test_an_append_to_a_retired_day_goes_to_the_permanent_segment(store: EventStore) -> None:
+    async with store.pool.acquire() as conn:
+        await ensure_segments(conn, START.date(), ahead=0)
+    await simulate(store, nodes=2, reports=1)
+    await prune_observations(store.pool, keep=timedelta(hours=1), now=START + timedelta(days=1, hours=1))
+    await simulate(store, nodes=2, reports=1)  # received on 1 November again (an import, say)
+    async with store.pool.acquire() as conn:
+        rows = await conn.fetch("SELECT segment::text AS seg FROM events WHERE event_class = 'observation'")
+    assert len(rows) == 4 and {r["seg"] for r in rows} == {"infinity"}
