@@ -172,6 +172,10 @@ DECLARE
     v_hashes     bytea[];
     v_first      bigint;
     v_now        timestamptz;
+    v_segments   date[];
+    v_day        date;
+    v_seen_day   date;
+    v_day_segment date := 'infinity';
     i            integer;
 BEGIN
     IF NOT p_locked THEN
@@ -212,7 +216,20 @@ BEGIN
     v_first := v_version + 1;
     v_prevs := array_fill(NULL::bytea, ARRAY[v_n]);
     v_hashes := array_fill(NULL::bytea, ARRAY[v_n]);
+    v_segments := array_fill('infinity'::date, ARRAY[v_n]);
     FOR i IN 1 .. v_n LOOP
+        -- An observation goes to the segment of the UTC day it was received, if that day has one
+        -- (looked up once per day in a call); everything else to the permanent segment. A retry
+        -- carries the same metadata, so it lands on the same segment and its arbiter below.
+        IF p_event_classes[i] = 'observation' THEN
+            v_day := ((p_metadata[i] ->> 'received_at')::timestamptz AT TIME ZONE 'UTC')::date;
+            IF v_day IS DISTINCT FROM v_seen_day THEN
+                v_seen_day := v_day;
+                v_day_segment := coalesce((SELECT g.day FROM event_segments g WHERE g.day = v_day),
+                                          'infinity');
+            END IF;
+            v_segments[i] := v_day_segment;
+        END IF;
         IF p_event_classes[i] = 'lifecycle' THEN
             v_prevs[i] := v_head;
             v_head := mf_event_hash(v_head, p_stream_id, v_first + i - 1, p_event_ids[i],
@@ -230,16 +247,10 @@ BEGIN
                             schema_version, data, metadata, recorded_at, prev_hash, hash,
                             received_at, segment)
         SELECT u.id, p_stream_id, v_first + u.n - 1, u.t, u.c, u.sv, u.d, u.m, v_now, u.ph, u.h,
-               (u.m ->> 'received_at')::timestamptz,
-               -- An observation goes to the segment of the UTC day it was received, if that day
-               -- has one; everything else to the permanent segment. A retry carries the same
-               -- metadata, so it lands on the same segment and its arbiter below.
-               CASE WHEN u.c = 'observation' THEN coalesce(
-                   (SELECT g.day FROM event_segments g
-                    WHERE g.day = (((u.m ->> 'received_at')::timestamptz) AT TIME ZONE 'UTC')::date),
-                   'infinity') ELSE 'infinity' END
+               (u.m ->> 'received_at')::timestamptz, u.seg
         FROM unnest(p_event_ids, p_event_types, p_event_classes, p_schema_versions, p_data,
-                    p_metadata, v_prevs, v_hashes) WITH ORDINALITY AS u(id, t, c, sv, d, m, ph, h, n)
+                    p_metadata, v_prevs, v_hashes, v_segments)
+             WITH ORDINALITY AS u(id, t, c, sv, d, m, ph, h, seg, n)
         ORDER BY u.n
         ON CONFLICT (event_id, segment) DO NOTHING
         RETURNING events.global_position, events.stream_version
