@@ -5,6 +5,7 @@ and each GPU's newest sample, and the read models rebuild to the same rows after
 from __future__ import annotations
 
 import asyncio
+import random
 from datetime import UTC, date, datetime, timedelta
 
 import asyncpg
@@ -153,3 +154,44 @@ async def test_an_append_to_a_retired_day_goes_to_the_permanent_segment(store: E
     async with store.pool.acquire() as conn:
         rows = await conn.fetch("SELECT segment::text AS seg FROM events WHERE event_class = 'observation'")
     assert len(rows) == 4 and {r["seg"] for r in rows} == {"infinity"}
+
+
+async def test_a_retired_day_keeps_exactly_what_the_policy_keeps(store: EventStore) -> None:
+    """Snapshots sampling random subsets of four GPUs (incomplete scans, GPUs lost and back): the
+    retirement's two-step decision keeps exactly the snapshots that no newer one samples a
+    superset of, the rule the row-by-row prune applies."""
+    rng = random.Random(12)
+    streams, per, uuids = 12, 25, [f"GPU-{g}" for g in range(4)]
+    sampled = {
+        (s, v): sorted(rng.sample(uuids, rng.randint(0, 4)))
+        for s in range(streams)
+        for v in range(1, per + 1)
+    }
+    async with store.pool.acquire() as conn:
+        await ensure_segments(conn, START.date(), ahead=0)
+        await conn.executemany(
+            "INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class, schema_version, "
+            "data, metadata, received_at, segment) VALUES (gen_random_uuid(), $1, $2, 'NODE_TELEMETRY_OBSERVED', "
+            "'observation', 1, $3, '{}', $4, $5)",
+            [
+                (f"rule-{s}", v, {"accelerators": [{"uuid": u, "telemetry": {}} for u in sampled[(s, v)]]},
+                 START + timedelta(seconds=v), START.date())
+                for (s, v) in sampled
+            ],
+        )  # fmt: skip
+    expected = {
+        (f"rule-{s}", v)
+        for (s, v), mine in sampled.items()
+        if not any(set(mine) <= set(sampled[(s, w)]) for w in range(v + 1, per + 1))
+    }
+    result = await prune_observations(store.pool, keep=timedelta(hours=1), now=START + timedelta(days=2))
+    assert result.segments_dropped == [START.date()]
+    async with store.pool.acquire() as conn:
+        kept = {
+            (r["stream_id"], r["stream_version"])
+            for r in await conn.fetch(
+                "SELECT stream_id, stream_version FROM events WHERE stream_id LIKE 'rule-%'"
+            )
+        }
+    assert kept == expected and result.kept_past_day == len(expected)
+    assert len(expected) > streams, "the case needs snapshots kept besides each stream's last"
