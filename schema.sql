@@ -329,6 +329,8 @@ BEGIN
     IF to_regclass('event_segments') IS NULL THEN
         RETURN;  -- before migration 0004: the log is not partitioned yet
     END IF;
+    -- Two servers making the same day: the second waits, then finds it made.
+    PERFORM pg_advisory_xact_lock(7305820114);
     FOR v_day IN SELECT d::date FROM generate_series(p_from, p_to, interval '1 day') d LOOP
         CONTINUE WHEN EXISTS (SELECT 1 FROM event_segments WHERE day = v_day);
         v_name := 'events_d' || to_char(v_day, 'YYYYMMDD');

@@ -30,6 +30,9 @@ from ledger.segments import LOCK_TIMEOUT, ensure_segments, finish_interrupted_de
 log = structlog.get_logger(__name__)
 
 DEFAULT_KEEP = timedelta(hours=24)
+_RETENTION_LOCK_KEY = (
+    7305820115  # beside the rebuild gate (7305820111), migrate (..12), rebuild (..13), segments (..14)
+)
 _BATCH = 20_000
 
 # An old observation goes only if a newer one of the same kind (same stream, type and accelerator;
@@ -120,6 +123,7 @@ class RetentionReport(msgspec.Struct, frozen=True):
     # Day segments dropped whole (their day, oldest first) and the observations kept from them.
     segments_dropped: list[date] = []
     kept_past_day: int = 0
+    skipped: bool = False  # another server's pass was running
 
 
 async def _day_partitions(conn: asyncpg.Connection) -> list[tuple[date, str, bool]]:
@@ -183,8 +187,21 @@ async def prune_observations(
     batch: int = _BATCH,
     progress: Callable[[int, int], None] | None = None,
 ) -> RetentionReport:
-    """Prune in batches; `progress(deleted so far, batches)` after each one."""
+    """Prune in batches; `progress(deleted so far, batches)` after each one. One pass at a time
+    over the database: a pass that finds another server's running returns at once, `skipped`."""
     cutoff = (now or datetime.now(UTC)) - keep
+    async with pool.acquire() as guard:
+        if not await guard.fetchval("SELECT pg_try_advisory_lock($1)", _RETENTION_LOCK_KEY):
+            return RetentionReport(deleted=0, batches=0, cutoff=cutoff, skipped=True)
+        try:
+            return await _pass(pool, cutoff, batch, progress)
+        finally:
+            await guard.execute("SELECT pg_advisory_unlock($1)", _RETENTION_LOCK_KEY)
+
+
+async def _pass(
+    pool: asyncpg.Pool, cutoff: datetime, batch: int, progress: Callable[[int, int], None] | None
+) -> RetentionReport:
     deleted = batches = kept = 0
     dropped_days: list[date] = []
     async with pool.acquire() as conn:
