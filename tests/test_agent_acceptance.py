@@ -585,6 +585,9 @@ async def test_bad_input_is_400_or_413_problem_json_and_nothing_is_appended(
     duplicated = report_body(key, 2).replace(b'{"protocol":1,', b'{"protocol":1,"sequence":3,', 1)
     assert duplicated != report_body(key, 2)
     cases.append(("a duplicate key", duplicated, 400, "validation-failed"))
+    twice = json.loads(report_body(key, 2))
+    twice["observation"]["nvml"]["accelerators"].append(twice["observation"]["nvml"]["accelerators"][0])
+    cases.append(("the same GPU twice", json.dumps(twice).encode(), 400, "invalid-observation"))
     for name, body, status, type_ in cases:
         r = await post_report(http, server.url, credential, body)
         assert r.status_code == status, (name, r.status_code, r.text)

@@ -25,6 +25,7 @@ from agent.protocol import (
     Report,
     decode_report,
     encode_report,
+    observation_problems_after_decode,
     sanitize_observation,
     validate_observation,
 )
@@ -65,6 +66,25 @@ def test_a_report_the_agent_builds_is_accepted_unchanged() -> None:
     raw = report_body(KEY, 1, obs=observation(gpus=8))
     report = decode_report(raw)
     assert encode_report(report) == raw and validate_observation(report.observation) == []
+
+
+def test_a_body_encoded_otherwise_gets_the_full_check_and_the_same_report() -> None:
+    """decode_report spares the duplicate-key pass only when the body is msgspec's own encoding of
+    what it decoded; an indented body (another encoder) is checked in full and means the same."""
+    raw = report_body(KEY, 1, obs=observation(gpus=8))
+    indented = json.dumps(json.loads(raw), indent=2).encode()
+    assert indented != raw and decode_report(indented) == decode_report(raw)
+
+
+def test_the_same_gpu_twice_is_what_the_server_checks_after_the_decode() -> None:
+    document = doc()
+    gpus = document["observation"]["nvml"]["accelerators"]
+    gpus.append(gpus[0])
+    report = decode_report(json.dumps(document).encode())  # every value is within the types
+    problem = "nvml.accelerators: the same GPU UUID appears twice"
+    assert observation_problems_after_decode(report.observation) == [problem]
+    assert problem in validate_observation(report.observation)
+    assert observation_problems_after_decode(decode_report(report_body(KEY, 1)).observation) == []
 
 
 # --- NUL in any string ------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ One ASGI middleware, before any route sees the request:
 
 The body is checked when the route reads it, not when the request arrives, so a route's guard (its
 token check) runs first: an unauthenticated caller gets 401 whatever it sends. The checks are scans
-in C (regular expressions, `bytes.translate`), a few microseconds for a report.
+in C (`bytes.translate`, `replace`), tens of microseconds for a report.
 """
 
 from __future__ import annotations
@@ -39,8 +39,6 @@ MAX_SCANNED_BODY = 1024 * 1024
 _ESCAPED_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 # What decides the nesting once escapes are gone: quotes (string bounds) and brackets.
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
-_STRING = re.compile(rb'"[^"]*"')
-_EMPTY_PAIR = re.compile(rb"\[\]|\{\}")
 
 
 def bad_request(type_: str, title: str, detail: str) -> InvalidRequest:
@@ -108,15 +106,24 @@ def check_body(body: bytes) -> None:
             "the body contains a NUL character (\\u0000), which no field accepts",
         )
     # Escapes pair up left to right: drop escaped backslashes, then escaped quotes; every quote
-    # left bounds a string. Keeping only quotes and brackets shrinks the body a hundredfold
-    # before the one regex pass that drops the strings (brackets inside them are text).
+    # left bounds a string. Keeping only quotes and brackets shrinks the body a hundredfold.
     unescaped = body.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in body else body
-    brackets = _STRING.sub(b"", unescaped.translate(None, _NOT_STRUCTURE))
-    # Peel innermost pairs off, one level per round: MAX_DEPTH rounds at most.
+    structure = unescaped.translate(None, _NOT_STRUCTURE)
+    # Strings go (brackets inside them are text). Most hold no bracket and are left as `""`: if
+    # removing every `""` leaves no quote, the pairs removed were the strings themselves (the
+    # first quote can only pair with the second, and so on), else split on the quotes.
+    brackets = structure.replace(b'""', b"")
+    if b'"' in brackets:
+        parts = structure.split(b'"')
+        brackets = b"".join(parts[::2])
+        if len(parts) % 2 == 0:  # an unterminated string: its quote stays, and fails the peel
+            brackets += b'"' + parts[-1]
+    # Peel innermost pairs off, one level per round: MAX_DEPTH rounds at most. A pair is marked
+    # before the other kind is looked for, so a round never peels two levels (`{[]}`).
     for _ in range(MAX_DEPTH):
         if not brackets:
             return
-        peeled = _EMPTY_PAIR.sub(b"", brackets)
+        peeled = brackets.replace(b"[]", b"\x01\x01").replace(b"{}", b"\x01\x01").translate(None, b"\x01")
         if peeled == brackets:
             raise bad_request("malformed-json", "Malformed JSON", "the body's brackets do not balance")
         brackets = peeled

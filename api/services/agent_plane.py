@@ -39,7 +39,7 @@ from agent.protocol import (
     Report,
     ReportAck,
     decode_report,
-    validate_observation,
+    observation_problems_after_decode,
 )
 from api.services.errors import (
     Conflict,
@@ -765,7 +765,7 @@ class EnrollmentService:
                 "Credential of another node",
                 "this credential may publish only for the node it was issued to",
             )
-        errors = validate_observation(report.observation)
+        errors = observation_problems_after_decode(report.observation)
         if errors:
             raise InvalidRequest(
                 "invalid-observation",
