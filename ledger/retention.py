@@ -17,6 +17,7 @@ Two ways, one policy (docs/retention.md):
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable
 from datetime import UTC, date, datetime, time, timedelta
@@ -75,7 +76,7 @@ WITH day AS (
            lead(e.data->>'accelerator_id') OVER w AS next_accelerator,
            lead(jsonb_path_query_array(e.data, '$.accelerators[*].uuid')) OVER w AS next_sampled
     FROM "{table}" e
-    WHERE e.event_class = 'observation'
+    WHERE e.event_class = 'observation' AND e.stream_id BETWEEN $1 AND $2
     WINDOW w AS (PARTITION BY e.stream_id ORDER BY e.stream_version)
 ), candidates AS MATERIALIZED (
     SELECT d.global_position FROM day d
@@ -97,7 +98,7 @@ def _kept(table: str, log: str) -> str:
 _KEEP_PAST_DAY = """{kept}
 UPDATE events e SET segment = 'infinity'
 FROM kept k
-WHERE e.segment = $1 AND e.global_position = k.global_position
+WHERE e.segment = $3 AND e.global_position = k.global_position
 """
 
 # After the detach, nothing can reach the day any more: an append that read the day's segment
@@ -113,6 +114,25 @@ SELECT e.global_position, e.tx_id, e.event_id, e.stream_id, e.stream_version, e.
 FROM "{table}" e JOIN kept k ON k.global_position = e.global_position
 """
 
+# The streams a day holds, in index order, one index probe each (a loose index scan: a day holds
+# thousands of rows per stream, so DISTINCT would read them all).
+_DAY_STREAMS = """
+WITH RECURSIVE ids AS (
+    (SELECT stream_id FROM "{table}" ORDER BY stream_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.stream_id FROM "{table}" t WHERE t.stream_id > ids.stream_id
+            ORDER BY t.stream_id LIMIT 1)
+    FROM ids WHERE ids.stream_id IS NOT NULL
+)
+SELECT stream_id FROM ids WHERE stream_id IS NOT NULL
+"""
+
+# A day is decided in steps of about this many observations (whole streams), each its own
+# transaction, with a rest after each as long as the step took: the pass then takes at most half
+# of a core from ingest while it reads the day, however large the day (docs/retention.md).
+STEP_OBSERVATIONS = 20_000
+REST = 1.0
+
 _DAY_PARTITION = re.compile(r"^events_d(\d{8})$")
 
 
@@ -124,6 +144,7 @@ class RetentionReport(msgspec.Struct, frozen=True):
     segments_dropped: list[date] = []
     kept_past_day: int = 0
     skipped: bool = False  # another server's pass was running
+    steps: int = 0  # transactions the retired days were decided in (docs/retention.md)
 
 
 async def _day_partitions(conn: asyncpg.Connection) -> list[tuple[date, str, bool]]:
@@ -143,21 +164,55 @@ async def _day_partitions(conn: asyncpg.Connection) -> list[tuple[date, str, boo
     return sorted(out)
 
 
-async def _retire_segment(pool: asyncpg.Pool, day: date, table: str, attached: bool) -> tuple[int, int]:
+async def _stream_ranges(conn: asyncpg.Connection, table: str, step: int) -> list[tuple[str, str]]:
+    """The day's streams as inclusive (first, last) ranges of about `step` observations each."""
+    ids = [r["stream_id"] for r in await conn.fetch(_DAY_STREAMS.format(table=table))]
+    if not ids:
+        return []
+    rows = await conn.fetchval("SELECT reltuples FROM pg_class WHERE oid = $1::regclass", f'"{table}"')
+    if rows is None or rows < 0:  # never analyzed (autovacuum analyzes each partition)
+        rows = await conn.fetchval(f'SELECT count(*) FROM "{table}"')
+    per_range = max(1, int(step * len(ids) / max(float(rows), 1.0)))
+    return [(ids[i], ids[min(i + per_range, len(ids)) - 1]) for i in range(0, len(ids), per_range)]
+
+
+async def _in_steps(
+    conn: asyncpg.Connection, ranges: list[tuple[str, str]], sql: str, *args: object, rest: float
+) -> tuple[int, int]:
+    """`sql` once per range of streams (its $1 and $2; `args` from $3), each in its own transaction, resting
+    `rest` times as long as each step took. Returns (rows touched, steps)."""
+    touched = 0
+    loop = asyncio.get_running_loop()
+    for k, (first, last) in enumerate(ranges):
+        started = loop.time()
+        async with conn.transaction():
+            # The planner cannot know how few candidates the day has; compiling it (JIT) for
+            # the many it guesses costs more than the step itself.
+            await conn.execute("SET LOCAL jit = off")
+            status = await conn.execute(sql, first, last, *args)
+        touched += int(status.split()[-1])
+        if rest > 0 and k + 1 < len(ranges):
+            await asyncio.sleep((loop.time() - started) * rest)
+    return touched, len(ranges)
+
+
+async def _retire_segment(
+    pool: asyncpg.Pool, day: date, table: str, attached: bool, *, step: int, rest: float
+) -> tuple[int, int, int]:
     """Retire one day segment; each step is safe to repeat if a pass is cut short. Returns
-    (observations dropped, observations kept past their day)."""
-    kept = dropped = 0
+    (observations dropped, observations kept past their day, steps)."""
+    kept = dropped = moved_in = 0
     async with pool.acquire() as conn:
         if attached:
             async with conn.transaction():
                 # No append lands on the day from now on: mf_append finds no segment for it.
                 await conn.execute("DELETE FROM event_segments WHERE day = $1", day)
-            async with conn.transaction():
-                # The planner cannot know how few candidates the day has; compiling it (JIT)
-                # for the many it guesses costs more than the pass itself.
-                await conn.execute("SET LOCAL jit = off")
-                status = await conn.execute(_KEEP_PAST_DAY.format(kept=_kept(table, "events")), day)
-                kept = int(status.split()[-1])
+            # Stream by stream (the rule looks only at a row's own stream), in steps. A stream
+            # that an append still in flight adds to the day is caught after the detach.
+            ranges = await _stream_ranges(conn, table, step)
+            kept, moved_in = await _in_steps(
+                conn, ranges, _KEEP_PAST_DAY.format(kept=_kept(table, "events")), day, rest=rest
+            )
             await conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
             try:
                 # Not in a transaction block (CONCURRENTLY): waits for the transactions that may
@@ -165,18 +220,21 @@ async def _retire_segment(pool: asyncpg.Pool, day: date, table: str, attached: b
                 await conn.execute(f'ALTER TABLE events DETACH PARTITION "{table}" CONCURRENTLY')
             finally:
                 await conn.execute("RESET lock_timeout")
+        # Nothing writes to the detached day any more: its streams are final.
+        log_and_day = (
+            "(SELECT stream_id, stream_version, event_class, event_type, data FROM events UNION ALL "
+            f'SELECT stream_id, stream_version, event_class, event_type, data FROM "{table}")'
+        )
+        late = _KEEP_LATE.format(kept=_kept(table, log_and_day), table=table)
+        ranges = await _stream_ranges(conn, table, step)
+        copied, copied_in = await _in_steps(conn, ranges, late, rest=rest)
+        kept += copied
         async with conn.transaction():
-            log_and_day = (
-                "(SELECT stream_id, stream_version, event_class, event_type, data FROM events UNION ALL "
-                f'SELECT stream_id, stream_version, event_class, event_type, data FROM "{table}")'
-            )
-            await conn.execute("SET LOCAL jit = off")
-            status = await conn.execute(_KEEP_LATE.format(kept=_kept(table, log_and_day), table=table))
-            kept += int(status.split()[-1])
-            dropped = int(await conn.fetchval(f'SELECT count(*) FROM "{table}"')) - int(status.split()[-1])
+            dropped = int(await conn.fetchval(f'SELECT count(*) FROM "{table}"')) - copied
             await conn.execute(f'DROP TABLE "{table}"')
-    log.info("retention.segment_dropped", day=day.isoformat(), observations=dropped, kept=kept)
-    return dropped, kept
+    steps = moved_in + copied_in
+    log.info("retention.segment_dropped", day=day.isoformat(), observations=dropped, kept=kept, steps=steps)
+    return dropped, kept, steps
 
 
 async def prune_observations(
@@ -186,23 +244,32 @@ async def prune_observations(
     now: datetime | None = None,
     batch: int = _BATCH,
     progress: Callable[[int, int], None] | None = None,
+    step: int = STEP_OBSERVATIONS,
+    rest: float = REST,
 ) -> RetentionReport:
-    """Prune in batches; `progress(deleted so far, batches)` after each one. One pass at a time
-    over the database: a pass that finds another server's running returns at once, `skipped`."""
+    """Prune in batches; `progress(deleted so far, batches)` after each one. A retired day is
+    decided in steps of about `step` observations, resting `rest` times each step's length in
+    between. One pass at a time over the database: a pass that finds another server's running
+    returns at once, `skipped`."""
     cutoff = (now or datetime.now(UTC)) - keep
     async with pool.acquire() as guard:
         if not await guard.fetchval("SELECT pg_try_advisory_lock($1)", _RETENTION_LOCK_KEY):
             return RetentionReport(deleted=0, batches=0, cutoff=cutoff, skipped=True)
         try:
-            return await _pass(pool, cutoff, batch, progress)
+            return await _pass(pool, cutoff, batch, progress, step, rest)
         finally:
             await guard.execute("SELECT pg_advisory_unlock($1)", _RETENTION_LOCK_KEY)
 
 
 async def _pass(
-    pool: asyncpg.Pool, cutoff: datetime, batch: int, progress: Callable[[int, int], None] | None
+    pool: asyncpg.Pool,
+    cutoff: datetime,
+    batch: int,
+    progress: Callable[[int, int], None] | None,
+    step: int,
+    rest: float,
 ) -> RetentionReport:
-    deleted = batches = kept = 0
+    deleted = batches = kept = steps = 0
     dropped_days: list[date] = []
     async with pool.acquire() as conn:
         await finish_interrupted_detaches(conn)
@@ -213,9 +280,10 @@ async def _pass(
         # (A detached one is a pass cut short after its detach: finished whatever its day.)
         if attached and datetime.combine(day + timedelta(days=1), time(), UTC) > cutoff:
             continue
-        n, k = await _retire_segment(pool, day, table, attached)
+        n, k, m = await _retire_segment(pool, day, table, attached, step=step, rest=rest)
         deleted += n
         kept += k
+        steps += m
         dropped_days.append(day)
     while True:
         async with pool.acquire() as conn:
@@ -228,5 +296,10 @@ async def _pass(
         if n < batch:
             break
     return RetentionReport(
-        deleted=deleted, batches=batches, cutoff=cutoff, segments_dropped=dropped_days, kept_past_day=kept
+        deleted=deleted,
+        batches=batches,
+        cutoff=cutoff,
+        segments_dropped=dropped_days,
+        kept_past_day=kept,
+        steps=steps,
     )

@@ -9,6 +9,7 @@ import random
 from datetime import UTC, date, datetime, timedelta
 
 import asyncpg
+import pytest
 
 from api.services.inventory import HardwareInventoryService
 from collectors.identity import NodeIdentity
@@ -164,10 +165,17 @@ async def test_an_append_to_a_retired_day_goes_to_the_permanent_segment(store: E
     assert len(rows) == 4 and {r["seg"] for r in rows} == {"infinity"}
 
 
-async def test_a_retired_day_keeps_exactly_what_the_policy_keeps(store: EventStore) -> None:
+@pytest.mark.parametrize(
+    ("step", "analyzed"),
+    [(20_000, False), (1, False), (60, True)],
+    ids=["one step", "a stream per step", "steps of a few streams, from the statistics"],
+)
+async def test_a_retired_day_keeps_exactly_what_the_policy_keeps(
+    store: EventStore, step: int, analyzed: bool
+) -> None:
     """Snapshots sampling random subsets of four GPUs (incomplete scans, GPUs lost and back): the
     retirement's two-step decision keeps exactly the snapshots that no newer one samples a
-    superset of, the rule the row-by-row prune applies."""
+    superset of, the rule the row-by-row prune applies, however the day is cut into steps."""
     rng = random.Random(12)
     streams, per, uuids = 12, 25, [f"GPU-{g}" for g in range(4)]
     sampled = {
@@ -187,13 +195,25 @@ async def test_a_retired_day_keeps_exactly_what_the_policy_keeps(store: EventSto
                 for (s, v) in sampled
             ],
         )  # fmt: skip
+        if analyzed:  # the steps are sized from the partition's row estimate, else by counting
+            await conn.execute("ANALYZE events_d20261101")
     expected = {
         (f"rule-{s}", v)
         for (s, v), mine in sampled.items()
         if not any(set(mine) <= set(sampled[(s, w)]) for w in range(v + 1, per + 1))
     }
-    result = await prune_observations(store.pool, keep=timedelta(hours=1), now=START + timedelta(days=2))
+    result = await prune_observations(
+        store.pool, keep=timedelta(hours=1), now=START + timedelta(days=2), step=step, rest=0
+    )
     assert result.segments_dropped == [START.date()]
+    # one pass over the day before its detach, one after: in one step each, a stream per step,
+    # or a few streams per step
+    if step == 20_000:
+        assert result.steps == 2
+    elif step == 1:
+        assert result.steps == 2 * streams
+    else:
+        assert 2 < result.steps < 2 * streams, result.steps
     async with store.pool.acquire() as conn:
         kept = {
             (r["stream_id"], r["stream_version"])
