@@ -78,7 +78,7 @@ WITH rows AS (
            CASE WHEN e.event_type = 'NODE_TELEMETRY_OBSERVED'
                 THEN jsonb_path_query_array(e.data, '$.accelerators[*].uuid') END AS sampled
     FROM "{table}" e
-    WHERE e.event_class = 'observation' AND e.stream_id BETWEEN $1 AND $2
+    WHERE e.event_class = 'observation' AND e.stream_id BETWEEN $1 AND $2{only}
     OFFSET 0
 ), day AS (
     SELECT r.global_position, r.event_type, r.accelerator, r.sampled,
@@ -99,8 +99,15 @@ WITH rows AS (
 )"""
 
 
-def _kept(table: str, log: str) -> str:
-    return _KEPT.format(table=table, newer=_NEWER_OF_SAME_KIND.format(log=log))
+def _kept(table: str, log: str, only: str = "") -> str:
+    return _KEPT.format(table=table, newer=_NEWER_OF_SAME_KIND.format(log=log), only=only)
+
+
+# The copy-back looks only at what the move could not see: rows whose transaction had not
+# committed when the day was lifted ($3, the snapshot taken then; every step of the move saw
+# at least what it saw). A pass cut short before its drop has no such snapshot ($3 null) and
+# looks at every row left.
+_LATE_ONLY = " AND ($3::text IS NULL OR NOT pg_visible_in_snapshot(e.tx_id, $3::text::pg_snapshot))"
 
 
 # Before the detach: the kept observations move into the permanent segment, the same rows.
@@ -211,11 +218,15 @@ async def _retire_segment(
     """Retire one day segment; each step is safe to repeat if a pass is cut short. Returns
     (observations dropped, observations kept past their day, steps)."""
     kept = dropped = moved_in = 0
+    lifted_at: str | None = None
     async with pool.acquire() as conn:
         if attached:
             async with conn.transaction():
                 # No append lands on the day from now on: mf_append finds no segment for it.
                 await conn.execute("DELETE FROM event_segments WHERE day = $1", day)
+            # What has committed by now, every step below sees; what has not is looked at again
+            # after the detach.
+            lifted_at = await conn.fetchval("SELECT pg_current_snapshot()::text")
             # Stream by stream (the rule looks only at a row's own stream), in steps. A stream
             # that an append still in flight adds to the day is caught after the detach.
             ranges = await _stream_ranges(conn, table, step)
@@ -234,9 +245,9 @@ async def _retire_segment(
             "(SELECT stream_id, stream_version, event_class, event_type, data FROM events UNION ALL "
             f'SELECT stream_id, stream_version, event_class, event_type, data FROM "{table}")'
         )
-        late = _KEEP_LATE.format(kept=_kept(table, log_and_day), table=table)
+        late = _KEEP_LATE.format(kept=_kept(table, log_and_day, _LATE_ONLY), table=table)
         ranges = await _stream_ranges(conn, table, step)
-        copied, copied_in = await _in_steps(conn, ranges, late, rest=rest)
+        copied, copied_in = await _in_steps(conn, ranges, late, lifted_at, rest=rest)
         kept += copied
         async with conn.transaction():
             dropped = int(await conn.fetchval(f'SELECT count(*) FROM "{table}"')) - copied

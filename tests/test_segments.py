@@ -154,6 +154,45 @@ async def test_a_retirement_cut_short_is_finished_by_the_next_pass(store: EventS
     assert report.differences == []
 
 
+async def test_an_observation_committed_after_its_day_was_lifted_is_kept_by_the_copy_back(
+    store: EventStore,
+) -> None:
+    """An append still in flight when a pass lifts its day (it had found the day's segment): the
+    move cannot see it, the detach waits for it, and the copy-back keeps it, as the policy says
+    of the only observation of its stream."""
+    async with store.pool.acquire() as conn:
+        await ensure_segments(conn, START.date(), ahead=0)
+    await simulate(store, nodes=2, reports=2)
+    async with store.pool.acquire() as late:
+        transaction = late.transaction()
+        await transaction.start()
+        await late.execute(
+            "INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class, schema_version, "
+            "data, metadata, received_at, segment) VALUES (gen_random_uuid(), 'late-1', 1, "
+            "'NODE_TELEMETRY_OBSERVED', 'observation', 1, '{}', '{}', $1, $2)",
+            START + timedelta(hours=12),
+            START.date(),
+        )
+        prune = asyncio.create_task(
+            prune_observations(store.pool, keep=timedelta(hours=1), now=START + timedelta(days=2), rest=0)
+        )
+        deadline = asyncio.get_running_loop().time() + 30
+        async with store.pool.acquire() as watch:
+            while not await watch.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'ALTER TABLE events DETACH%' "
+                "AND wait_event_type = 'Lock'"
+            ):
+                assert asyncio.get_running_loop().time() < deadline, "the detach never waited"
+                assert not prune.done(), prune
+                await asyncio.sleep(0.01)
+        await transaction.commit()
+        result = await prune
+    assert result.segments_dropped == [START.date()]
+    async with store.pool.acquire() as conn:
+        rows = await conn.fetch("SELECT segment::text AS seg FROM events WHERE stream_id = 'late-1'")
+    assert [r["seg"] for r in rows] == ["infinity"]
+
+
 async def test_an_append_to_a_retired_day_goes_to_the_permanent_segment(store: EventStore) -> None:
     async with store.pool.acquire() as conn:
         await ensure_segments(conn, START.date(), ahead=0)
