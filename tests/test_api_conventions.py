@@ -253,3 +253,32 @@ async def test_docs_page_references_only_local_assets(client: httpx.AsyncClient)
     assert b"SwaggerUIBundle" in bundle.content and "javascript" in bundle.headers["content-type"]
     # /schema itself opens the same page.
     assert "/schema/assets/swagger-ui-bundle.js" in (await client.get("/schema")).text
+
+
+async def test_every_route_resolves_at_most_one_dependency(pool: asyncpg.Pool) -> None:
+    """Litestar resolves a route's dependencies level by level, and two at one level in an anyio
+    task group with a task each: a tenth of a read's server CPU (api/http/context.py). Every
+    route takes one dependency, whose provider reads the app state itself."""
+    from litestar.routes import HTTPRoute
+
+    from api.config import token_hash
+    from api.http.app import create_app
+    from api.http.context import AppContext
+    from api.services.repository import HardwareRepository
+
+    service = HardwareInventoryService(EventStore(pool, ALL_PROJECTIONS))
+    app = create_app(
+        AppContext(
+            pool=pool, service=service, repository=HardwareRepository(pool), admin_token_hash=token_hash("x")
+        )
+    )
+    costly: list[str] = []
+    handlers = 0
+    for route in app.routes:
+        if isinstance(route, HTTPRoute):
+            for handler, kwargs_model in route.route_handler_map.values():
+                handlers += 1
+                batches = [sorted(d.key for d in batch) for batch in kwargs_model.dependency_batches]
+                if len(batches) > 1 or any(len(batch) > 1 for batch in batches):
+                    costly.append(f"{route.path} {handler.handler_name}: {batches}")
+    assert handlers > 30 and not costly, "\n".join(costly)

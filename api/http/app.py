@@ -28,8 +28,8 @@ from api.http.context import DEPENDENCIES, AppContext, operator_guard
 from api.http.decommission import decommission_routers
 from api.services import metrics as prometheus
 from api.services.errors import Conflict, DomainError, Unavailable
-from api.services.inventory import HardwareInventoryService, RefreshOutcome
-from api.services.repository import AuditRepository, BadCursor, HardwareRepository
+from api.services.inventory import RefreshOutcome
+from api.services.repository import BadCursor, HardwareRepository
 from api.services.views import (
     AcceleratorBody,
     AcceleratorPage,
@@ -39,6 +39,7 @@ from api.services.views import (
     NodePage,
     RefreshBody,
 )
+from api.wiring import Services
 
 log = structlog.get_logger(__name__)
 
@@ -89,16 +90,14 @@ def refresh_body(outcome: RefreshOutcome) -> RefreshBody:
 
 
 @post("/hardware/refresh", status_code=200, summary="Refresh the local host's inventory once")
-async def refresh(
-    context: NamedDependency[AppContext], inventory: NamedDependency[HardwareInventoryService]
-) -> RefreshBody:
+async def refresh(context: NamedDependency[AppContext]) -> RefreshBody:
     if not context.local_refresh_enabled:
         raise Conflict(
             "local-refresh-disabled",
             "Local refresh is not configured",
             "this server has no local collectors (it is not a compute node)",
         )
-    outcome = await inventory.refresh()
+    outcome = await context.services.inventory.refresh()
     if outcome.outcome == "failed":
         raise Unavailable(
             "inventory-collection-failed",
@@ -116,8 +115,7 @@ HealthStatus = Literal["healthy", "degraded", "failed"]
 
 @get("/hardware/nodes", summary="Compute nodes (filters: hostname, liveness, inventory_status, health)")
 async def list_nodes(
-    repository: NamedDependency[HardwareRepository],
-    audit: NamedDependency[AuditRepository],
+    services: NamedDependency[Services],
     hostname: Annotated[str | None, QueryParameter(description="exact, case-insensitive")] = None,
     liveness: FromQuery[Liveness | None] = None,
     inventory_status: FromQuery[InventoryStatus | None] = None,
@@ -131,7 +129,7 @@ async def list_nodes(
 ) -> NodePage:
     if as_of is not None:
         # The inventory folded at that moment is one page; the filters narrow it the same way.
-        nodes, position = await audit.nodes_as_of(_aware(as_of))
+        nodes, position = await services.audit.nodes_as_of(_aware(as_of))
         nodes = [
             n
             for n in nodes
@@ -141,7 +139,7 @@ async def list_nodes(
             and (health is None or n.health.status == health)
         ]
         return NodePage(items=nodes, next_cursor=None, as_of_position=position)
-    items, next_cursor = await repository.list_nodes(
+    items, next_cursor = await services.repository.list_nodes(
         cursor=cursor,
         limit=limit,
         hostname=hostname,
@@ -174,18 +172,17 @@ def _tagged(body: Any, if_none_match: str | None) -> Response[Any]:
     "/hardware/nodes/{node_id:str}", summary="One compute node (ETag, If-None-Match)", responses=NOT_MODIFIED
 )
 async def get_node(
-    repository: NamedDependency[HardwareRepository],
-    audit: NamedDependency[AuditRepository],
+    services: NamedDependency[Services],
     node_id: FromPath[str],
     as_of: FromQuery[datetime | None] = None,
     if_none_match: IfNoneMatch = None,
 ) -> Response[NodeBody]:
     if as_of is not None:
-        nodes, _ = await audit.nodes_as_of(_aware(as_of), node_id=node_id)
+        nodes, _ = await services.audit.nodes_as_of(_aware(as_of), node_id=node_id)
         if not nodes:
             raise problems.not_found("node", f"{node_id} (as of {as_of.isoformat()})")
         return _tagged(nodes[0], if_none_match)
-    node = await repository.get_node(node_id)
+    node = await services.repository.get_node(node_id)
     if node is None:
         raise problems.not_found("node", node_id)
     return _tagged(node, if_none_match)
@@ -193,8 +190,7 @@ async def get_node(
 
 @get("/hardware/accelerators", summary="Accelerators (filters: node_id, status, model, health)")
 async def list_accelerators(
-    repository: NamedDependency[HardwareRepository],
-    audit: NamedDependency[AuditRepository],
+    services: NamedDependency[Services],
     node_id: FromQuery[str | None] = None,
     status: FromQuery[AcceleratorStatus | None] = None,
     model: Annotated[str | None, QueryParameter(description="the model name, e.g. NVIDIA H200")] = None,
@@ -206,14 +202,16 @@ async def list_accelerators(
     as_of: FromQuery[datetime | None] = None,
 ) -> AcceleratorPage:
     if as_of is not None:
-        accs, position = await audit.accelerators_as_of(_aware(as_of), node_id=node_id, status=status)
+        accs, position = await services.audit.accelerators_as_of(
+            _aware(as_of), node_id=node_id, status=status
+        )
         accs = [
             a
             for a in accs
             if (model is None or a.name == model) and (health is None or a.health.status == health)
         ]
         return AcceleratorPage(items=accs, next_cursor=None, as_of_position=position)
-    items, next_cursor = await repository.list_accelerators(
+    items, next_cursor = await services.repository.list_accelerators(
         node_id=node_id, status=status, cursor=cursor, limit=limit, model=model, health=health
     )
     return AcceleratorPage(items=items, next_cursor=next_cursor)

@@ -9,7 +9,7 @@ import asyncpg
 from litestar import Request
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
-from litestar.di import NamedDependency, Provide
+from litestar.di import Provide
 from litestar.exceptions import NotAuthorizedException
 from litestar.handlers.base import BaseRouteHandler
 
@@ -49,34 +49,46 @@ def ctx(request: Request[Any, Any, Any] | ASGIConnection[Any, Any, Any, Any]) ->
     return context
 
 
+# Every provider reads the process's context from the app state itself: a dependency of a
+# dependency is one more round of Litestar's resolution per request, and two dependencies at one
+# level are resolved in an anyio task group, a task each (a tenth of a read's server CPU, profiled
+# under bench.api). So every route takes exactly one of these; one that needs several services
+# takes `services`, the bundle (tests/test_api_conventions.py holds every route to that).
+
+
 def _context(state: State) -> AppContext:
     context: AppContext = state.ctx
     return context
 
 
-def _inventory(context: NamedDependency[AppContext]) -> HardwareInventoryService:
-    return context.services.inventory
+def _services(state: State) -> Services:
+    return _context(state).services
 
 
-def _agent_plane(context: NamedDependency[AppContext]) -> EnrollmentService:
-    return context.services.agent_plane
+def _inventory(state: State) -> HardwareInventoryService:
+    return _context(state).services.inventory
 
 
-def _decommission(context: NamedDependency[AppContext]) -> DecommissionService:
-    return context.services.decommission
+def _agent_plane(state: State) -> EnrollmentService:
+    return _context(state).services.agent_plane
 
 
-def _repository(context: NamedDependency[AppContext]) -> HardwareRepository:
-    return context.services.repository
+def _decommission(state: State) -> DecommissionService:
+    return _context(state).services.decommission
 
 
-def _audit(context: NamedDependency[AppContext]) -> AuditRepository:
-    return context.services.audit
+def _repository(state: State) -> HardwareRepository:
+    return _context(state).services.repository
 
 
-# The routes' dependencies: each names one service of the process's context.
+def _audit(state: State) -> AuditRepository:
+    return _context(state).services.audit
+
+
+# The routes' dependencies: each names the process's context, its services, or one service.
 DEPENDENCIES = {
     "context": Provide(_context, sync_to_thread=False),
+    "services": Provide(_services, sync_to_thread=False),
     "inventory": Provide(_inventory, sync_to_thread=False),
     "agent_plane": Provide(_agent_plane, sync_to_thread=False),
     "decommission": Provide(_decommission, sync_to_thread=False),
