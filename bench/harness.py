@@ -38,6 +38,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
 OPERATOR_TOKEN = "bench-operator-token"
 WRK_MISSING = "wrk is not installed: apt-get update && apt-get install -y wrk (Debian package `wrk`)"
+# The log's tables: `events` is partitioned (migration 0004), so its size and dead tuples are
+# its leaves', each with its TOAST and indexes.
+LOG_PARTITIONS = "SELECT relid FROM pg_partition_tree('events') WHERE isleaf"
 
 
 # --- command line and output -------------------------------------------------------------------------

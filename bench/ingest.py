@@ -373,11 +373,10 @@ async def table_figures(pool: Any) -> tuple[int, int]:
     """(bytes of the events table: every partition with its TOAST and indexes, dead tuples)."""
     async with pool.acquire() as conn:
         size = await conn.fetchval(
-            "SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('events') WHERE isleaf"
+            f"SELECT sum(pg_total_relation_size(relid)) FROM ({h.LOG_PARTITIONS}) leaves"
         )
         dead = await conn.fetchval(
-            "SELECT sum(n_dead_tup) FROM pg_stat_user_tables WHERE relid IN "
-            "(SELECT relid FROM pg_partition_tree('events') WHERE isleaf)"
+            f"SELECT sum(n_dead_tup) FROM pg_stat_user_tables WHERE relid IN ({h.LOG_PARTITIONS})"
         )
     return int(size), int(dead or 0)
 

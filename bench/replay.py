@@ -495,12 +495,11 @@ async def describe_log(pool: asyncpg.Pool, builder: LogBuilder, phases: dict[str
     async with pool.acquire() as conn:
         total = await conn.fetchval("SELECT count(*) FROM events")
         lifecycle = await conn.fetchval("SELECT count(*) FROM events WHERE event_class = 'lifecycle'")
-        # the log is partitioned (migration 0004): its size is its leaves'
         heap = await conn.fetchval(
-            "SELECT pg_size_pretty(sum(pg_relation_size(relid))) FROM pg_partition_tree('events') WHERE isleaf"
+            f"SELECT pg_size_pretty(sum(pg_relation_size(relid))) FROM ({h.LOG_PARTITIONS}) leaves"
         )
         size = await conn.fetchval(
-            "SELECT pg_size_pretty(sum(pg_total_relation_size(relid))) FROM pg_partition_tree('events') WHERE isleaf"
+            f"SELECT pg_size_pretty(sum(pg_total_relation_size(relid))) FROM ({h.LOG_PARTITIONS}) leaves"
         )
     assert total == builder.events, (total, builder.events)
     built = (
