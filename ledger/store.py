@@ -267,10 +267,10 @@ class EventStore:
 
     async def open_streams(
         self, conn: asyncpg.Connection, stream_ids: Sequence[str], state_of: str
-    ) -> list[tuple[StreamInfo, str | None]]:
+    ) -> list[tuple[StreamInfo, bytes | None]]:
         """Lock `stream_ids` in the order given for the rest of the caller's transaction (callers
         sort them: one lock order for everyone) and say where each stands, with the folded state
-        projection `state_of` checkpointed for it (its stored JSON; None before its first event),
+        projection `state_of` checkpointed for it (its stored JSON bytes; None before its first event),
         in one round trip (`mf_open_streams`)."""
         rows = await conn.fetch("SELECT * FROM mf_open_streams($1, $2)", list(stream_ids), state_of)
         return [

@@ -45,10 +45,12 @@ def _changes_sql(ops: Sequence[tuple[str, str, TableSpec]], state_table: str) ->
     types the values by the table's own columns), then the new folded states, fed the same way.
     One round trip and one statement however many rows and streams changed, where a statement
     per row (executemany) cost a parse, a plan and an executor start each. Deleted and upserted
-    keys are disjoint, so the CTEs never touch the same row twice."""
+    keys are disjoint, so the CTEs never touch the same row twice. The folded states come as the
+    projection's name ($1) and four arrays (stream ids, versions, positions, encoded states): a
+    state is bytes to PostgreSQL (`projection_state.state` is bytea), never parsed there."""
     ctes: list[str] = []
     for i, (op, table, spec) in enumerate(ops):
-        param = f"${i + 2}"
+        param = f"${i + 6}"
         source = f"jsonb_populate_recordset(NULL::{table}, {param})"
         cols = ", ".join(spec.columns)
         if op == "delete":
@@ -62,10 +64,11 @@ def _changes_sql(ops: Sequence[tuple[str, str, TableSpec]], state_table: str) ->
                 f"ON CONFLICT ({', '.join(spec.key)}) {conflict})"
             )
     head = f"WITH {', '.join(ctes)} " if ctes else ""
-    state_cols = "projection, stream_id, stream_version, position, state"
     return (
-        f"{head}INSERT INTO {state_table} ({state_cols}) SELECT {state_cols} "
-        f"FROM jsonb_populate_recordset(NULL::{state_table}, $1) ON CONFLICT (projection, stream_id) "
+        f"{head}INSERT INTO {state_table} (projection, stream_id, stream_version, position, state) "
+        "SELECT $1, u.stream_id, u.stream_version, u.position, u.state "
+        "FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::bytea[]) "
+        "AS u(stream_id, stream_version, position, state) ON CONFLICT (projection, stream_id) "
         "DO UPDATE SET stream_version = EXCLUDED.stream_version, position = EXCLUDED.position, "
         "state = EXCLUDED.state"
     )
@@ -118,6 +121,10 @@ class Projection(Generic[S]):
             state = self.fold(state, event)
         return state
 
+    def encode_state(self, state: S) -> bytes:
+        """The checkpoint's bytes: the persisted state as JSON (`projection_state.state`)."""
+        return msgspec.json.encode(self.persisted(state))
+
     def decode_state(self, raw: str | bytes) -> S:
         return msgspec.json.decode(raw, type=self.state_type)
 
@@ -125,7 +132,7 @@ class Projection(Generic[S]):
 
     async def load_state(self, conn: asyncpg.Connection, stream_id: str, *, suffix: str = "") -> S:
         raw = await conn.fetchval(
-            f"SELECT state::text FROM {STATE_TABLE}{suffix} WHERE projection = $1 AND stream_id = $2",
+            f"SELECT state FROM {STATE_TABLE}{suffix} WHERE projection = $1 AND stream_id = $2",
             self.name,
             stream_id,
         )
@@ -176,8 +183,10 @@ class Projection(Generic[S]):
             raise ValueError("one statement writes each stream once: fold a stream's events together")
         gone_by: dict[str, list[dict[str, Any]]] = {spec.name: [] for spec in self.tables}
         changed_by: dict[str, list[dict[str, Any]]] = {spec.name: [] for spec in self.tables}
-        states: list[dict[str, Any]] = []
-        for stream_id, before, after in changes:
+        versions: list[int] = []
+        positions: list[int] = []
+        states: list[bytes] = []
+        for _stream_id, before, after in changes:
             old_rows, new_rows = self.rows(before), self.rows(after)
             for spec in self.tables:
                 old = {spec.key_of(r): r for r in old_rows.get(spec.name, ())}
@@ -185,15 +194,9 @@ class Projection(Generic[S]):
                 changed_by[spec.name].extend(_objects(spec, [r for k, r in new.items() if old.get(k) != r]))
                 gone_by[spec.name].extend(dict(zip(spec.key, k, strict=True)) for k in old if k not in new)
             version, position = self.checkpoint_of(after)
-            states.append(
-                {
-                    "projection": self.name,
-                    "stream_id": stream_id,
-                    "stream_version": version,
-                    "position": position,
-                    "state": msgspec.Raw(msgspec.json.encode(self.persisted(after))),
-                }
-            )
+            versions.append(version)
+            positions.append(position)
+            states.append(self.encode_state(after))
         ops: list[tuple[str, str, TableSpec]] = []
         args: list[object] = []
         for spec in self.tables:
@@ -203,4 +206,12 @@ class Projection(Generic[S]):
             if changed_by[spec.name]:
                 ops.append(("upsert", spec.name + suffix, spec))
                 args.append(changed_by[spec.name])
-        await conn.execute(_changes_sql(ops, STATE_TABLE + suffix), states, *args)
+        await conn.execute(
+            _changes_sql(ops, STATE_TABLE + suffix),
+            self.name,
+            [stream_id for stream_id, _b, _a in changes],
+            versions,
+            positions,
+            states,
+            *args,
+        )

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
+import msgspec
 import pytest
 
 from agent.protocol import EnrollRequest
@@ -130,9 +131,11 @@ async def test_a_report_keeps_gpu_metrics_in_the_telemetry_table_not_in_the_node
         )
         assert ack.status == "accepted"
     async with plane.pool.acquire() as conn:
-        state = await conn.fetchval(
-            "SELECT state FROM projection_state WHERE projection = 'inventory' AND stream_id = $1",
-            principal.node_id,
+        state = msgspec.json.decode(
+            await conn.fetchval(
+                "SELECT state FROM projection_state WHERE projection = 'inventory' AND stream_id = $1",
+                principal.node_id,
+            )
         )
         metrics = await conn.fetch(
             "SELECT metrics FROM hw_accelerator_telemetry WHERE node_id = $1", principal.node_id

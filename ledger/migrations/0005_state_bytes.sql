@@ -1,0 +1,24 @@
+-- 0.4: a projection's folded state (`projection_state.state`) is kept as the bytes of the
+-- projection's own JSON instead of jsonb. Nothing but the projection reads it, and parsing a
+-- node's ~10 KB state into jsonb on every append and printing it back on every load was a third
+-- of the database's CPU per agent report (docs/performance.md, issue 12). The stored states are
+-- converted as they are (jsonb's text is JSON the projection decodes); `rebuild --verify` compares
+-- states as JSON values, so a converted checkpoint equals a rebuilt one. A database created by
+-- this release has the bytea column from schema.sql already.
+DO $$
+BEGIN
+    IF (SELECT data_type FROM information_schema.columns
+        WHERE table_schema = current_schema() AND table_name = 'projection_state'
+          AND column_name = 'state') = 'jsonb' THEN
+        ALTER TABLE projection_state ALTER COLUMN state TYPE bytea
+            USING convert_to(state::text, 'UTF8');
+    END IF;
+END;
+$$;
+
+DO $$
+BEGIN
+    ALTER TABLE projection_state ALTER COLUMN state SET COMPRESSION lz4;
+EXCEPTION WHEN feature_not_supported OR invalid_parameter_value THEN NULL;
+END;
+$$;
