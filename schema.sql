@@ -299,6 +299,14 @@ $$;
 -- the flat arrays go to `p_stream_ids[i]` at `p_expected_versions[i]`, each exactly as mf_append
 -- does it (its checks, its idempotency, its hash chain). One failure fails the whole call, and
 -- the caller's transaction with it. Rows: mf_append's, each with its stream's index (1-based).
+--
+-- A plain batch (the caller holds every stream's lock, each stream appears once, is not
+-- tombstoned and is at its expected version, no event is lifecycle, none is stored yet: every
+-- steady agent report) is written set-wise: one INSERT of all its events, one upsert of all its
+-- streams, one segment lookup per day, all events with one recorded_at. Stream by stream it
+-- cost a function call, a streams read, a segment lookup, an INSERT with its statement trigger
+-- and a streams upsert per stream (docs/performance.md, issue 12, fifth step). Anything else goes
+-- stream by stream through mf_append, which refuses, or answers a retry, as it always has.
 CREATE OR REPLACE FUNCTION mf_append_many(
     p_stream_ids text[], p_expected_versions bigint[], p_counts integer[], p_event_ids uuid[],
     p_event_types text[], p_event_classes text[], p_schema_versions integer[], p_data jsonb[],
@@ -307,11 +315,90 @@ CREATE OR REPLACE FUNCTION mf_append_many(
                out_already_stored boolean, out_recorded_at timestamptz)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_lo  integer := 1;
-    v_hi  integer;
-    i     integer;
+    v_streams      integer := coalesce(array_length(p_stream_ids, 1), 0);
+    v_n            integer := coalesce(array_length(p_event_ids, 1), 0);
+    v_lo           integer := 1;
+    v_hi           integer;
+    v_plain        boolean;
+    v_current      bigint[];
+    v_index        integer[];
+    v_versions     bigint[];
+    v_segments     date[];
+    v_day          date;
+    v_seen_day     date;
+    v_day_segment  date := 'infinity';
+    v_now          timestamptz;
+    v_inserted     integer;
+    i              integer;
+    j              integer;
+    k              integer := 0;
 BEGIN
-    FOR i IN 1 .. coalesce(array_length(p_stream_ids, 1), 0) LOOP
+    IF p_locked AND v_streams > 0 AND NOT ('lifecycle' = ANY (p_event_classes))
+       AND (SELECT count(DISTINCT x) FROM unnest(p_stream_ids) AS x) = v_streams THEN
+        SELECT array_agg(coalesce(s.version, 0) ORDER BY u.n),
+               bool_and(s.tombstoned_at IS NULL AND (u.ev IS NULL OR coalesce(s.version, 0) = u.ev))
+            INTO v_current, v_plain
+            FROM unnest(p_stream_ids, p_expected_versions) WITH ORDINALITY AS u(id, ev, n)
+            LEFT JOIN streams s ON s.stream_id = u.id;
+        IF v_plain THEN
+            v_index := array_fill(0, ARRAY[v_n]);
+            v_versions := array_fill(0::bigint, ARRAY[v_n]);
+            v_segments := array_fill('infinity'::date, ARRAY[v_n]);
+            FOR i IN 1 .. v_streams LOOP
+                FOR j IN 1 .. p_counts[i] LOOP
+                    k := k + 1;
+                    v_index[k] := i;
+                    v_versions[k] := v_current[i] + j;
+                    -- The segment of the UTC day the observation was received, as mf_append finds it.
+                    v_day := ((p_metadata[k] ->> 'received_at')::timestamptz AT TIME ZONE 'UTC')::date;
+                    IF v_day IS DISTINCT FROM v_seen_day THEN
+                        v_seen_day := v_day;
+                        v_day_segment := coalesce((SELECT g.day FROM event_segments g WHERE g.day = v_day),
+                                                  'infinity');
+                    END IF;
+                    v_segments[k] := v_day_segment;
+                END LOOP;
+            END LOOP;
+            -- A retry holds stored events: it goes stream by stream, where mf_append answers it.
+            v_plain := k = v_n AND NOT EXISTS (
+                SELECT 1 FROM unnest(p_event_ids, v_segments) AS x(id, seg)
+                JOIN events e ON e.event_id = x.id AND e.segment = x.seg);
+        END IF;
+        IF v_plain THEN
+            v_now := clock_timestamp();
+            RETURN QUERY
+            WITH inserted AS (
+                INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class,
+                                    schema_version, data, metadata, recorded_at, received_at, segment)
+                SELECT u.id, p_stream_ids[u.si], u.v, u.t, u.c, u.sv, u.d, u.m, v_now,
+                       (u.m ->> 'received_at')::timestamptz, u.seg
+                FROM unnest(p_event_ids, p_event_types, p_event_classes, p_schema_versions, p_data,
+                            p_metadata, v_index, v_versions, v_segments)
+                     WITH ORDINALITY AS u(id, t, c, sv, d, m, si, v, seg, n)
+                ORDER BY u.n
+                ON CONFLICT (event_id, segment) DO NOTHING
+                RETURNING events.global_position, events.stream_id, events.stream_version
+            )
+            SELECT array_position(p_stream_ids, ins.stream_id), ins.global_position,
+                   ins.stream_version, false, v_now
+            FROM inserted ins ORDER BY 1, 3;
+            GET DIAGNOSTICS v_inserted = ROW_COUNT;
+            IF v_inserted < v_n THEN
+                -- Stored by a transaction that committed after the check above: refuse the call
+                -- (a group commit then runs each stream alone, where mf_append answers the retry).
+                RAISE EXCEPTION 'part of this batch is already stored (% of % events)',
+                    v_n - v_inserted, v_n USING ERRCODE = 'MF422';
+            END IF;
+            INSERT INTO streams AS s (stream_id, version, updated_at)
+            SELECT u.id, u.cur + u.cnt, v_now
+            FROM unnest(p_stream_ids, v_current, p_counts) AS u(id, cur, cnt)
+            ON CONFLICT (stream_id) DO UPDATE
+                SET version = EXCLUDED.version, updated_at = EXCLUDED.updated_at;
+            RETURN;
+        END IF;
+    END IF;
+
+    FOR i IN 1 .. v_streams LOOP
         v_hi := v_lo + p_counts[i] - 1;
         RETURN QUERY
             SELECT i, a.out_global_position, a.out_stream_version, a.out_already_stored,
