@@ -550,6 +550,7 @@ async def run(args: argparse.Namespace) -> int:
                 if not rebuilt.ops or usage.seconds < rebuilt.usage.seconds:
                     rebuilt = h.Sample(rebuilt.name, ops=result.events, units=result.events, usage=usage)
             statements = await count_statements(db.dsn, nodes)
+            transactions, appends = store.appends_committed
 
             rows = [s for s, *_ in systems] + [scan, rebuilt]
             h.table(
@@ -568,6 +569,10 @@ async def run(args: argparse.Namespace) -> int:
             report.note(
                 f"one append of {EVENTS_PER_REPORT} events: {statements.executions} statements executed in "
                 f"{statements.round_trips} round trips, {statements.transactions} transaction(s) (counted on the wire)"
+            )
+            report.note(
+                f"ledger appends (warm-up and timed): {appends:,} in {transactions:,} transactions "
+                f"(group commit: {appends / max(1, transactions):.1f} appends per transaction)"
             )
             ceiling_s, ledger_s = systems[0][0], systems[1][0]
 

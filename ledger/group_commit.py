@@ -9,7 +9,11 @@ its outcome once the transaction that handled it has committed, so an acknowledg
     * Batches form naturally, without a timer: while `concurrency` batches are running, new items
       wait; when one ends, the next takes what is waiting (up to `max_batch`, one item per key:
       a later item of the same key waits for the next batch, so it sees the first one's writes).
-      At low load an item runs at once, alone.
+      With `share=True` a batch takes only its share of what waits when other lanes are free
+      too, so that callers who come back together (answered by one batch, like a fixed set of
+      writers) fill transactions that run side by side rather than one after the other. Without
+      it (callers that arrive independently, like HTTP requests) batches stay as large as they
+      come, which costs less per item. At low load an item runs at once, alone.
     * The handler gets the batch's items sorted by key (stream ids) and one connection inside
       the batch's transaction, and returns one outcome per item: its result, or the exception
       that refuses it. A refused item must have written nothing (refusals are decided before the
@@ -58,7 +62,13 @@ class _Pending(Generic[I, R]):
 
 class GroupCommit(Generic[I, R]):
     def __init__(
-        self, pool: asyncpg.Pool, handler: Handler[I, R], *, max_batch: int = 32, concurrency: int = 2
+        self,
+        pool: asyncpg.Pool,
+        handler: Handler[I, R],
+        *,
+        max_batch: int = 32,
+        concurrency: int = 2,
+        share: bool = False,
     ) -> None:
         if max_batch < 1 or concurrency < 1:
             raise ValueError("max_batch and concurrency must be at least 1")
@@ -66,8 +76,10 @@ class GroupCommit(Generic[I, R]):
         self.handler = handler
         self.max_batch = max_batch
         self.concurrency = concurrency
+        self.share = share
         self._waiting: list[_Pending[I, R]] = []
         self._running = 0
+        self._busy = 0  # lanes inside a transaction
         self._drains: set[asyncio.Task[None]] = set()  # referenced, so none is collected midway
         # Observability (the server's /metrics): transactions committed and items they committed.
         self.batches = 0
@@ -87,11 +99,16 @@ class GroupCommit(Generic[I, R]):
         return await future
 
     def _take(self) -> list[_Pending[I, R]]:
+        limit = self.max_batch
+        if self.share:
+            # This lane's share of what waits: the lanes not inside a transaction (this one too) split it.
+            free = max(1, self.concurrency - self._busy)
+            limit = min(limit, -(-len(self._waiting) // free))
         batch: list[_Pending[I, R]] = []
         keys: set[str] = set()
         rest: list[_Pending[I, R]] = []
         for pending in self._waiting:
-            if len(batch) < self.max_batch and pending.key not in keys:
+            if len(batch) < limit and pending.key not in keys:
                 keys.add(pending.key)
                 batch.append(pending)
             else:
@@ -104,9 +121,13 @@ class GroupCommit(Generic[I, R]):
         try:
             while self._waiting:
                 batch = self._take()
-                if len(batch) == 1 or not await self._together(batch):
-                    for pending in batch:
-                        await self._alone(pending)
+                self._busy += 1
+                try:
+                    if len(batch) == 1 or not await self._together(batch):
+                        for pending in batch:
+                            await self._alone(pending)
+                finally:
+                    self._busy -= 1
         except BaseException as exc:
             # Cancelled (the server stops) or a bug here: no caller of this batch waits forever.
             for pending in batch:

@@ -72,6 +72,16 @@ async def test_items_that_arrive_together_commit_in_one_transaction(probe: async
     assert await rows(probe) == [(k, 1) for k in keys]
 
 
+async def test_items_that_arrive_together_are_shared_by_the_free_lanes(probe: asyncpg.Pool) -> None:
+    """Callers that come back together (answered by one batch) fill both lanes, side by side,
+    instead of one transaction after the other."""
+    group: GroupCommit[Item, str] = GroupCommit(probe, handler, max_batch=32, concurrency=2, share=True)
+    keys = [f"k{i}" for i in range(8)]
+    results = await asyncio.gather(*(group.run(k, Item(k)) for k in keys))
+    assert results == [k.upper() for k in keys]
+    assert await transactions(probe) == [4, 4] and (group.batches, group.units) == (2, 8)
+
+
 async def test_a_batch_never_exceeds_max_batch(probe: asyncpg.Pool) -> None:
     group: GroupCommit[Item, str] = GroupCommit(probe, handler, max_batch=3, concurrency=1)
     keys = [f"k{i:02d}" for i in range(10)]

@@ -214,3 +214,28 @@ async def test_migrate_is_idempotent(pool: asyncpg.Pool) -> None:
         assert await conn.fetchval(snapshot) == before
         assert await conn.fetchval("SELECT count(*) FROM pg_indexes WHERE schemaname = 'public'") == indexes
         assert await conn.fetchval("SELECT count(*) FROM schema_version") == LATEST_SCHEMA_VERSION
+
+
+async def test_concurrent_appends_share_transactions_and_a_conflict_fails_only_its_own(
+    store: EventStore,
+) -> None:
+    """EventStore.append without a connection group-commits: appends to different streams made
+    at once share transactions, and a stale expected version refuses that append alone."""
+    await store.append("stale", 0, [lifecycle("base")])
+    outcomes = await asyncio.gather(
+        *(store.append(f"s{i}", 0, [lifecycle(f"r{i}"), telemetry(i)]) for i in range(6)),
+        store.append("stale", 0, [lifecycle("late")]),
+        return_exceptions=True,
+    )
+    assert all(not isinstance(o, BaseException) for o in outcomes[:6])
+    assert isinstance(outcomes[6], StreamVersionConflict) and outcomes[6].stream_id == "stale"
+    async with store.pool.acquire() as conn:
+        per_stream = await conn.fetch(
+            "SELECT stream_id, count(*) AS n, count(DISTINCT tx_id) AS tx FROM events GROUP BY stream_id"
+        )
+        transactions = await conn.fetchval(
+            "SELECT count(DISTINCT tx_id) FROM events WHERE stream_id <> 'stale'"
+        )
+    assert {r["stream_id"]: r["n"] for r in per_stream} == {**{f"s{i}": 2 for i in range(6)}, "stale": 1}
+    assert all(r["tx"] == 1 for r in per_stream)  # each append all in one transaction
+    assert transactions < 6  # and appends made together share them
