@@ -655,10 +655,25 @@ CREATE TABLE IF NOT EXISTS agent_stream_positions (
 -- The change feed (ledger/feed.py): wake waiting readers when events commit. One notification per
 -- append statement; PostgreSQL delivers it at commit and folds duplicates within a transaction.
 -- It only wakes readers: the gap-safe read still decides what they receive.
+--
+-- Only while some process listens: a transaction that notifies takes a lock shared by the whole
+-- cluster at its commit and holds it through its WAL flush, so notifying appenders commit one at a
+-- time. With two API servers on one database that halved ingest (docs/performance.md, issue 12,
+-- fifth step). A LogFeed that starts listening registers its backend here (and deregisters when it
+-- stops); rows of backends that are gone count for nothing. A commit that raced a registration
+-- wakes its reader at the feed's fallback poll instead.
+CREATE TABLE IF NOT EXISTS mf_feed_listeners (
+    pid    integer PRIMARY KEY,
+    since  timestamptz NOT NULL DEFAULT now()
+);
+
 CREATE OR REPLACE FUNCTION mf_notify_log() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('mf_log', '');
+    IF EXISTS (SELECT 1 FROM mf_feed_listeners l
+               WHERE EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.pid)) THEN
+        PERFORM pg_notify('mf_log', '');
+    END IF;
     RETURN NULL;
 END
 $$;

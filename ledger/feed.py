@@ -1,7 +1,9 @@
 """The change feed: wait for the log to move, then read it with the one gap-safe read.
 
-A statement-level trigger on `events` sends `NOTIFY mf_log` (schema.sql); PostgreSQL delivers it
-when the appending transaction commits, to every server sharing the database. A notification only
+A statement-level trigger on `events` sends `NOTIFY mf_log` (schema.sql) while some process
+listens (a listening feed registers its backend in `mf_feed_listeners`: notifying transactions
+commit one at a time, so appends do not notify when nobody waits); PostgreSQL delivers it when the
+appending transaction commits, to every server sharing the database. A notification only
 wakes waiters: `read_log` still decides what is delivered, so a wake-up that finds nothing (an
 older transaction still holds the horizon back) simply waits again. Waiters also re-read on a
 short fallback interval, because the horizon can be released by a transaction that appended
@@ -54,7 +56,18 @@ class LogFeed:
                 return
             try:
                 await conn.add_listener(CHANNEL, self._notified)
+                # Appends notify only while a listener is registered (schema.sql); rows of
+                # backends that went away without deregistering are cleared on the way.
+                await conn.execute(
+                    "DELETE FROM mf_feed_listeners l WHERE NOT EXISTS "
+                    "(SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.pid)"
+                )
+                await conn.execute(
+                    "INSERT INTO mf_feed_listeners (pid) VALUES (pg_backend_pid()) ON CONFLICT DO NOTHING"
+                )
             except (OSError, asyncpg.PostgresError) as exc:
+                with contextlib.suppress(OSError, asyncpg.PostgresError):
+                    await conn.remove_listener(CHANNEL, self._notified)
                 await self.pool.release(conn)
                 log.warning("feed.listen_failed", error=str(exc))
                 return
@@ -67,6 +80,7 @@ class LogFeed:
                 return
             if not conn.is_closed():
                 with contextlib.suppress(OSError, asyncpg.PostgresError):
+                    await conn.execute("DELETE FROM mf_feed_listeners WHERE pid = pg_backend_pid()")
                     await conn.remove_listener(CHANNEL, self._notified)
             await self.pool.release(conn)
 

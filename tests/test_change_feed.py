@@ -149,3 +149,46 @@ async def test_replay_follow_prints_new_events_as_they_commit(make_api, database
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+async def test_appends_notify_only_while_a_feed_listens(database_dsn: str, pool) -> None:  # type: ignore[no-untyped-def]
+    """A notifying transaction takes a cluster-wide lock at commit (appenders then commit one at a
+    time), so appends notify only while a LogFeed waits: nothing before it listens, a wake-up while
+    it does, nothing again once it stopped."""
+    import asyncpg
+
+    from collectors.facts import Known
+    from ledger.events import HostTelemetryObserved
+    from ledger.feed import LogFeed
+    from ledger.reading import Checkpoint, read_log
+    from ledger.store import EventStore
+    from tests.builders import new
+
+    def sample(i: int):  # type: ignore[no-untyped-def]
+        return [new(HostTelemetryObserved(telemetry={"memory_available_bytes": Known(i)}, storage=[]))]
+
+    heard: list[object] = []
+    bystander = await asyncpg.connect(database_dsn)  # listens without registering as a feed
+    try:
+        await bystander.add_listener("mf_log", lambda *args: heard.append(args))
+        store = EventStore(pool)
+        await store.append("s", 0, sample(1))
+        await asyncio.sleep(0.5)
+        assert heard == [], "nobody waits on the feed: the append did not notify"
+
+        async with pool.acquire() as conn:
+            after = (await read_log(conn, Checkpoint(), limit=10)).resume
+        feed = LogFeed(pool, fallback_poll=30.0)  # a wake-up within the test is the notification's
+        waiting = asyncio.create_task(feed.wait(after, limit=10, wait_seconds=30))
+        await asyncio.sleep(0.5)
+        await store.append("s", 1, sample(2))
+        page = await asyncio.wait_for(waiting, 10)
+        assert [e.stream_version for e in page.entries] == [2]
+        assert heard, "a feed waited: the append notified"
+
+        heard.clear()
+        await store.append("s", 2, sample(3))
+        await asyncio.sleep(0.5)
+        assert heard == [], "the feed stopped waiting and deregistered: no notification"
+    finally:
+        await bystander.close()
