@@ -660,18 +660,33 @@ CREATE TABLE IF NOT EXISTS agent_stream_positions (
 -- cluster at its commit and holds it through its WAL flush, so notifying appenders commit one at a
 -- time. With two API servers on one database that halved ingest (docs/performance.md, issue 12,
 -- fifth step). A LogFeed that starts listening registers its backend here (and deregisters when it
--- stops); rows of backends that are gone count for nothing. A commit that raced a registration
--- wakes its reader at the feed's fallback poll instead.
+-- stops); rows of backends that are gone (the pid and start time of a live backend match, so a
+-- reused pid does not) count for nothing. A commit that raced a registration wakes its reader at
+-- the feed's fallback poll instead.
 CREATE TABLE IF NOT EXISTS mf_feed_listeners (
-    pid    integer PRIMARY KEY,
-    since  timestamptz NOT NULL DEFAULT now()
+    pid            integer PRIMARY KEY,
+    backend_start  timestamptz NOT NULL
 );
+-- (A development build of this table had `since` instead: its registrations are only ever live
+-- ones, so it is simply made again.)
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
+               AND table_name = 'mf_feed_listeners' AND column_name = 'since') THEN
+        DROP TABLE mf_feed_listeners;
+        CREATE TABLE mf_feed_listeners (
+            pid            integer PRIMARY KEY,
+            backend_start  timestamptz NOT NULL
+        );
+    END IF;
+END;
+$$;
 
 CREATE OR REPLACE FUNCTION mf_notify_log() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM mf_feed_listeners l
-               WHERE EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.pid)) THEN
+    IF EXISTS (SELECT 1 FROM mf_feed_listeners l JOIN pg_stat_activity a
+               ON a.pid = l.pid AND a.backend_start = l.backend_start) THEN
         PERFORM pg_notify('mf_log', '');
     END IF;
     RETURN NULL;

@@ -59,11 +59,13 @@ class LogFeed:
                 # Appends notify only while a listener is registered (schema.sql); rows of
                 # backends that went away without deregistering are cleared on the way.
                 await conn.execute(
-                    "DELETE FROM mf_feed_listeners l WHERE NOT EXISTS "
-                    "(SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.pid)"
+                    "DELETE FROM mf_feed_listeners l WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a "
+                    "WHERE a.pid = l.pid AND a.backend_start = l.backend_start)"
                 )
                 await conn.execute(
-                    "INSERT INTO mf_feed_listeners (pid) VALUES (pg_backend_pid()) ON CONFLICT DO NOTHING"
+                    "INSERT INTO mf_feed_listeners (pid, backend_start) SELECT pid, backend_start "
+                    "FROM pg_stat_activity WHERE pid = pg_backend_pid() ON CONFLICT (pid) DO UPDATE "
+                    "SET backend_start = EXCLUDED.backend_start"
                 )
             except (OSError, asyncpg.PostgresError) as exc:
                 with contextlib.suppress(OSError, asyncpg.PostgresError):
