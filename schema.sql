@@ -301,12 +301,14 @@ $$;
 -- the caller's transaction with it. Rows: mf_append's, each with its stream's index (1-based).
 --
 -- A plain batch (the caller holds every stream's lock, each stream appears once, is not
--- tombstoned and is at its expected version, no event is lifecycle, none is stored yet: every
--- steady agent report) is written set-wise: one INSERT of all its events, one upsert of all its
--- streams, one segment lookup per day, all events with one recorded_at. Stream by stream it
--- cost a function call, a streams read, a segment lookup, an INSERT with its statement trigger
--- and a streams upsert per stream (docs/performance.md, issue 12, fifth step). Anything else goes
--- stream by stream through mf_append, which refuses, or answers a retry, as it always has.
+-- tombstoned and is at its expected version, none of its events is stored yet or tombstones its
+-- stream: every steady agent report, most batches of commands) is written set-wise: one INSERT
+-- of all its events, each lifecycle event hash-chained onto its stream's head as mf_append
+-- chains it, one upsert of all its streams, one segment lookup per day, all events with one
+-- recorded_at. Stream by stream it cost a function call, a streams read, a segment lookup, an
+-- INSERT with its statement trigger and a streams upsert per stream (docs/performance.md,
+-- issue 12, fifth step). Anything else goes stream by stream through mf_append, which refuses,
+-- or answers a retry, as it always has.
 CREATE OR REPLACE FUNCTION mf_append_many(
     p_stream_ids text[], p_expected_versions bigint[], p_counts integer[], p_event_ids uuid[],
     p_event_types text[], p_event_classes text[], p_schema_versions integer[], p_data jsonb[],
@@ -321,6 +323,11 @@ DECLARE
     v_hi           integer;
     v_plain        boolean;
     v_current      bigint[];
+    v_lifecycles   bigint[];
+    v_heads        bytea[];
+    v_head         bytea;
+    v_prevs        bytea[];
+    v_hashes       bytea[];
     v_index        integer[];
     v_versions     bigint[];
     v_segments     date[];
@@ -333,31 +340,49 @@ DECLARE
     j              integer;
     k              integer := 0;
 BEGIN
-    IF p_locked AND v_streams > 0 AND NOT ('lifecycle' = ANY (p_event_classes))
+    IF p_locked AND v_streams > 0 AND NOT (p_event_types @> ARRAY['NODE_DECOMMISSIONED'])
        AND (SELECT count(DISTINCT x) FROM unnest(p_stream_ids) AS x) = v_streams THEN
         SELECT array_agg(coalesce(s.version, 0) ORDER BY u.n),
+               array_agg(coalesce(s.lifecycle_version, 0) ORDER BY u.n),
+               array_agg(s.head_hash ORDER BY u.n),
                bool_and(s.tombstoned_at IS NULL AND (u.ev IS NULL OR coalesce(s.version, 0) = u.ev))
-            INTO v_current, v_plain
+            INTO v_current, v_lifecycles, v_heads, v_plain
             FROM unnest(p_stream_ids, p_expected_versions) WITH ORDINALITY AS u(id, ev, n)
             LEFT JOIN streams s ON s.stream_id = u.id;
         IF v_plain THEN
+            v_now := clock_timestamp();
             v_index := array_fill(0, ARRAY[v_n]);
             v_versions := array_fill(0::bigint, ARRAY[v_n]);
             v_segments := array_fill('infinity'::date, ARRAY[v_n]);
+            v_prevs := array_fill(NULL::bytea, ARRAY[v_n]);
+            v_hashes := array_fill(NULL::bytea, ARRAY[v_n]);
             FOR i IN 1 .. v_streams LOOP
+                v_head := v_heads[i];
                 FOR j IN 1 .. p_counts[i] LOOP
                     k := k + 1;
                     v_index[k] := i;
                     v_versions[k] := v_current[i] + j;
-                    -- The segment of the UTC day the observation was received, as mf_append finds it.
-                    v_day := ((p_metadata[k] ->> 'received_at')::timestamptz AT TIME ZONE 'UTC')::date;
-                    IF v_day IS DISTINCT FROM v_seen_day THEN
-                        v_seen_day := v_day;
-                        v_day_segment := coalesce((SELECT g.day FROM event_segments g WHERE g.day = v_day),
-                                                  'infinity');
+                    -- As mf_append: an observation to the segment of the UTC day it was received,
+                    -- a lifecycle event chained onto its stream's head.
+                    IF p_event_classes[k] = 'observation' THEN
+                        v_day := ((p_metadata[k] ->> 'received_at')::timestamptz AT TIME ZONE 'UTC')::date;
+                        IF v_day IS DISTINCT FROM v_seen_day THEN
+                            v_seen_day := v_day;
+                            v_day_segment := coalesce((SELECT g.day FROM event_segments g WHERE g.day = v_day),
+                                                      'infinity');
+                        END IF;
+                        v_segments[k] := v_day_segment;
                     END IF;
-                    v_segments[k] := v_day_segment;
+                    IF p_event_classes[k] = 'lifecycle' THEN
+                        v_prevs[k] := v_head;
+                        v_head := mf_event_hash(v_head, p_stream_ids[i], v_current[i] + j, p_event_ids[k],
+                                                p_event_types[k], p_schema_versions[k], p_data[k],
+                                                p_metadata[k], v_now);
+                        v_hashes[k] := v_head;
+                        v_lifecycles[i] := v_lifecycles[i] + 1;
+                    END IF;
                 END LOOP;
+                v_heads[i] := v_head;
             END LOOP;
             -- A retry holds stored events: it goes stream by stream, where mf_append answers it.
             v_plain := k = v_n AND NOT EXISTS (
@@ -365,16 +390,16 @@ BEGIN
                 JOIN events e ON e.event_id = x.id AND e.segment = x.seg);
         END IF;
         IF v_plain THEN
-            v_now := clock_timestamp();
             RETURN QUERY
             WITH inserted AS (
                 INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class,
-                                    schema_version, data, metadata, recorded_at, received_at, segment)
-                SELECT u.id, p_stream_ids[u.si], u.v, u.t, u.c, u.sv, u.d, u.m, v_now,
+                                    schema_version, data, metadata, recorded_at, prev_hash, hash,
+                                    received_at, segment)
+                SELECT u.id, p_stream_ids[u.si], u.v, u.t, u.c, u.sv, u.d, u.m, v_now, u.ph, u.h,
                        (u.m ->> 'received_at')::timestamptz, u.seg
                 FROM unnest(p_event_ids, p_event_types, p_event_classes, p_schema_versions, p_data,
-                            p_metadata, v_index, v_versions, v_segments)
-                     WITH ORDINALITY AS u(id, t, c, sv, d, m, si, v, seg, n)
+                            p_metadata, v_index, v_versions, v_segments, v_prevs, v_hashes)
+                     WITH ORDINALITY AS u(id, t, c, sv, d, m, si, v, seg, ph, h, n)
                 ORDER BY u.n
                 ON CONFLICT (event_id, segment) DO NOTHING
                 RETURNING events.global_position, events.stream_id, events.stream_version
@@ -389,11 +414,12 @@ BEGIN
                 RAISE EXCEPTION 'part of this batch is already stored (% of % events)',
                     v_n - v_inserted, v_n USING ERRCODE = 'MF422';
             END IF;
-            INSERT INTO streams AS s (stream_id, version, updated_at)
-            SELECT u.id, u.cur + u.cnt, v_now
-            FROM unnest(p_stream_ids, v_current, p_counts) AS u(id, cur, cnt)
+            INSERT INTO streams AS s (stream_id, version, lifecycle_version, head_hash, updated_at)
+            SELECT u.id, u.cur + u.cnt, u.lc, u.hh, v_now
+            FROM unnest(p_stream_ids, v_current, p_counts, v_lifecycles, v_heads) AS u(id, cur, cnt, lc, hh)
             ON CONFLICT (stream_id) DO UPDATE
-                SET version = EXCLUDED.version, updated_at = EXCLUDED.updated_at;
+                SET version = EXCLUDED.version, lifecycle_version = EXCLUDED.lifecycle_version,
+                    head_hash = EXCLUDED.head_hash, updated_at = EXCLUDED.updated_at;
             RETURN;
         END IF;
     END IF;

@@ -184,10 +184,11 @@ class EventStore:
     async def _append_together(
         self, conn: asyncpg.Connection, requests: Sequence[AppendRequest]
     ) -> list[AppendResult]:
-        # One stream each, sorted by stream id (GroupCommit): mf_append takes their locks in that
-        # order. Any refusal raises for the whole batch, which then runs each append alone, where
-        # the typed error names its stream.
-        return await self.append_many(conn, requests)
+        # One stream each, sorted by stream id (GroupCommit): their locks taken in that order, at
+        # once, so that mf_append_many can write a plain batch set-wise. Any refusal raises for
+        # the whole batch, which then runs each append alone, where the typed error names its stream.
+        await self.open_streams(conn, [r.stream_id for r in requests], "")
+        return await self.append_many(conn, requests, locked=True)
 
     async def append_many(
         self, conn: asyncpg.Connection, requests: Sequence[AppendRequest], *, locked: bool = False

@@ -14,8 +14,9 @@ import asyncpg
 import pytest
 
 from collectors.facts import Known
-from ledger.events import HostTelemetryObserved, InventoryFailed, NewEvent
+from ledger.events import HostTelemetryObserved, InventoryFailed, NewEvent, NodeDecommissioned
 from ledger.store import AppendRequest, AppendResult, EventStore, LedgerError
+from ledger.verify import verify_chains
 from tests.builders import new
 
 TODAY = datetime.now(UTC)
@@ -196,3 +197,33 @@ async def test_a_batch_with_lifecycle_events_keeps_each_hash_chain(pool: asyncpg
         ("b-1", 3, True, True),
         ("b-2", 1, False, True),
     ]
+    async with pool.acquire() as conn:
+        # Written set-wise (one recorded_at for the batch), and every hash, link and head holds.
+        stamps = await conn.fetch(
+            "SELECT DISTINCT recorded_at FROM events WHERE (stream_id, stream_version) IN "
+            "(('b-1', 2), ('b-1', 3), ('b-2', 1))"
+        )
+        report = await verify_chains(conn)
+    assert len(stamps) == 1
+    assert report.ok and report.lifecycle_events == 6, report.breaks
+
+
+async def test_a_batch_that_tombstones_a_stream_goes_stream_by_stream(pool: asyncpg.Pool) -> None:
+    store = EventStore(pool)
+    await store.append("s-1", 0, [lifecycle("x")])
+    decommission = new(
+        NodeDecommissioned(
+            node_id="s-1",
+            actor="op",
+            reason="retired",
+            decommissioned_at=TODAY,
+            generation=1,
+            digest="0" * 64,
+        )
+    )
+    await batch(store, [AppendRequest("s-1", 1, [decommission]), AppendRequest("s-2", 0, [sample(1)])])
+    table = await streams(pool)
+    assert table["s-1"][0] == 2 and table["s-1"][3] is not None, "the stream is tombstoned"
+    assert table["s-2"][0] == 1 and table["s-2"][3] is None
+    async with pool.acquire() as conn:
+        assert (await verify_chains(conn)).ok
