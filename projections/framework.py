@@ -42,12 +42,13 @@ class TableSpec(msgspec.Struct, frozen=True):
 def _changes_sql(ops: Sequence[tuple[str, str, TableSpec]], state_table: str) -> str:
     """One statement for every change of the rows of one or more streams: a data-modifying CTE
     per table and operation, each fed one jsonb array of row objects (`jsonb_populate_recordset`
-    types the values by the table's own columns), then the new folded states, fed the same way.
-    One round trip and one statement however many rows and streams changed, where a statement
-    per row (executemany) cost a parse, a plan and an executor start each. Deleted and upserted
-    keys are disjoint, so the CTEs never touch the same row twice. The folded states come as the
-    projection's name ($1) and four arrays (stream ids, versions, positions, encoded states): a
-    state is bytes to PostgreSQL (`projection_state.state` is bytea), never parsed there."""
+    types the values by the table's own columns), then the new folded states. One round trip and
+    one statement however many rows and streams changed, where a statement per row (executemany)
+    cost a parse, a plan and an executor start each. Deleted and upserted keys are disjoint, so
+    the CTEs never touch the same row twice. The folded states come as the projection's name ($1)
+    and four arrays (stream ids, versions, positions, encoded states; the tables' row arrays
+    follow from $6): a state is bytes to PostgreSQL (`projection_state.state` is bytea), never
+    parsed there."""
     ctes: list[str] = []
     for i, (op, table, spec) in enumerate(ops):
         param = f"${i + 6}"
@@ -131,17 +132,15 @@ class Projection(Generic[S]):
     # --- I/O -------------------------------------------------------------------------------------
 
     async def load_state(self, conn: asyncpg.Connection, stream_id: str, *, suffix: str = "") -> S:
-        raw = await conn.fetchval(
-            f"SELECT state FROM {STATE_TABLE}{suffix} WHERE projection = $1 AND stream_id = $2",
-            self.name,
-            stream_id,
-        )
-        return self.initial(stream_id) if raw is None else self.decode_state(raw)
+        return (await self.load_states(conn, [stream_id], suffix=suffix))[stream_id]
 
-    async def load_states(self, conn: asyncpg.Connection, stream_ids: Sequence[str]) -> dict[str, S]:
-        """`load_state` of several streams in one query."""
+    async def load_states(
+        self, conn: asyncpg.Connection, stream_ids: Sequence[str], *, suffix: str = ""
+    ) -> dict[str, S]:
+        """Each stream's folded state as checkpointed (its initial state before its first event),
+        several streams in one query."""
         rows = await conn.fetch(
-            f"SELECT stream_id, state FROM {STATE_TABLE} "
+            f"SELECT stream_id, state FROM {STATE_TABLE}{suffix} "
             "WHERE projection = $1 AND stream_id = ANY($2::text[])",
             self.name,
             list(stream_ids),
