@@ -1,7 +1,7 @@
 """The PostgreSQL event store: append with optimistic concurrency and idempotency, stream reads,
 and the gap-safe global catch-up read.
 
-Appends go through the `mf_append` database function (schema.sql) in one round trip; the inline
+Appends go through the `mf_append_many` database function (schema.sql) in one round trip; the inline
 projections then run in the same transaction, so a reader of the read models sees its own writes
 and a crash never leaves events without their projections (or the reverse).
 """
@@ -185,7 +185,7 @@ class EventStore:
         self, conn: asyncpg.Connection, requests: Sequence[AppendRequest]
     ) -> list[AppendResult]:
         # One stream each, sorted by stream id (GroupCommit): their locks taken in that order, at
-        # once, so that mf_append_many can write a plain batch set-wise. Any refusal raises for
+        # once, then one mf_append_many for all of them. Any refusal raises for
         # the whole batch, which then runs each append alone, where the typed error names its stream.
         await self.open_streams(conn, [r.stream_id for r in requests], "")
         return await self.append_many(conn, requests, locked=True)

@@ -7,7 +7,7 @@ revocation, a work lease, a decommission) is the same transaction:
     -> know its version and whether it is tombstoned
     -> and its current folded state (the owning projection's checkpoint), in the same round trip
     -> hand that state to a pure decision, which returns the events
-    -> append them at the known version (`mf_append`, told the lock is held)
+    -> append them at the known version (`mf_append_many`, told the lock is held)
     -> the inline projections fold them once, in the same transaction
     -> the new state comes back from that fold (nothing folds twice, nothing decodes twice).
 

@@ -1,8 +1,9 @@
 """`EventStore.append_many` (`mf_append_many`): a group commit's batch of streams in one call.
 
-A plain batch (observations only, every stream at its expected version, nothing stored yet) is
-written set-wise in one INSERT; anything else goes stream by stream through `mf_append`. Both must
-store exactly what appending each stream alone stores, and refuse exactly what it refuses.
+Every stream is checked on its own (version, tombstone, idempotency, hash chain) and every stream
+that takes its events is written by one INSERT. A batch must store exactly what appending each
+stream alone stores, and refuse exactly what it refuses; `mf_append` is the same call for one
+stream.
 """
 
 from __future__ import annotations
@@ -14,8 +15,15 @@ import asyncpg
 import pytest
 
 from collectors.facts import Known
-from ledger.events import HostTelemetryObserved, InventoryFailed, NewEvent, NodeDecommissioned
-from ledger.store import AppendRequest, AppendResult, EventStore, LedgerError
+from ledger.events import (
+    HostTelemetryObserved,
+    InventoryFailed,
+    NewEvent,
+    NodeDecommissioned,
+    validate_metadata,
+    validate_payload,
+)
+from ledger.store import AppendRequest, AppendResult, EventStore, LedgerError, StreamTombstoned
 from ledger.verify import verify_chains
 from tests.builders import new
 
@@ -208,7 +216,7 @@ async def test_a_batch_with_lifecycle_events_keeps_each_hash_chain(pool: asyncpg
     assert report.ok and report.lifecycle_events == 6, report.breaks
 
 
-async def test_a_batch_that_tombstones_a_stream_goes_stream_by_stream(pool: asyncpg.Pool) -> None:
+async def test_a_batch_that_tombstones_a_stream_writes_it_with_the_others(pool: asyncpg.Pool) -> None:
     store = EventStore(pool)
     await store.append("s-1", 0, [lifecycle("x")])
     decommission = new(
@@ -227,3 +235,72 @@ async def test_a_batch_that_tombstones_a_stream_goes_stream_by_stream(pool: asyn
     assert table["s-2"][0] == 1 and table["s-2"][3] is None
     async with pool.acquire() as conn:
         assert (await verify_chains(conn)).ok
+        stamps = await conn.fetch(
+            "SELECT DISTINCT recorded_at FROM events WHERE (stream_id, stream_version) IN "
+            "(('s-1', 2), ('s-2', 1))"
+        )
+    assert len(stamps) == 1, "one INSERT for the batch"
+    with pytest.raises(StreamTombstoned):
+        await store.append("s-1", None, [sample(2)])
+
+
+async def test_a_retry_that_expected_any_version_is_answered_in_the_same_call(pool: asyncpg.Pool) -> None:
+    store = EventStore(pool)
+    retried = [sample(1)]
+    first = await store.append("s-1", None, retried)
+    results = await batch(
+        store, [AppendRequest("s-1", None, retried), AppendRequest("s-2", None, [sample(2)])]
+    )
+    assert results[0].already_stored
+    assert [e.global_position for e in results[0].events] == [e.global_position for e in first.events]
+    assert not results[1].already_stored and results[1].stream_version == 1
+    assert {k: v[0] for k, v in (await streams(pool)).items()} == {"s-1": 1, "s-2": 1}
+
+
+async def test_mf_append_is_the_one_stream_call(pool: asyncpg.Pool) -> None:
+    """The database's one-stream entry point keeps its checks (the 0.1 interface, migrations)."""
+    ids = [uuid.uuid4(), uuid.uuid4()]
+    (data, _), (meta, _) = validate_payload(sample(1).payload), validate_metadata(sample(1).metadata)
+    call = (
+        "SELECT * FROM mf_append('s-1', $1, $2, ARRAY['HOST_TELEMETRY_OBSERVED', 'HOST_TELEMETRY_OBSERVED'], "
+        "ARRAY['observation', 'observation'], ARRAY[1, 1], ARRAY[$3::jsonb, $3::jsonb], "
+        "ARRAY[$4::jsonb, $4::jsonb])"
+    )
+    async with pool.acquire() as conn:
+        stored = await conn.fetch(call, 0, ids, data.decode(), meta.decode())
+        assert [(r["out_stream_version"], r["out_already_stored"]) for r in stored] == [
+            (1, False),
+            (2, False),
+        ]
+        again = await conn.fetch(call, 0, ids, data.decode(), meta.decode())
+        assert [r["out_global_position"] for r in again] == [r["out_global_position"] for r in stored]
+        assert all(r["out_already_stored"] for r in again)
+        with pytest.raises(asyncpg.PostgresError) as refused:
+            await conn.fetch(call, 1, [uuid.uuid4(), uuid.uuid4()], data.decode(), meta.decode())
+        assert refused.value.sqlstate == "MF409"
+    assert {k: v[0] for k, v in (await streams(pool)).items()} == {"s-1": 2}
+
+
+@pytest.mark.parametrize(
+    ("stream_ids", "counts"),
+    [(["s-1", "s-1"], [1, 1]), (["s-1", "s-2"], [2, 1]), (["s-1", "s-2"], [2, 0])],
+    ids=["a stream twice", "counts past the events", "an empty stream"],
+)
+async def test_a_malformed_call_is_refused_and_writes_nothing(
+    pool: asyncpg.Pool, stream_ids: list[str], counts: list[int]
+) -> None:
+    (data, _), (meta, _) = validate_payload(sample(1).payload), validate_metadata(sample(1).metadata)
+    async with pool.acquire() as conn:
+        with pytest.raises(asyncpg.InvalidParameterValueError):
+            await conn.fetch(
+                "SELECT * FROM mf_append_many($1, ARRAY[NULL, NULL]::bigint[], $2, $3, "
+                "ARRAY['HOST_TELEMETRY_OBSERVED', 'HOST_TELEMETRY_OBSERVED'], "
+                "ARRAY['observation', 'observation'], ARRAY[1, 1], ARRAY[$4::jsonb, $4::jsonb], "
+                "ARRAY[$5::jsonb, $5::jsonb])",
+                stream_ids,
+                counts,
+                [uuid.uuid4(), uuid.uuid4()],
+                data.decode(),
+                meta.decode(),
+            )
+    assert await log_rows(pool) == []
