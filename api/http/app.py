@@ -19,7 +19,7 @@ from litestar.di import NamedDependency
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.spec import Components, SecurityScheme
-from litestar.params import FromPath, FromQuery, Parameter, QueryParameter
+from litestar.params import FromPath, FromQuery, HeaderParameter, QueryParameter
 
 from api.http import api_docs, guards, openapi_contract, problems, readiness
 from api.http.agent import agent_routers
@@ -152,7 +152,7 @@ async def list_nodes(
 
 NOT_MODIFIED = {304: ResponseSpec(None, description="Not modified: the If-None-Match tag is current")}
 IfNoneMatch = Annotated[
-    str | None, Parameter(header="If-None-Match", description="an ETag from an earlier answer")
+    str | None, HeaderParameter(name="If-None-Match", description="an ETag from an earlier answer")
 ]
 
 
