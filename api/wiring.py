@@ -11,6 +11,7 @@ from api.config import ServerConfig
 from api.services.agent_plane import EnrollmentService
 from api.services.decommission import DecommissionService
 from api.services.inventory import HardwareInventoryService
+from api.services.rendered import RenderedReads
 from api.services.repository import (
     AuditRepository,
     HardwareRepository,
@@ -40,6 +41,8 @@ class Services:
         self.decommission = DecommissionService(inventory)
         self.repository = repository
         self.audit = AuditRepository(pool, repository)
+        # Node and accelerator-page reads rendered once per change (api/services/rendered.py).
+        self.rendered = RenderedReads(pool)
 
 
 def event_store(pool: asyncpg.Pool) -> EventStore:

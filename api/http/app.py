@@ -6,13 +6,11 @@ whose services `api.wiring` builds; routes never construct a service."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 import asyncpg
-import msgspec
 import structlog
 from litestar import Litestar, MediaType, Response, Router, get, post
 from litestar.di import NamedDependency
@@ -29,6 +27,7 @@ from api.http.decommission import decommission_routers
 from api.services import metrics as prometheus
 from api.services.errors import Conflict, DomainError, Unavailable
 from api.services.inventory import RefreshOutcome
+from api.services.rendered import Loaded, Rendered, render
 from api.services.repository import BadCursor, HardwareRepository
 from api.services.views import (
     AcceleratorBody,
@@ -157,15 +156,16 @@ IfNoneMatch = Annotated[
 
 
 def _tagged(body: Any, if_none_match: str | None) -> Response[Any]:
-    """The body with a strong ETag over its JSON; 304 without a body when the caller has it.
-    The JSON is rendered once: the bytes hashed are the bytes sent."""
-    encoded = msgspec.json.encode(body)
-    etag = '"' + hashlib.sha256(encoded).hexdigest()[:32] + '"'
+    """The body with a strong ETag over its JSON; 304 without a body when the caller has it."""
+    return _answer(render(body), if_none_match)
+
+
+def _answer(rendered: Rendered, if_none_match: str | None) -> Response[Any]:
     if if_none_match is not None:
         given = {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
-        if etag in given or "*" in given:
-            return Response(None, status_code=304, headers={"ETag": etag})
-    return Response(encoded, media_type=MediaType.JSON, headers={"ETag": etag})
+        if rendered.etag in given or "*" in given:
+            return Response(None, status_code=304, headers={"ETag": rendered.etag})
+    return Response(rendered.body, media_type=MediaType.JSON, headers={"ETag": rendered.etag})
 
 
 @get(
@@ -182,10 +182,12 @@ async def get_node(
         if not nodes:
             raise problems.not_found("node", f"{node_id} (as of {as_of.isoformat()})")
         return _tagged(nodes[0], if_none_match)
-    node = await services.repository.get_node(node_id)
-    if node is None:
+    rendered = await services.rendered.read(
+        ("node", node_id), frozenset({node_id}), lambda: services.repository.render_node(node_id)
+    )
+    if rendered is None:
         raise problems.not_found("node", node_id)
-    return _tagged(node, if_none_match)
+    return _answer(rendered, if_none_match)
 
 
 @get("/hardware/accelerators", summary="Accelerators (filters: node_id, status, model, health)")
@@ -200,7 +202,7 @@ async def list_accelerators(
     cursor: FromQuery[str | None] = None,
     limit: Limit = 100,
     as_of: FromQuery[datetime | None] = None,
-) -> AcceleratorPage:
+) -> Response[AcceleratorPage]:
     if as_of is not None:
         accs, position = await services.audit.accelerators_as_of(
             _aware(as_of), node_id=node_id, status=status
@@ -210,11 +212,23 @@ async def list_accelerators(
             for a in accs
             if (model is None or a.name == model) and (health is None or a.health.status == health)
         ]
-        return AcceleratorPage(items=accs, next_cursor=None, as_of_position=position)
-    items, next_cursor = await services.repository.list_accelerators(
-        node_id=node_id, status=status, cursor=cursor, limit=limit, model=model, health=health
+        return Response(AcceleratorPage(items=accs, next_cursor=None, as_of_position=position))
+
+    async def load() -> Loaded:
+        items, next_cursor = await services.repository.list_accelerators(
+            node_id=node_id, status=status, cursor=cursor, limit=limit, model=model, health=health
+        )
+        return render(AcceleratorPage(items=items, next_cursor=next_cursor)), None
+
+    # A page of one node's GPUs is built from that node's stream; any other from the whole fleet's.
+    rendered = await services.rendered.read(
+        ("accelerators", node_id, status, model, health, cursor, limit),
+        None if node_id is None else frozenset({node_id}),
+        load,
     )
-    return AcceleratorPage(items=items, next_cursor=next_cursor)
+    assert rendered is not None
+    page: Response[Any] = Response(rendered.body, media_type=MediaType.JSON)
+    return page
 
 
 @get(
@@ -288,6 +302,9 @@ async def metrics(context: NamedDependency[AppContext]) -> Response[bytes]:
             "events": counters.events,
             "report_transactions": context.services.agent_plane.reports.batches,
             "reports_committed": context.services.agent_plane.reports.units,
+            "rendered_hits": context.services.rendered.hits,
+            "rendered_misses": context.services.rendered.misses,
+            "rendered_probes": context.services.rendered.probes,
         },
     )
     # Set here: Litestar would append a second `charset` to a text/ media type.

@@ -272,6 +272,27 @@ COUNTERS = (
         (),
         "reports_committed",
     ),
+    MetricSpec(
+        "modelforge_rendered_read_hits_total",
+        "counter",
+        "Node and accelerator-page reads this process answered with a kept rendering.",
+        (),
+        "rendered_hits",
+    ),
+    MetricSpec(
+        "modelforge_rendered_read_misses_total",
+        "counter",
+        "Node and accelerator-page reads this process rendered anew (a query each).",
+        (),
+        "rendered_misses",
+    ),
+    MetricSpec(
+        "modelforge_rendered_read_probes_total",
+        "counter",
+        "Probes of the log that checked this process's kept renderings (shared by concurrent reads).",
+        (),
+        "rendered_probes",
+    ),
 )
 LOG_HEAD = MetricSpec("modelforge_log_head_position", "gauge", "Global position of the newest event.", ())
 PROJECTION_LAG = MetricSpec(

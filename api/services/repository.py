@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import base64
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 import asyncpg
 import msgspec
 
+from api.services.rendered import Loaded, render
 from api.services.views import (
     AcceleratorBody,
     AcceleratorHealthBody,
@@ -234,6 +235,19 @@ class LivenessPolicy(msgspec.Struct, frozen=True):
             return "stale"
         return "offline"
 
+    def settled_until(
+        self, source: str | None, last_received_at: datetime | None, now: datetime
+    ) -> datetime | None:
+        """Until when `judge` keeps its verdict of `now` (None: for good, until a report comes)."""
+        if source == "local" or last_received_at is None:
+            return None
+        age = (now - last_received_at).total_seconds()
+        if age <= self.stale_after:
+            return last_received_at + timedelta(seconds=self.stale_after)
+        if age <= self.offline_after:
+            return last_received_at + timedelta(seconds=self.offline_after)
+        return None
+
 
 # The node's GPUs by verdict: decommissioned ones are no longer the node's to take work.
 _NODE_SELECT = """
@@ -381,6 +395,20 @@ class HardwareRepository:
         async with self.pool.acquire() as conn:
             row = await conn.fetchrow(_NODE_SELECT + " WHERE n.node_id = $1", node_id)
         return None if row is None else self.node_body(row, datetime.now(UTC))
+
+    async def render_node(self, node_id: str) -> Loaded | None:
+        """`get_node` rendered, with until when its liveness verdict holds (`RenderedReads`)."""
+        async with self.pool.acquire() as conn:
+            row = await conn.fetchrow(_NODE_SELECT + " WHERE n.node_id = $1", node_id)
+        if row is None:
+            return None
+        now = datetime.now(UTC)
+        until = (
+            None
+            if row["status"] == "decommissioned"
+            else self.liveness.settled_until(row["source"], row["last_received_at"], now)
+        )
+        return render(self.node_body(row, now)), until
 
     # --- accelerators ----------------------------------------------------------------------------
 

@@ -1,0 +1,67 @@
+"""Which streams changed since a probe: the read models' invalidation signal.
+
+The read models are written only inside the transactions that append events (inline projections)
+and by `rebuild`'s swap. So "which streams' read-model rows may differ from what I saw at my last
+probe" is "which streams got events from a transaction my last probe could not see", plus "was
+anything rebuilt". A probe records its snapshot's `xmax` (every transaction id from there on was
+not visible to it) and its in-progress list (`xip`); the next probe asks for the streams of events
+whose `tx_id` is at least that `xmax` or in that list: every transaction that committed since is
+one of the two, whatever order the commits came in, however long one ran (no position horizon:
+a long transaction does not hold the answer back, it is simply reported when it commits).
+
+Invalidation tolerates extra streams (a retention pass that moves kept observations to the
+permanent segment reports their streams again), never missing ones; `read_log` stays the one
+reader that delivers events.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import asyncpg
+import msgspec
+
+
+class ChangeMark(msgspec.Struct, frozen=True):
+    """What a probe's snapshot could not see: transactions from `xmax` on and those `in_progress`."""
+
+    xmax: int
+    in_progress: tuple[int, ...]
+
+
+class Changes(msgspec.Struct, frozen=True):
+    mark: ChangeMark
+    # Streams that got events since the previous mark (empty for a first probe).
+    streams: frozenset[str]
+    # When the read models were last swapped in by `rebuild` (None: never).
+    rebuilt_at: datetime | None
+
+
+# One statement, so the snapshot it reports is the one its reads see. The events' (tx_id,
+# global_position) index serves both conditions; the scan covers only transactions since the mark.
+_PROBE = """
+SELECT pg_snapshot_xmax(s.snap) AS xmax,
+       ARRAY(SELECT pg_snapshot_xip(s.snap)) AS in_progress,
+       CASE WHEN $1::xid8 IS NULL THEN ARRAY[]::text[]
+            ELSE ARRAY(SELECT DISTINCT e.stream_id FROM events e
+                       WHERE e.tx_id >= $1::xid8 OR e.tx_id = ANY($2::xid8[])) END AS streams,
+       (SELECT max(c.rebuilt_at) FROM projection_checkpoints c) AS rebuilt_at
+FROM (SELECT pg_current_snapshot() AS snap) s
+"""
+
+
+async def read_changes(conn: asyncpg.Connection, since: ChangeMark | None) -> Changes:
+    """The streams changed since `since` (None: a first probe, which only takes a mark), and the
+    mark to ask from next time. Run it outside an explicit transaction (or first in one) so its
+    snapshot is taken when it runs."""
+    row = await conn.fetchrow(
+        _PROBE,
+        None if since is None else since.xmax,
+        [] if since is None else list(since.in_progress),
+    )
+    assert row is not None
+    return Changes(
+        mark=ChangeMark(xmax=row["xmax"], in_progress=tuple(sorted(row["in_progress"]))),
+        streams=frozenset(row["streams"]),
+        rebuilt_at=row["rebuilt_at"],
+    )

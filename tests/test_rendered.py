@@ -1,0 +1,231 @@
+"""Rendered reads (api/services/rendered.py): a node or a page is rendered once per change of what
+it shows, and a read never shows less than a query of its own would have shown: every commit
+before the read arrived, by this server or any other, whatever order the commits came in."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import msgspec
+import pytest
+
+from api.services.rendered import Loaded, Rendered, RenderedReads, render
+from api.services.repository import HardwareRepository, LivenessPolicy
+from collectors.facts import Known
+from collectors.identity import NodeIdentity
+from ledger.events import HostTelemetryObserved, NewEvent
+from ledger.node import NodeState, node_id_for
+from ledger.reconcile import reconcile
+from ledger.store import EventStore
+from projections.inventory import ALL_PROJECTIONS
+from projections.rebuild import rebuild
+from tests.builders import gpu, meta, observation
+
+
+def node_key(i: int) -> str:
+    return f"rendered-node-{i}"
+
+
+async def discover(store: EventStore, i: int, gpus: int = 2) -> str:
+    node = node_id_for(node_key(i))
+    identity = NodeIdentity(key=node_key(i), source="configured")
+    at = datetime.now(UTC)
+    events = [
+        NewEvent(payload=p, metadata=meta(at, source="agent"))
+        for p in reconcile(observation([gpu(k) for k in range(gpus)]), NodeState(node_id=node), identity)
+    ]
+    await store.append(node, 0, events)
+    return node
+
+
+def sample(memory: int, at: datetime | None = None) -> NewEvent:
+    payload = HostTelemetryObserved(telemetry={"memory_available_bytes": Known(memory)}, storage=[])
+    return NewEvent(payload=payload, metadata=meta(at or datetime.now(UTC), source="agent"))
+
+
+class Reader:
+    """What `GET /hardware/nodes/{id}` does: the rendered read in front of the repository."""
+
+    def __init__(self, pool: asyncpg.Pool, liveness: LivenessPolicy | None = None) -> None:
+        self.repository = HardwareRepository(pool, liveness)
+        self.rendered = RenderedReads(pool)
+
+    async def node(self, node_id: str) -> dict[str, object]:
+        got = await self.rendered.read(
+            ("node", node_id), frozenset({node_id}), lambda: self.repository.render_node(node_id)
+        )
+        assert got is not None
+        body: dict[str, object] = msgspec.json.decode(got.body)
+        return body
+
+
+def memory_of(body: dict[str, object]) -> object:
+    telemetry = body["telemetry"]
+    assert isinstance(telemetry, dict)
+    return telemetry["memory_available_bytes"]
+
+
+async def test_a_kept_node_is_served_until_its_stream_changes_on_any_server(pool: asyncpg.Pool) -> None:
+    store = EventStore(pool, ALL_PROJECTIONS)
+    node, other = await discover(store, 1), await discover(store, 2)
+    reader = Reader(pool)
+    first = await reader.node(node)
+    assert await reader.node(node) == first
+    assert reader.rendered.hits == 1, "the second read is the kept rendering"
+    # Another node's report leaves it kept; its own report (a write this reader's process never
+    # saw: another server's) is in the very next read.
+    await store.append(other, None, [sample(7)])
+    assert await reader.node(node) == first
+    assert reader.rendered.hits == 2
+    await store.append(node, None, [sample(42)])
+    assert memory_of(await reader.node(node)) == {"state": "known", "value": 42}
+
+
+async def test_a_transaction_that_commits_after_a_probe_is_seen_by_the_next_read(pool: asyncpg.Pool) -> None:
+    """The commit-order gap: a transaction that appended before a probe and commits after it
+    (its id below the probe's xmax, in progress then) must not be missed by the next probe."""
+    store = EventStore(pool, ALL_PROJECTIONS)
+    node = await discover(store, 1)
+    reader = Reader(pool)
+    async with pool.acquire() as writer:
+        tx = writer.transaction()
+        await tx.start()
+        await store.append(node, None, [sample(99)], conn=writer)
+        # A later transaction commits first, so the probe's snapshot sees a newer id than ours.
+        await discover(store, 2)
+        before = await reader.node(node)
+        assert memory_of(before) != {"state": "known", "value": 99}
+        assert await reader.node(node) == before  # kept
+        await tx.commit()
+    assert memory_of(await reader.node(node)) == {"state": "known", "value": 99}
+
+
+async def test_a_rendering_made_while_its_stream_changed_is_not_kept(pool: asyncpg.Pool) -> None:
+    """A read's query may run before a commit that a concurrent read's probe already saw: what
+    it rendered is served to it once, never kept for the reads after."""
+    store = EventStore(pool, ALL_PROJECTIONS)
+    node = await discover(store, 1)
+    reader = Reader(pool)
+    stale = await reader.repository.render_node(node)
+    assert stale is not None
+    release = asyncio.Event()
+
+    async def slow_load() -> Loaded:
+        await release.wait()
+        return stale  # what a query that ran before the commit below rendered
+
+    slow = asyncio.create_task(reader.rendered.read(("node", node), frozenset({node}), slow_load))
+    await asyncio.sleep(0.05)  # its probe is done, its query "ran"
+    await store.append(node, None, [sample(5)])
+    fresh = await reader.node(node)  # a probe that sees the commit
+    assert memory_of(fresh) == {"state": "known", "value": 5}
+    release.set()
+    assert await slow == stale[0]
+    assert await reader.node(node) == fresh
+
+
+async def test_liveness_is_kept_only_until_its_verdict_would_change(pool: asyncpg.Pool) -> None:
+    store = EventStore(pool, ALL_PROJECTIONS)
+    node = await discover(store, 1)
+    await store.append(node, None, [sample(1)])
+    reader = Reader(pool, LivenessPolicy(stale_after=0.4, offline_after=0.8))
+    assert (await reader.node(node))["liveness"] == "online"
+    assert (await reader.node(node))["liveness"] == "online"
+    await asyncio.sleep(0.5)
+    assert (await reader.node(node))["liveness"] == "stale"
+    await asyncio.sleep(0.4)
+    assert (await reader.node(node))["liveness"] == "offline"
+    assert reader.rendered.hits == 1
+
+
+async def test_a_rebuild_drops_every_kept_rendering(pool: asyncpg.Pool) -> None:
+    store = EventStore(pool, ALL_PROJECTIONS)
+    node = await discover(store, 1)
+    reader = Reader(pool)
+    async with pool.acquire() as conn:
+        # A read model that drifted from the log (edited by hand): rendered and kept as it is...
+        await conn.execute("UPDATE hw_nodes SET hostname = 'drifted' WHERE node_id = $1", node)
+    assert (await reader.node(node))["hostname"] == "drifted"
+    assert (await reader.node(node))["hostname"] == "drifted"
+    # ...until a rebuild swaps in the read models the log says.
+    await rebuild(pool, ALL_PROJECTIONS)
+    assert (await reader.node(node))["hostname"] == "gpu-host-1"
+
+
+async def test_a_fleet_page_is_dropped_by_any_change_a_node_page_by_its_own(pool: asyncpg.Pool) -> None:
+    store = EventStore(pool, ALL_PROJECTIONS)
+    one, two = await discover(store, 1), await discover(store, 2)
+    repository = HardwareRepository(pool)
+    rendered = RenderedReads(pool)
+    loads: list[object] = []
+
+    def page(node_id: str | None) -> object:
+        async def load() -> Loaded:
+            loads.append(node_id)
+            items, _ = await repository.list_accelerators(node_id=node_id, status=None, cursor=None, limit=10)
+            return render(items), None
+
+        streams = None if node_id is None else frozenset({node_id})
+        return rendered.read(("accelerators", node_id), streams, load)
+
+    for _ in range(2):
+        await page(None)  # type: ignore[misc]
+        await page(one)  # type: ignore[misc]
+    assert loads == [None, one]
+    await store.append(two, None, [sample(3)])
+    await page(None)  # type: ignore[misc]
+    await page(one)  # type: ignore[misc]
+    assert loads == [None, one, None], "node two's report drops the fleet page only"
+
+
+async def test_kept_renderings_stay_within_their_byte_budget(pool: asyncpg.Pool) -> None:
+    rendered = RenderedReads(pool, max_bytes=40_000)
+    body = Rendered(b"x" * 9_000, '"e"')
+
+    async def load() -> Loaded:
+        return body, None
+
+    for i in range(20):
+        await rendered.read(("k", i), frozenset({f"s{i}"}), load)
+    assert rendered.kept_bytes <= 40_000
+    assert rendered.misses == 20
+    await rendered.read(("k", 19), frozenset({"s19"}), load)  # the newest is kept
+    assert rendered.hits == 1
+
+
+async def test_nothing_is_served_when_the_log_cannot_be_probed(database_dsn: str) -> None:
+    pool = await asyncpg.create_pool(database_dsn, min_size=1, max_size=2)
+    rendered = RenderedReads(pool)
+
+    async def load() -> Loaded:
+        return Rendered(b"{}", '"e"'), None
+
+    await rendered.read("k", None, load)
+    await pool.close()
+    with pytest.raises(asyncpg.InterfaceError):
+        await rendered.read("k", None, load)
+
+
+async def test_concurrent_reads_share_probes(pool: asyncpg.Pool) -> None:
+    store = EventStore(pool, ALL_PROJECTIONS)
+    node = await discover(store, 1)
+    reader = Reader(pool)
+    await reader.node(node)
+    probes = reader.rendered.probes
+    bodies = await asyncio.gather(*(reader.node(node) for _ in range(50)))
+    assert len({msgspec.json.encode(b) for b in bodies}) == 1
+    assert reader.rendered.probes - probes < 50
+    assert reader.rendered.probes - probes >= 1
+
+
+def test_liveness_settles_until_the_next_threshold() -> None:
+    policy = LivenessPolicy(stale_after=60, offline_after=300)
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    seen = now - timedelta(seconds=10)
+    assert policy.settled_until("agent", seen, now) == seen + timedelta(seconds=60)
+    assert policy.settled_until("agent", now - timedelta(seconds=100), now) == now + timedelta(seconds=200)
+    assert policy.settled_until("agent", now - timedelta(seconds=400), now) is None
+    assert policy.settled_until("local", seen, now) is None
+    assert policy.settled_until("agent", None, now) is None
