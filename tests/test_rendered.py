@@ -229,3 +229,22 @@ def test_liveness_settles_until_the_next_threshold() -> None:
     assert policy.settled_until("agent", now - timedelta(seconds=400), now) is None
     assert policy.settled_until("local", seen, now) is None
     assert policy.settled_until("agent", None, now) is None
+
+
+async def test_reads_waiting_for_a_cancelled_probe_are_cancelled_not_left_hanging(pool: asyncpg.Pool) -> None:
+    rendered = RenderedReads(pool)
+
+    async def load() -> Loaded:
+        return Rendered(b"{}", '"e"'), None
+
+    await rendered.read("k", None, load)
+    first = asyncio.create_task(rendered.read("k", None, load))
+    await asyncio.sleep(0)  # its probe is running
+    second = asyncio.create_task(rendered.read("k", None, load))  # waits for the next probe
+    await asyncio.sleep(0)
+    assert rendered._prober is not None
+    rendered._prober.cancel()
+    for task in (first, second):
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 5)
+    assert await rendered.read("k", None, load) == Rendered(b"{}", '"e"'), "a later read probes again"

@@ -121,7 +121,11 @@ class RenderedReads:
                     waiting.set_exception(exc)
                     continue
                 except BaseException:
+                    # Cancelled (the server stops): nobody may be left waiting for a probe.
                     waiting.cancel()
+                    if self._next is not None:
+                        self._next.cancel()
+                        self._next = None
                     raise
                 waiting.set_result(epoch)
         finally:
