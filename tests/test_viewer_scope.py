@@ -142,8 +142,10 @@ async def test_a_viewer_token_signs_in_to_the_read_only_console(make_api) -> Non
     login = await api.client.post("/console/login", data={"token": created.token, "next": "/console/"})
     assert login.status_code in (302, 303), login.text
     assert COOKIE in login.cookies or COOKIE in api.client.cookies
-    page = await api.client.get("/console/", cookies={COOKIE: created.token})
+    api.client.cookies.set(COOKIE, created.token)
+    page = await api.client.get("/console/")
     assert page.status_code == 200 and "Fleet" in page.text
     await OperatorTokens(api.pool).revoke(created.token_id)
-    refused = await api.client.get("/console/", cookies={COOKIE: created.token})
+    api.client.cookies.set(COOKIE, created.token)
+    refused = await api.client.get("/console/")
     assert refused.status_code in (302, 303), "a revoked viewer token is signed out"
