@@ -116,8 +116,12 @@ async def test_a_rendering_made_while_its_stream_changed_is_not_kept(pool: async
         await release.wait()
         return stale  # what a query that ran before the commit below rendered
 
+    probes = reader.rendered.probes
     slow = asyncio.create_task(reader.rendered.read(("node", node), frozenset({node}), slow_load))
-    await asyncio.sleep(0.05)  # its probe is done, its query "ran"
+    for _ in range(500):  # until its probe is done: then its query "ran"
+        if reader.rendered.probes > probes:
+            break
+        await asyncio.sleep(0.01)
     await store.append(node, None, [sample(5)])
     fresh = await reader.node(node)  # a probe that sees the commit
     assert memory_of(fresh) == {"state": "known", "value": 5}
@@ -129,15 +133,22 @@ async def test_a_rendering_made_while_its_stream_changed_is_not_kept(pool: async
 async def test_liveness_is_kept_only_until_its_verdict_would_change(pool: asyncpg.Pool) -> None:
     store = EventStore(pool, ALL_PROJECTIONS)
     node = await discover(store, 1)
-    await store.append(node, None, [sample(1)])
-    reader = Reader(pool, LivenessPolicy(stale_after=0.4, offline_after=0.8))
-    assert (await reader.node(node))["liveness"] == "online"
-    assert (await reader.node(node))["liveness"] == "online"
-    await asyncio.sleep(0.5)
-    assert (await reader.node(node))["liveness"] == "stale"
-    await asyncio.sleep(0.4)
-    assert (await reader.node(node))["liveness"] == "offline"
-    assert reader.rendered.hits == 1
+    received = datetime.now(UTC)
+    await store.append(node, None, [sample(1, received)])
+    reader = Reader(pool, LivenessPolicy(stale_after=1.5, offline_after=3.0))
+
+    async def at(seconds: float) -> object:
+        # Read once the central clock is `seconds` past the report (the verdicts' thresholds).
+        await asyncio.sleep(
+            max(0.0, (received + timedelta(seconds=seconds) - datetime.now(UTC)).total_seconds())
+        )
+        return (await reader.node(node))["liveness"]
+
+    assert await at(0) == "online"
+    assert await at(0) == "online"
+    assert reader.rendered.hits == 1, "kept while the verdict holds"
+    assert await at(1.6) == "stale"
+    assert await at(3.1) == "offline"
 
 
 async def test_a_rebuild_drops_every_kept_rendering(pool: asyncpg.Pool) -> None:
