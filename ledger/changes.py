@@ -16,10 +16,13 @@ reader that delivers events.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 
 import asyncpg
 import msgspec
+
+from ledger.reading import MAX_TX_ID
 
 
 class ChangeMark(msgspec.Struct, frozen=True):
@@ -33,35 +36,54 @@ class Changes(msgspec.Struct, frozen=True):
     mark: ChangeMark
     # Streams that got events since the previous mark (empty for a first probe).
     streams: frozenset[str]
+    # False when more transactions' events came than one probe reads (`limit`): `streams` is then
+    # only part of them, and the caller must treat every stream as changed.
+    complete: bool
     # When the read models were last swapped in by `rebuild` (None: never).
     rebuilt_at: datetime | None
 
 
-# One statement, so the snapshot it reports is the one its reads see. The events' (tx_id,
-# global_position) index serves both conditions; the scan covers only transactions since the mark.
-_PROBE = """
+DEFAULT_LIMIT = 10_000
+_FIRST = MAX_TX_ID  # a first probe only takes a mark: no event has a transaction id this high
+
+
+@functools.cache
+def _probe_sql(limit: int) -> str:
+    # One statement, so the snapshot it reports is the one its reads see. Each condition is its
+    # own index scan of (tx_id, global_position) in every segment, whatever plan PostgreSQL caches
+    # for the prepared statement: the ordered scan with a constant LIMIT stays an index scan, where
+    # `tx_id >= $1 OR tx_id = ANY($2)` became a sequential scan of the whole log in a generic plan.
+    return f"""
+WITH recent AS MATERIALIZED (
+    SELECT e.stream_id FROM events e WHERE e.tx_id >= $1::xid8 ORDER BY e.tx_id LIMIT {int(limit) + 1}
+)
 SELECT pg_snapshot_xmax(s.snap) AS xmax,
        ARRAY(SELECT pg_snapshot_xip(s.snap)) AS in_progress,
-       CASE WHEN $1::xid8 IS NULL THEN ARRAY[]::text[]
-            ELSE ARRAY(SELECT DISTINCT e.stream_id FROM events e
-                       WHERE e.tx_id >= $1::xid8 OR e.tx_id = ANY($2::xid8[])) END AS streams,
+       (SELECT count(*) FROM recent) AS recent,
+       ARRAY(SELECT DISTINCT u.stream_id
+             FROM (SELECT r.stream_id FROM recent r
+                   UNION ALL
+                   SELECT e.stream_id FROM events e WHERE e.tx_id = ANY($2::xid8[])) u) AS streams,
        (SELECT max(c.rebuilt_at) FROM projection_checkpoints c) AS rebuilt_at
 FROM (SELECT pg_current_snapshot() AS snap) s
 """
 
 
-async def read_changes(conn: asyncpg.Connection, since: ChangeMark | None) -> Changes:
+async def read_changes(
+    conn: asyncpg.Connection, since: ChangeMark | None, *, limit: int = DEFAULT_LIMIT
+) -> Changes:
     """The streams changed since `since` (None: a first probe, which only takes a mark), and the
     mark to ask from next time. Run it outside an explicit transaction (or first in one) so its
-    snapshot is taken when it runs."""
+    snapshot is taken when it runs. Reads at most `limit` events of transactions begun since."""
     row = await conn.fetchrow(
-        _PROBE,
-        None if since is None else since.xmax,
+        _probe_sql(limit),
+        _FIRST if since is None else since.xmax,
         [] if since is None else list(since.in_progress),
     )
     assert row is not None
     return Changes(
         mark=ChangeMark(xmax=row["xmax"], in_progress=tuple(sorted(row["in_progress"]))),
         streams=frozenset(row["streams"]),
+        complete=row["recent"] <= limit,
         rebuilt_at=row["rebuilt_at"],
     )

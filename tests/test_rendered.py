@@ -15,6 +15,7 @@ from api.services.rendered import Loaded, Rendered, RenderedReads, render
 from api.services.repository import HardwareRepository, LivenessPolicy
 from collectors.facts import Known
 from collectors.identity import NodeIdentity
+from ledger.changes import DEFAULT_LIMIT, _probe_sql
 from ledger.events import HostTelemetryObserved, NewEvent
 from ledger.node import NodeState, node_id_for
 from ledger.reconcile import reconcile
@@ -259,3 +260,47 @@ async def test_reads_waiting_for_a_cancelled_probe_are_cancelled_not_left_hangin
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(task, 5)
     assert await rendered.read("k", None, load) == Rendered(b"{}", '"e"'), "a later read probes again"
+
+
+async def test_more_changes_than_a_probe_reads_drop_everything_kept(pool: asyncpg.Pool) -> None:
+    store = EventStore(pool, ALL_PROJECTIONS)
+    nodes = [await discover(store, i) for i in range(4)]
+    reader = Reader(pool)
+    reader.rendered = RenderedReads(pool, probe_limit=2)
+    first = await reader.node(nodes[0])
+    assert await reader.node(nodes[0]) == first
+    # Three other nodes report: the probe reads two of their events, so it cannot tell that
+    # node 0 did not change, and renders it again.
+    for node in nodes[1:]:
+        await store.append(node, None, [sample(8)])
+    misses = reader.rendered.misses
+    assert await reader.node(nodes[0]) == first
+    assert reader.rendered.misses == misses + 1
+
+
+async def test_the_probe_reads_the_log_by_index_whatever_plan_is_cached(pool: asyncpg.Pool) -> None:
+    """A prepared statement may run on a generic plan, planned without the parameters' values:
+    `tx_id >= $1 OR tx_id = ANY($2)` was a sequential scan of the whole log in one (84 ms on 1.2
+    million events, at every probe). The probe's plan stays index scans of the big segments."""
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO events (tx_id, event_id, stream_id, stream_version, event_type, event_class, "
+            "schema_version, data, metadata, segment) "
+            "SELECT (1000 + g)::text::xid8, gen_random_uuid(), 'n' || (g % 500), g, "
+            "'NODE_TELEMETRY_OBSERVED', 'observation', 1, '{}', '{}', 'infinity' "
+            "FROM generate_series(1, 200000) g"
+        )
+        await conn.execute("ANALYZE events")
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        await conn.execute(f"PREPARE probe(xid8, xid8[]) AS {_probe_sql(DEFAULT_LIMIT)}")
+        plan = await conn.fetchval("EXPLAIN (FORMAT JSON) EXECUTE probe('150000', '{2000}')")
+        await conn.execute("RESET plan_cache_mode")
+
+    def scans(node: dict[str, object]) -> list[tuple[str, str]]:
+        found = [(str(node["Node Type"]), str(node.get("Relation Name", "")))]
+        for child in node.get("Plans", []):  # type: ignore[attr-defined]
+            found += scans(child)
+        return found
+
+    permanent = [t for t, rel in scans(plan[0]["Plan"]) if rel == "events_permanent"]
+    assert permanent and all(t == "Index Scan" for t in permanent), permanent

@@ -35,7 +35,7 @@ import asyncpg
 import msgspec
 import structlog
 
-from ledger.changes import ChangeMark, read_changes
+from ledger.changes import DEFAULT_LIMIT, ChangeMark, read_changes
 
 log = structlog.get_logger(__name__)
 
@@ -71,9 +71,12 @@ class _Kept:
 
 
 class RenderedReads:
-    def __init__(self, pool: asyncpg.Pool, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, *, max_bytes: int = DEFAULT_MAX_BYTES, probe_limit: int = DEFAULT_LIMIT
+    ) -> None:
         self.pool = pool
         self.max_bytes = max_bytes
+        self.probe_limit = probe_limit
         self._kept: OrderedDict[Hashable, _Kept] = OrderedDict()
         self._bytes = 0
         self._by_stream: dict[str, set[Hashable]] = {}
@@ -133,12 +136,14 @@ class RenderedReads:
 
     async def _probe(self) -> int:
         async with self.pool.acquire() as conn:
-            changes = await read_changes(conn, self._mark)
+            changes = await read_changes(conn, self._mark, limit=self.probe_limit)
         self.probes += 1
         self._epoch += 1
         epoch = self._epoch
-        if self._mark is None or changes.rebuilt_at != self._rebuilt_at:
-            self.clear(epoch)  # the first probe (nothing known yet), or the read models were swapped
+        if self._mark is None or not changes.complete or changes.rebuilt_at != self._rebuilt_at:
+            # The first probe (nothing known yet), more changes than a probe reads, or the read
+            # models were swapped: nothing kept can be trusted.
+            self.clear(epoch)
         else:
             for stream in changes.streams:
                 self._changed_at[stream] = epoch
