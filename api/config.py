@@ -41,6 +41,7 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     offline_after: float = _d("offline_after")
     retention_hours: float = _d("retention_hours")
     retention_interval: float = _d("retention_interval")
+    rendered_reads_mib: int = _d("rendered_reads_mib")
     log_level: str = _d("log_level")
 
     @classmethod

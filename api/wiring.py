@@ -11,7 +11,7 @@ from api.config import ServerConfig
 from api.services.agent_plane import EnrollmentService
 from api.services.decommission import DecommissionService
 from api.services.inventory import HardwareInventoryService
-from api.services.rendered import RenderedReads
+from api.services.rendered import DEFAULT_MAX_BYTES, RenderedReads
 from api.services.repository import (
     AuditRepository,
     HardwareRepository,
@@ -33,6 +33,8 @@ class Services:
         self,
         inventory: HardwareInventoryService,
         repository: HardwareRepository,
+        *,
+        rendered_reads_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         pool = inventory.pool
         self.pool = pool
@@ -42,7 +44,7 @@ class Services:
         self.repository = repository
         self.audit = AuditRepository(pool, repository)
         # Node and accelerator-page reads rendered once per change (api/services/rendered.py).
-        self.rendered = RenderedReads(pool)
+        self.rendered = RenderedReads(pool, max_bytes=rendered_reads_bytes)
 
 
 def event_store(pool: asyncpg.Pool) -> EventStore:
@@ -87,7 +89,8 @@ def build_services(
     if repository is None:
         liveness = LivenessPolicy(config.stale_after, config.offline_after) if config is not None else None
         repository = HardwareRepository(pool, liveness)
-    return Services(inventory, repository)
+    budget = config.rendered_reads_mib * 2**20 if config is not None else DEFAULT_MAX_BYTES
+    return Services(inventory, repository, rendered_reads_bytes=budget)
 
 
 async def prepare_database(pool: asyncpg.Pool) -> int:

@@ -61,6 +61,7 @@ ACCEPTS = {
     "seconds": "a number of seconds, 0 or more",
     "positive": "a number greater than 0",
     "count": "a whole number, 1 or more",
+    "mebibytes": "a whole number of MiB, 0 or more",
     "bool": "one of 1, 0, true, false, yes, no, on, off",
 }
 
@@ -83,6 +84,7 @@ PARSERS: dict[str, Callable[[str], Value]] = {
     "seconds": lambda t: _checked(_number(t), _number(t) >= 0),
     "positive": lambda t: _checked(_number(t), _number(t) > 0),
     "count": lambda t: _checked(_whole(t), _whole(t) >= 1),
+    "mebibytes": lambda t: _checked(_whole(t), _whole(t) >= 0),
     "bool": lambda t: _boolean(t),
 }
 
@@ -201,6 +203,17 @@ SETTINGS: tuple[Setting, ...] = (
         value=300.0,
         kind="seconds",
         help="Seconds between the server's background retention passes (0 disables them).",
+    ),
+    Setting(
+        name="rendered_reads_mib",
+        env="MODELFORGE_RENDERED_READS_MIB",
+        flag="--rendered-reads-mib",
+        value=256,
+        kind="mebibytes",
+        help=(
+            "Memory for node and accelerator-page renderings kept until their node's stream changes "
+            "(never stale; docs/architecture.md, Rendered reads); 0 keeps none."
+        ),
     ),
     Setting(
         name="log_level",

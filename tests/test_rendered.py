@@ -304,3 +304,15 @@ async def test_the_probe_reads_the_log_by_index_whatever_plan_is_cached(pool: as
 
     permanent = [t for t, rel in scans(plan[0]["Plan"]) if rel == "events_permanent"]
     assert permanent and all(t == "Index Scan" for t in permanent), permanent
+
+
+async def test_a_budget_of_zero_keeps_nothing_and_probes_nothing(pool: asyncpg.Pool) -> None:
+    """`MODELFORGE_RENDERED_READS_MIB=0`: every read is its own query, as before rendered reads."""
+    store = EventStore(pool, ALL_PROJECTIONS)
+    node = await discover(store, 1)
+    reader = Reader(pool)
+    reader.rendered = RenderedReads(pool, max_bytes=0)
+    first = await reader.node(node)
+    await store.append(node, None, [sample(11)])
+    assert memory_of(await reader.node(node)) == {"state": "known", "value": 11} != memory_of(first)
+    assert (reader.rendered.hits, reader.rendered.probes, reader.rendered.kept_bytes) == (0, 0, 0)

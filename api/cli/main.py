@@ -394,6 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
         "offline_after",
         "retention_hours",
         "retention_interval",
+        "rendered_reads_mib",
     ):
         add_setting(p, name)
     p.set_defaults(func=cmd_serve)

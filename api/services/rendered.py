@@ -17,8 +17,8 @@ Three further rules keep a kept rendering true:
     dropped.
   * What the clock decides (a node's liveness) is kept only until the moment the verdict would
     change (`until`).
-  * Memory is bounded (`max_bytes`, least recently used go first); a miss costs what a read cost
-    before.
+  * Memory is bounded (`max_bytes`, least recently used go first; the server's
+    `MODELFORGE_RENDERED_READS_MIB`, 0 keeps nothing); a miss costs what a read cost before.
 
 A probe that fails fails its requests, as their queries would have: nothing is served unchecked.
 """
@@ -36,10 +36,11 @@ import msgspec
 import structlog
 
 from ledger.changes import DEFAULT_LIMIT, ChangeMark, read_changes
+from ledger.settings import default
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_MAX_BYTES = 256 * 2**20
+DEFAULT_MAX_BYTES = int(default("rendered_reads_mib")) * 2**20
 # Past this many remembered stream changes the memory is cleared (renderings still being made are
 # then not kept): the map only serves renderings in flight.
 _MAX_REMEMBERED_CHANGES = 100_000
@@ -178,6 +179,8 @@ class RenderedReads:
     ) -> Rendered | None:
         """The rendering of `key`, built by `load` from `streams` (None: from every stream) when
         none is kept; None when `load` finds nothing (not kept: a miss costs a query, as before)."""
+        if self.max_bytes <= 0:
+            return None if (loaded := await load()) is None else loaded[0]  # keeping nothing: no probe
         epoch = await self.fresh()
         kept = self._kept.get(key)
         if kept is not None:
