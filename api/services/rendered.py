@@ -11,7 +11,7 @@ or any other, exactly as a query of its own would; what it saves is the query, t
 the encode. Concurrent requests share one probe (one in flight, the next one gathering whoever
 arrives meanwhile), so under load a probe costs a fraction of a round trip per request.
 
-Three further rules keep a kept rendering true:
+Four further rules keep a kept rendering true:
   * A rendering made after probe `e` is kept only if none of its streams changed in a probe after
     `e` (a change the rendering's own query may have missed); otherwise it is served once and
     dropped.
@@ -19,6 +19,8 @@ Three further rules keep a kept rendering true:
     change (`until`).
   * Memory is bounded (`max_bytes`, least recently used go first; the server's
     `MODELFORGE_RENDERED_READS_MIB`, 0 keeps nothing); a miss costs what a read cost before.
+  * A probe reads at most `probe_limit` events; when more came since the previous one, every
+    rendering is dropped (the probe cannot tell which streams the rest were on).
 
 A probe that fails fails its requests, as their queries would have: nothing is served unchecked.
 """
@@ -144,6 +146,12 @@ class RenderedReads:
         if self._mark is None or not changes.complete or changes.rebuilt_at != self._rebuilt_at:
             # The first probe (nothing known yet), more changes than a probe reads, or the read
             # models were swapped: nothing kept can be trusted.
+            if self._mark is not None:
+                log.info(
+                    "rendered.cleared",
+                    reason="rebuilt" if changes.rebuilt_at != self._rebuilt_at else "too_many_changes",
+                    renderings=len(self._kept),
+                )
             self.clear(epoch)
         else:
             for stream in changes.streams:
