@@ -316,3 +316,36 @@ async def test_a_budget_of_zero_keeps_nothing_and_probes_nothing(pool: asyncpg.P
     await store.append(node, None, [sample(11)])
     assert memory_of(await reader.node(node)) == {"state": "known", "value": 11} != memory_of(first)
     assert (reader.rendered.hits, reader.rendered.probes, reader.rendered.kept_bytes) == (0, 0, 0)
+
+
+async def test_kept_pages_walk_every_accelerator_once_at_every_limit_before_and_after_a_discovery(
+    make_api,  # type: ignore[no-untyped-def]
+) -> None:
+    """The route's pages through rendered reads, keyed by cursor and limit: every limit from 1 to
+    past the end walks each accelerator exactly once, the second walk (kept pages) equals the
+    first, and a node discovered between walks is in the next one."""
+    from tests.fixtures_nvml import multi_gpu_scenario
+
+    api = make_api(multi_gpu_scenario(8))
+    await api.refresh()
+
+    async def walk(limit: int) -> list[str]:
+        seen: list[str] = []
+        cursor = None
+        while True:
+            params = {"limit": str(limit)} | ({"cursor": cursor} if cursor else {})
+            page = (await api.get("/api/v1/hardware/accelerators", params=params)).json()
+            assert len(page["items"]) <= limit
+            seen += [a["id"] for a in page["items"]]
+            cursor = page["next_cursor"]
+            if not cursor:
+                return seen
+
+    for limit in range(1, 10):
+        first = await walk(limit)
+        assert len(first) == 8 == len(set(first)) and first == sorted(first)
+        assert await walk(limit) == first
+    await discover(EventStore(api.pool, ALL_PROJECTIONS), 1, gpus=3)
+    for limit in (1, 4, 11, 12):
+        after = await walk(limit)
+        assert len(after) == 11 == len(set(after)) and set(first) < set(after)
