@@ -391,15 +391,18 @@ class HardwareRepository:
         next_cursor = encode_id_cursor(items[-1].id) if len(rows) > limit and items else None
         return items, next_cursor
 
-    async def get_node(self, node_id: str) -> NodeBody | None:
+    async def _node_row(self, node_id: str) -> asyncpg.Record | None:
         async with self.pool.acquire() as conn:
-            row = await conn.fetchrow(_NODE_SELECT + " WHERE n.node_id = $1", node_id)
+            row: asyncpg.Record | None = await conn.fetchrow(_NODE_SELECT + " WHERE n.node_id = $1", node_id)
+        return row
+
+    async def get_node(self, node_id: str) -> NodeBody | None:
+        row = await self._node_row(node_id)
         return None if row is None else self.node_body(row, datetime.now(UTC))
 
     async def render_node(self, node_id: str) -> Loaded | None:
         """`get_node` rendered, with until when its liveness verdict holds (`RenderedReads`)."""
-        async with self.pool.acquire() as conn:
-            row = await conn.fetchrow(_NODE_SELECT + " WHERE n.node_id = $1", node_id)
+        row = await self._node_row(node_id)
         if row is None:
             return None
         now = datetime.now(UTC)
