@@ -10,6 +10,7 @@ import asyncpg
 from api.config import ServerConfig
 from api.services.agent_plane import EnrollmentService
 from api.services.decommission import DecommissionService
+from api.services.hardware_reads import HardwareReads
 from api.services.inventory import HardwareInventoryService
 from api.services.rendered import DEFAULT_MAX_BYTES, RenderedReads
 from api.services.repository import (
@@ -45,6 +46,7 @@ class Services:
         self.audit = AuditRepository(pool, repository)
         # Node and accelerator-page reads rendered once per change (api/services/rendered.py).
         self.rendered = RenderedReads(pool, max_bytes=rendered_reads_bytes)
+        self.reads = HardwareReads(self.rendered, repository)
 
 
 def event_store(pool: asyncpg.Pool) -> EventStore:

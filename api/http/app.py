@@ -19,15 +19,16 @@ from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import FromPath, FromQuery, HeaderParameter, QueryParameter
 
-from api.http import api_docs, guards, openapi_contract, problems, readiness
+from api.http import api_docs, fast_reads, guards, openapi_contract, problems, readiness
 from api.http.agent import agent_routers
 from api.http.console import ConsolePlugin
 from api.http.context import DEPENDENCIES, AppContext, operator_guard
 from api.http.decommission import decommission_routers
 from api.services import metrics as prometheus
 from api.services.errors import Conflict, DomainError, Unavailable
+from api.services.hardware_reads import AcceleratorQuery, not_modified
 from api.services.inventory import RefreshOutcome
-from api.services.rendered import Loaded, Rendered, render
+from api.services.rendered import Rendered, render
 from api.services.repository import BadCursor, HardwareRepository
 from api.services.views import (
     AcceleratorBody,
@@ -43,7 +44,7 @@ from api.wiring import Services
 log = structlog.get_logger(__name__)
 
 VERSION = "0.1.0"
-MAX_LIMIT = 1000
+MAX_LIMIT = fast_reads.MAX_LIMIT
 Limit = Annotated[int, QueryParameter(ge=1, le=MAX_LIMIT)]
 # A long poll longer than common proxy idle timeouts (60 s) would be cut by them.
 MAX_WAIT_SECONDS = 60
@@ -161,15 +162,16 @@ def _tagged(body: Any, if_none_match: str | None) -> Response[Any]:
 
 
 def _answer(rendered: Rendered, if_none_match: str | None) -> Response[Any]:
-    if if_none_match is not None:
-        given = {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
-        if rendered.etag in given or "*" in given:
-            return Response(None, status_code=304, headers={"ETag": rendered.etag})
+    if not_modified(rendered, if_none_match):
+        return Response(None, status_code=304, headers={"ETag": rendered.etag})
     return Response(rendered.body, media_type=MediaType.JSON, headers={"ETag": rendered.etag})
 
 
 @get(
-    "/hardware/nodes/{node_id:str}", summary="One compute node (ETag, If-None-Match)", responses=NOT_MODIFIED
+    "/hardware/nodes/{node_id:str}",
+    summary="One compute node (ETag, If-None-Match)",
+    responses=NOT_MODIFIED,
+    middleware=[fast_reads.node_fast_path],
 )
 async def get_node(
     services: NamedDependency[Services],
@@ -182,15 +184,17 @@ async def get_node(
         if not nodes:
             raise problems.not_found("node", f"{node_id} (as of {as_of.isoformat()})")
         return _tagged(nodes[0], if_none_match)
-    rendered = await services.rendered.read(
-        ("node", node_id), frozenset({node_id}), lambda: services.repository.render_node(node_id)
-    )
+    rendered = await services.reads.node(node_id)
     if rendered is None:
         raise problems.not_found("node", node_id)
     return _answer(rendered, if_none_match)
 
 
-@get("/hardware/accelerators", summary="Accelerators (filters: node_id, status, model, health)")
+@get(
+    "/hardware/accelerators",
+    summary="Accelerators (filters: node_id, status, model, health)",
+    middleware=[fast_reads.page_fast_path],
+)
 async def list_accelerators(
     services: NamedDependency[Services],
     node_id: FromQuery[str | None] = None,
@@ -214,19 +218,11 @@ async def list_accelerators(
         ]
         return Response(AcceleratorPage(items=accs, next_cursor=None, as_of_position=position))
 
-    async def load() -> Loaded:
-        items, next_cursor = await services.repository.list_accelerators(
-            node_id=node_id, status=status, cursor=cursor, limit=limit, model=model, health=health
+    rendered = await services.reads.accelerator_page(
+        AcceleratorQuery(
+            node_id=node_id, status=status, model=model, health=health, cursor=cursor, limit=limit
         )
-        return render(AcceleratorPage(items=items, next_cursor=next_cursor)), None
-
-    # A page of one node's GPUs is built from that node's stream; any other from the whole fleet's.
-    rendered = await services.rendered.read(
-        ("accelerators", node_id, status, model, health, cursor, limit),
-        None if node_id is None else frozenset({node_id}),
-        load,
     )
-    assert rendered is not None
     page: Response[Any] = Response(rendered.body, media_type=MediaType.JSON)
     return page
 
@@ -305,6 +301,7 @@ async def metrics(context: NamedDependency[AppContext]) -> Response[bytes]:
             "rendered_hits": context.services.rendered.hits,
             "rendered_misses": context.services.rendered.misses,
             "rendered_probes": context.services.rendered.probes,
+            "fast_reads": context.fast_reads,
         },
     )
     # Set here: Litestar would append a second `charset` to a text/ media type.

@@ -42,6 +42,7 @@ class AppContext:
         self.repository = self.services.repository
         self.admin_token_hash = admin_token_hash
         self.local_refresh_enabled = local_refresh_enabled
+        self.fast_reads = 0  # reads api.http.fast_reads answered (the server's /metrics)
 
 
 def ctx(request: Request[Any, Any, Any] | ASGIConnection[Any, Any, Any, Any]) -> AppContext:
@@ -98,7 +99,11 @@ DEPENDENCIES = {
 
 
 def bearer(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
-    header = connection.headers.get("authorization", "")
+    return bearer_token(connection.headers.get("authorization", ""))
+
+
+def bearer_token(header: str) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header's value; None for anything else."""
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None

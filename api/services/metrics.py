@@ -293,6 +293,14 @@ COUNTERS = (
         (),
         "rendered_probes",
     ),
+    MetricSpec(
+        "modelforge_fast_reads_total",
+        "counter",
+        "Node and accelerator-page reads this process sent from the fast path (admin token, a"
+        " rendering), without Litestar's handler.",
+        (),
+        "fast_reads",
+    ),
 )
 LOG_HEAD = MetricSpec("modelforge_log_head_position", "gauge", "Global position of the newest event.", ())
 PROJECTION_LAG = MetricSpec(
