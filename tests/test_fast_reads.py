@@ -25,7 +25,9 @@ async def fast_reads(api) -> int:  # type: ignore[no-untyped-def]
 async def twin(make_api):  # type: ignore[no-untyped-def]
     api = make_api()
     await api.refresh()
-    api.viewer = {"Authorization": f"Bearer {(await OperatorTokens(api.pool).create(ttl_seconds=3600)).token}"}
+    api.viewer = {
+        "Authorization": f"Bearer {(await OperatorTokens(api.pool).create(ttl_seconds=3600)).token}"
+    }
     api.node_id = (await api.get("/api/v1/hardware/nodes")).json()["items"][0]["id"]
     return api
 
