@@ -7,9 +7,15 @@ server's /metrics must show that the fast path answered exactly the plain cases.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
+from collections.abc import Callable
+from urllib.parse import quote, quote_plus
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from api.services.scopes import OperatorTokens
 
@@ -130,3 +136,82 @@ async def test_without_the_admin_token_the_route_answers_401(twin) -> None:  # t
             assert r.status_code == 401, (path, headers)
             assert r.headers["content-type"].startswith("application/problem+json")
     assert await fast_reads(twin) == before
+
+
+# A query string's parts: values its name takes, values that nearly pass (each name's own), other
+# refused values, and names the route does not take.
+_VALID = {
+    "node_id": ["{node}", "no-such-node", ""],
+    "status": ["active", "missing", "decommissioned"],
+    "health": ["healthy", "degraded", "failed"],
+    "model": ["NVIDIA H200", "NVIDIA H100"],
+    "cursor": ["{cursor}"],
+    "limit": ["1", "2", "100", "1000"],
+    "as_of": ["2026-01-01T00:00:00Z"],
+    "colour": ["green"],
+}
+_NEARLY = {
+    "status": ["Active", "active ", "healthy"],
+    "health": ["Healthy", "missing"],
+    "cursor": ["not-a-cursor", "{cursor}="],
+    "limit": ["05", "010", "0100", "00", "0", "1001", "-1", " 1", "+1", "1e2", "²", "1_0"],
+}
+_REFUSED = ["bogus", "", "é", "a&b", "a=b"]
+_NAMES = st.sampled_from([*[n for n in _VALID if n not in ("as_of", "colour")] * 3, "as_of", "colour"])
+_QUOTES = st.sampled_from([quote_plus, quote, lambda v: v])
+_QUERIES = st.lists(
+    _NAMES.flatmap(
+        lambda n: st.tuples(
+            st.just(n),
+            st.one_of(st.sampled_from(_VALID[n]), st.sampled_from(_NEARLY.get(n, _REFUSED) + _REFUSED)),
+            _QUOTES,
+        )
+    ),
+    max_size=3,
+)
+
+
+async def test_any_query_of_a_page_answers_as_the_route_does(twin) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    cursor = (await twin.client.get("/api/v1/hardware/accelerators?limit=1", headers=twin.auth)).json()[
+        "next_cursor"
+    ]
+    went: list[bool] = []
+
+    @settings(
+        # In-process requests, ~0.1 s an example: more of them than the suite's other properties.
+        max_examples=3 * int(os.environ.get("MF_PROPERTY_EXAMPLES", "30")),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(query=_QUERIES)
+    def prop(query: list[tuple[str, str, Callable[[str], str]]]) -> None:
+        # hypothesis drives a sync function; each example runs on the test's loop from a thread.
+        parts = [
+            f"{n}={q(v.replace('{node}', twin.node_id).replace('{cursor}', cursor))}" for n, v, q in query
+        ]
+        path = "/api/v1/hardware/accelerators" + ("?" + "&".join(parts) if parts else "")
+        _status, fast = asyncio.run_coroutine_threadsafe(same_answer(twin, path), loop).result()
+        went.append(fast)
+
+    await asyncio.to_thread(prop)
+    assert any(went) and not all(went), "the examples took both paths"
+
+
+async def test_every_single_parameter_answers_as_the_route_does(twin) -> None:  # type: ignore[no-untyped-def]
+    """Each name with each of its values, its near misses and the refused ones, quoted each way
+    (the property above combines them, but rarely draws a given near miss)."""
+    cursor = (await twin.client.get("/api/v1/hardware/accelerators?limit=1", headers=twin.auth)).json()[
+        "next_cursor"
+    ]
+    paths = sorted(
+        {
+            f"/api/v1/hardware/accelerators?{name}="
+            + quoted(value.replace("{node}", twin.node_id).replace("{cursor}", cursor))
+            for name, values in _VALID.items()
+            for value in values + _NEARLY.get(name, []) + _REFUSED
+            for quoted in (quote_plus, quote, lambda v: v)
+        }
+    )
+    went = [(await same_answer(twin, path))[1] for path in paths]
+    assert len(paths) > 100 and any(went) and not all(went)
