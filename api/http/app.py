@@ -26,7 +26,7 @@ from api.http.context import DEPENDENCIES, AppContext, operator_guard
 from api.http.decommission import decommission_routers
 from api.services import metrics as prometheus
 from api.services.errors import Conflict, DomainError, Unavailable
-from api.services.hardware_reads import AcceleratorQuery, not_modified
+from api.services.hardware_reads import AcceleratorQuery, AcceleratorStatus, HealthStatus, not_modified
 from api.services.inventory import RefreshOutcome
 from api.services.rendered import Rendered, render
 from api.services.repository import BadCursor, HardwareRepository
@@ -109,8 +109,6 @@ async def refresh(context: NamedDependency[AppContext]) -> RefreshBody:
 
 Liveness = Literal["online", "stale", "offline", "local"]
 InventoryStatus = Literal["pending", "ok", "degraded", "failed"]
-AcceleratorStatus = Literal["active", "missing", "decommissioned"]
-HealthStatus = Literal["healthy", "degraded", "failed"]
 
 
 @get("/hardware/nodes", summary="Compute nodes (filters: hostname, liveness, inventory_status, health)")

@@ -24,6 +24,7 @@ then tried once more by the route). The answer's status, headers and bytes are t
 
 from __future__ import annotations
 
+from typing import cast, get_args
 from urllib.parse import parse_qsl
 
 from litestar.enums import ScopeType
@@ -31,12 +32,12 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 
 from api.config import tokens_match
 from api.http.context import AppContext, bearer_token
-from api.services.hardware_reads import AcceleratorQuery, not_modified
+from api.services.hardware_reads import AcceleratorQuery, AcceleratorStatus, HealthStatus, not_modified
 from api.services.rendered import Rendered
 
 MAX_LIMIT = 1000
-_STATUSES = frozenset({"active", "missing", "decommissioned"})
-_VERDICTS = frozenset({"healthy", "degraded", "failed"})
+_STATUSES: frozenset[str] = frozenset(get_args(AcceleratorStatus))
+_VERDICTS: frozenset[str] = frozenset(get_args(HealthStatus))
 _PAGE_FIELDS = frozenset({"node_id", "status", "model", "health", "cursor", "limit"})
 
 
@@ -86,9 +87,9 @@ def accelerator_query(query_string: bytes) -> AcceleratorQuery | None:
         return None
     return AcceleratorQuery(
         node_id=fields.get("node_id"),
-        status=fields.get("status"),
+        status=cast(AcceleratorStatus | None, fields.get("status")),
         model=fields.get("model"),
-        health=fields.get("health"),
+        health=cast(HealthStatus | None, fields.get("health")),
         cursor=fields.get("cursor"),
         limit=limit,
     )

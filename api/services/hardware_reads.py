@@ -6,20 +6,26 @@ One place builds each read's key, names the streams it is built from and loads i
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from api.services.rendered import Loaded, Rendered, RenderedReads, render
 from api.services.repository import HardwareRepository
 from api.services.views import AcceleratorPage
 
+# The filters' values, for the route's parameters and the fast path's parse alike.
+AcceleratorStatus = Literal["active", "missing", "decommissioned"]
+HealthStatus = Literal["healthy", "degraded", "failed"]
+
 
 class AcceleratorQuery(msgspec.Struct, frozen=True):
     """The filters and the page of `GET /api/v1/hardware/accelerators` (without `as_of`)."""
 
     node_id: str | None = None
-    status: str | None = None
+    status: AcceleratorStatus | None = None
     model: str | None = None
-    health: str | None = None
+    health: HealthStatus | None = None
     cursor: str | None = None
     limit: int = 100
 
