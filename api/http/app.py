@@ -31,6 +31,7 @@ from api.services.inventory import RefreshOutcome
 from api.services.rendered import Rendered, render
 from api.services.repository import BadCursor, HardwareRepository
 from api.services.views import (
+    MAX_LIMIT,
     AcceleratorBody,
     AcceleratorPage,
     EventPage,
@@ -44,7 +45,6 @@ from api.wiring import Services
 log = structlog.get_logger(__name__)
 
 VERSION = "0.1.0"
-MAX_LIMIT = fast_reads.MAX_LIMIT
 Limit = Annotated[int, QueryParameter(ge=1, le=MAX_LIMIT)]
 # A long poll longer than common proxy idle timeouts (60 s) would be cut by them.
 MAX_WAIT_SECONDS = 60

@@ -34,8 +34,8 @@ from api.config import tokens_match
 from api.http.context import AppContext, bearer_token
 from api.services.hardware_reads import AcceleratorQuery, AcceleratorStatus, HealthStatus, not_modified
 from api.services.rendered import Rendered
+from api.services.views import MAX_LIMIT
 
-MAX_LIMIT = 1000
 _STATUSES: frozenset[str] = frozenset(get_args(AcceleratorStatus))
 _VERDICTS: frozenset[str] = frozenset(get_args(HealthStatus))
 _PAGE_FIELDS = frozenset({"node_id", "status", "model", "health", "cursor", "limit"})

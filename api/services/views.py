@@ -136,6 +136,10 @@ class AcceleratorBody(msgspec.Struct):
     health: AcceleratorHealthBody
 
 
+# The most items one page of any list holds (the routes' `limit`, and the fast path's parse).
+MAX_LIMIT = 1000
+
+
 class NodePage(msgspec.Struct):
     items: list[NodeBody]
     next_cursor: str | None
