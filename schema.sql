@@ -448,6 +448,40 @@ CREATE TABLE IF NOT EXISTS projection_checkpoints (
     rebuilt_at   timestamptz NOT NULL
 );
 
+-- The rendered reads' probe (ledger/changes.py): the streams given events by any transaction the
+-- previous probe could not see (from its snapshot's xmax on, or in its in-progress list; of the
+-- newer ones at most p_limit + 1 events), this statement's snapshot, and when `rebuild` last
+-- swapped the read models. A function with a generic plan, planned once per session: as a
+-- prepared statement, PostgreSQL's plan cache kept choosing custom plans (the generic plan's
+-- estimate assumes a third of the log matches) and so planned the partitioned query again at
+-- every probe, 0.6 ms of PostgreSQL CPU per probe against 0.14 (docs/performance.md, issue 12,
+-- seventh step). Each condition is its own index scan in every segment: `tx_id >= $1 OR tx_id =
+-- ANY($2)` was a sequential scan of the whole log in a generic plan. STABLE: the query runs in
+-- the caller's statement snapshot, the one it reports.
+CREATE OR REPLACE FUNCTION mf_read_changes(p_after xid8, p_in_progress xid8[], p_limit integer)
+RETURNS TABLE (out_xmax xid8, out_in_progress xid8[], out_recent bigint, out_streams text[],
+               out_rebuilt_at timestamptz)
+LANGUAGE plpgsql STABLE
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    RETURN QUERY
+        WITH recent AS MATERIALIZED (
+            SELECT e.stream_id FROM events e WHERE e.tx_id >= p_after ORDER BY e.tx_id
+            LIMIT p_limit + 1
+        )
+        SELECT pg_snapshot_xmax(s.snap),
+               ARRAY(SELECT pg_snapshot_xip(s.snap)),
+               (SELECT count(*) FROM recent),
+               ARRAY(SELECT DISTINCT u.stream_id
+                     FROM (SELECT r.stream_id FROM recent r
+                           UNION ALL
+                           SELECT e.stream_id FROM events e WHERE e.tx_id = ANY(p_in_progress)) u),
+               (SELECT max(c.rebuilt_at) FROM projection_checkpoints c)
+        FROM (SELECT pg_current_snapshot() AS snap) s;
+END;
+$$;
+
 CREATE TABLE IF NOT EXISTS hw_nodes (
     node_id                 text PRIMARY KEY,
     identity_key            text,

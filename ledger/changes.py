@@ -16,7 +16,6 @@ reader that delivers events.
 
 from __future__ import annotations
 
-import functools
 from datetime import datetime
 
 import asyncpg
@@ -47,43 +46,25 @@ DEFAULT_LIMIT = 10_000
 _FIRST = MAX_TX_ID  # a first probe only takes a mark: no event has a transaction id this high
 
 
-@functools.cache
-def _probe_sql(limit: int) -> str:
-    # One statement, so the snapshot it reports is the one its reads see. Each condition is its
-    # own index scan of (tx_id, global_position) in every segment, whatever plan PostgreSQL caches
-    # for the prepared statement: the ordered scan with a constant LIMIT stays an index scan, where
-    # `tx_id >= $1 OR tx_id = ANY($2)` became a sequential scan of the whole log in a generic plan.
-    return f"""
-WITH recent AS MATERIALIZED (
-    SELECT e.stream_id FROM events e WHERE e.tx_id >= $1::xid8 ORDER BY e.tx_id LIMIT {int(limit) + 1}
-)
-SELECT pg_snapshot_xmax(s.snap) AS xmax,
-       ARRAY(SELECT pg_snapshot_xip(s.snap)) AS in_progress,
-       (SELECT count(*) FROM recent) AS recent,
-       ARRAY(SELECT DISTINCT u.stream_id
-             FROM (SELECT r.stream_id FROM recent r
-                   UNION ALL
-                   SELECT e.stream_id FROM events e WHERE e.tx_id = ANY($2::xid8[])) u) AS streams,
-       (SELECT max(c.rebuilt_at) FROM projection_checkpoints c) AS rebuilt_at
-FROM (SELECT pg_current_snapshot() AS snap) s
-"""
-
-
 async def read_changes(
     conn: asyncpg.Connection, since: ChangeMark | None, *, limit: int = DEFAULT_LIMIT
 ) -> Changes:
     """The streams changed since `since` (None: a first probe, which only takes a mark), and the
     mark to ask from next time. Run it outside an explicit transaction (or first in one) so its
     snapshot is taken when it runs. Reads at most `limit` events of transactions begun since."""
+    # One statement (`mf_read_changes`, schema.sql), so the snapshot it reports is the one its
+    # reads see.
     row = await conn.fetchrow(
-        _probe_sql(limit),
+        "SELECT out_xmax, out_in_progress, out_recent, out_streams, out_rebuilt_at "
+        "FROM mf_read_changes($1, $2, $3)",
         _FIRST if since is None else since.xmax,
         [] if since is None else list(since.in_progress),
+        limit,
     )
     assert row is not None
     return Changes(
-        mark=ChangeMark(xmax=row["xmax"], in_progress=tuple(sorted(row["in_progress"]))),
-        streams=frozenset(row["streams"]),
-        complete=row["recent"] <= limit,
-        rebuilt_at=row["rebuilt_at"],
+        mark=ChangeMark(xmax=row["out_xmax"], in_progress=tuple(sorted(row["out_in_progress"]))),
+        streams=frozenset(row["out_streams"]),
+        complete=row["out_recent"] <= limit,
+        rebuilt_at=row["out_rebuilt_at"],
     )
