@@ -120,6 +120,11 @@ class InlineProjection(Protocol):
         the new states in the same order."""
         ...
 
+    def checkpointed(self, stream_id: str, stored: bytes | None) -> object:
+        """The stream's folded state from its checkpoint's bytes as `mf_open_streams` returns them
+        (None: no checkpoint yet), or None for a stream this projection does not handle."""
+        ...
+
 
 def _translate(exc: asyncpg.PostgresError, stream_id: str, expected: int | None) -> LedgerError | None:
     code: object = getattr(exc, "sqlstate", None)
@@ -187,7 +192,20 @@ class EventStore:
         # One stream each, sorted by stream id (GroupCommit): their locks taken in that order, at
         # once, then one mf_append_many for all of them. Any refusal raises for
         # the whole batch, which then runs each append alone, where the typed error names its stream.
-        await self.open_streams(conn, [r.stream_id for r in requests], "")
+        # The first projection's states come with the locks, in the same round trip (read after
+        # the locks are held, so they are the checkpoints this batch folds onto).
+        first = self.projections[0] if self.projections else None
+        opened = await self.open_streams(conn, [r.stream_id for r in requests], first.name if first else "")
+        if first is not None:
+            requests = [
+                r
+                if first.name in r.prior_states
+                else msgspec.structs.replace(
+                    r,
+                    prior_states={**r.prior_states, first.name: first.checkpointed(r.stream_id, stored)},
+                )
+                for r, (_info, stored) in zip(requests, opened, strict=True)
+            ]
         return await self.append_many(conn, requests, locked=True)
 
     async def append_many(

@@ -131,6 +131,13 @@ class Projection(Generic[S]):
 
     # --- I/O -------------------------------------------------------------------------------------
 
+    def checkpointed(self, stream_id: str, stored: bytes | None) -> S | None:
+        """The state from its checkpoint's bytes (None: no checkpoint, the initial state), or
+        None for a stream this projection does not handle."""
+        if not self.handles(stream_id):
+            return None
+        return self.decode_state(stored) if stored is not None else self.initial(stream_id)
+
     async def load_state(self, conn: asyncpg.Connection, stream_id: str, *, suffix: str = "") -> S:
         return (await self.load_states(conn, [stream_id], suffix=suffix))[stream_id]
 

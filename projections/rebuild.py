@@ -74,6 +74,11 @@ async def _create_shadows(conn: asyncpg.Connection, tables: Sequence[str]) -> No
         for t in tables:
             await conn.execute(f"DROP TABLE IF EXISTS {t}{SHADOW}")
             await conn.execute(f"CREATE TABLE {t}{SHADOW} (LIKE {t} INCLUDING ALL)")
+            # LIKE copies columns, storage and indexes but not the table's storage parameters
+            # (schema.sql's fillfactor for the rows every report rewrites): the swap must not lose them.
+            options = await conn.fetchval("SELECT reloptions FROM pg_class WHERE oid = $1::regclass", t)
+            if options:
+                await conn.execute(f"ALTER TABLE {t}{SHADOW} SET ({', '.join(options)})")
 
 
 async def _drop_shadows(conn: asyncpg.Connection, tables: Sequence[str]) -> None:
