@@ -28,6 +28,7 @@ REWRITTEN = (
     "hw_node_storage",
     "hw_inventory_runs",
     "hw_nodes",
+    "agent_stream_positions",
 )
 EXPECTED = {t: ["fillfactor=50"] for t in REWRITTEN} | {
     "projection_state": ["fillfactor=50", "toast_tuple_target=8160"]
