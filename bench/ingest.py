@@ -518,13 +518,14 @@ async def run(args: argparse.Namespace) -> int:
             )
 
         h.table(
-            ["tier", "reports/s", "events/s", "p50 ms", "p99 ms", "errors", "server ms", "PG ms", "client ms"],
+            ["tier", "reports/s", "events/s", "p50 ms", "p99 ms", "errors", "server ms", "PG ms", "client ms", "WAL KB"],
             [[s.name, s.rate, s.unit_rate, s.ms(50), s.ms(99), s.errors, s.per_op("server_cpu"),
-              s.per_op("db_cpu"), s.per_op("client_cpu")] for s in samples],
+              s.per_op("db_cpu"), s.per_op("client_cpu"), s.per_op("wal_bytes", 1 / 1024)] for s in samples],
             first_width=52,
         )  # fmt: skip
         print("  (CPU per report: server = the serve process(es), PG = the database's backends, client = this\n"
-              "   process: the load generator, or the ceiling's append itself)")  # fmt: skip
+              "   process: the load generator, or the ceiling's append itself; WAL: how far the server's WAL\n"
+              "   position moved per report, so nothing else should write to that PostgreSQL meanwhile)")  # fmt: skip
         for s in samples:
             report.row(**s.as_row())
             for e in s.error_samples:
