@@ -456,8 +456,12 @@ CREATE TABLE IF NOT EXISTS projection_checkpoints (
 -- estimate assumes a third of the log matches) and so planned the partitioned query again at
 -- every probe, 0.6 ms of PostgreSQL CPU per probe against 0.14 (docs/performance.md, issue 12,
 -- seventh step). Each condition is its own index scan in every segment: `tx_id >= $1 OR tx_id =
--- ANY($2)` was a sequential scan of the whole log in a generic plan. STABLE: the query runs in
--- the caller's statement snapshot, the one it reports.
+-- ANY($2)` was a sequential scan of the whole log in a generic plan. The in-progress lookup runs
+-- only when the previous probe saw transactions in progress (a one-time filter): where the
+-- statistics say most of the log shares a few transaction ids (a log written by a bulk import in
+-- one transaction) its generic plan reads the whole log (35 ms for 110,000 events at every
+-- probe, docs/performance.md, issue 12, eighth step). STABLE: the query runs in the caller's
+-- statement snapshot, the one it reports.
 CREATE OR REPLACE FUNCTION mf_read_changes(p_after xid8, p_in_progress xid8[], p_limit integer)
 RETURNS TABLE (out_xmax xid8, out_in_progress xid8[], out_recent bigint, out_streams text[],
                out_rebuilt_at timestamptz)
@@ -476,7 +480,8 @@ BEGIN
                ARRAY(SELECT DISTINCT u.stream_id
                      FROM (SELECT r.stream_id FROM recent r
                            UNION ALL
-                           SELECT e.stream_id FROM events e WHERE e.tx_id = ANY(p_in_progress)) u),
+                           SELECT e.stream_id FROM events e
+                           WHERE cardinality(p_in_progress) > 0 AND e.tx_id = ANY(p_in_progress)) u),
                (SELECT max(c.rebuilt_at) FROM projection_checkpoints c)
         FROM (SELECT pg_current_snapshot() AS snap) s;
 END;
@@ -559,18 +564,37 @@ CREATE TABLE IF NOT EXISTS hw_host_telemetry (
     position            bigint NOT NULL
 );
 
+-- Each GPU's newest sample: when it was taken and received, and the event that holds it. The
+-- sample itself (metrics and health signals) is read from that event (mf_accelerator_sample):
+-- copied into this row, the eight samples of every report were parsed by PostgreSQL a second
+-- time and written twice (migration 0006; docs/performance.md, issue 12, eighth step). Retention
+-- always keeps each GPU's newest sample (docs/retention.md), so the event is there.
 CREATE TABLE IF NOT EXISTS hw_accelerator_telemetry (
     accelerator_id  text PRIMARY KEY,
     node_id         text NOT NULL,
-    metrics         jsonb NOT NULL,
     observed_at     timestamptz,
     received_at     timestamptz,
     position        bigint NOT NULL
 );
--- The health signals of the same collection (collectors/gpu_health.py); null from older agents.
-ALTER TABLE hw_accelerator_telemetry ADD COLUMN IF NOT EXISTS health_signals jsonb;
--- The health signals of the same collection (collectors/gpu_health.py); null from older agents.
-ALTER TABLE hw_accelerator_telemetry ADD COLUMN IF NOT EXISTS health_signals jsonb;
+
+-- One GPU's sample from the event at `p_position` that holds it: a node's snapshot
+-- (NODE_TELEMETRY_OBSERVED, the GPU's entry in `accelerators`; the last one, as the fold takes
+-- it) or, from releases before it, an ACCELERATOR_TELEMETRY_OBSERVED. The health signals are
+-- null where the agent sent none. SQL and STABLE, so a query that calls it per row inlines it.
+CREATE OR REPLACE FUNCTION mf_accelerator_sample(p_position bigint, p_uuid text)
+RETURNS TABLE (metrics jsonb, health_signals jsonb)
+LANGUAGE sql STABLE AS $$
+    SELECT x.sample->'telemetry', nullif(x.sample->'health', 'null'::jsonb)
+    FROM events e
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN e.event_type = 'ACCELERATOR_TELEMETRY_OBSERVED' THEN e.data
+                    ELSE (SELECT a.value
+                          FROM jsonb_array_elements(e.data->'accelerators') WITH ORDINALITY a(value, n)
+                          WHERE a.value->>'uuid' = p_uuid ORDER BY a.n DESC LIMIT 1)
+               END AS sample
+    ) x
+    WHERE e.global_position = p_position
+$$;
 
 CREATE TABLE IF NOT EXISTS hw_fingerprints (
     node_id      text PRIMARY KEY,

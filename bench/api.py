@@ -8,7 +8,8 @@
 1. Fill (untimed) the read models of a throwaway database: every node a realistic eight-GPU server
    observed once and reconciled by the product's `reconcile`; `--fill fold` (default) folds the
    events with the inventory projection's own `fold`/`rows` (what `rebuild` does) and COPYs the
-   rows into the live tables (the log stays empty: these routes read read models only);
+   rows into the live tables and the events into the log (a GPU's telemetry row points at the
+   event holding its sample);
    `--fill append` goes through `EventStore.append` instead (slower). Then VACUUM ANALYZE.
 2. Serve: the product as an operator starts it (`modelforge-hw serve`), and the ceiling, a trivial
    Litestar app (`GET /ping`) under uvicorn with the same settings, each in its own process.
@@ -73,6 +74,9 @@ async def fill_by_fold(pool: Any, nodes: int, rng: random.Random) -> int:
 
     specs = {t.name: t for t in INVENTORY.tables}
     rows: dict[str, list[tuple[Any, ...]]] = {name: [] for name in specs}
+    # The events too: a GPU's telemetry row points at the event that holds its sample, which the
+    # reads take from there (schema.sql, mf_accelerator_sample).
+    log: list[tuple[Any, ...]] = []
     states: list[tuple[Any, ...]] = []
     streams: list[tuple[Any, ...]] = []
     position = total = 0
@@ -84,6 +88,7 @@ async def fill_by_fold(pool: Any, nodes: int, rng: random.Random) -> int:
                 await conn.copy_records_to_table(table, records=batch, columns=list(specs[table].columns))
                 batch.clear()
         for table, batch, columns in (
+            ("events", log, list(EVENT_COLUMNS)),
             (STATE_TABLE, states, ["projection", "stream_id", "stream_version", "position", "state"]),
             ("streams", streams, ["stream_id", "version", "lifecycle_version"]),
         ):
@@ -104,6 +109,13 @@ async def fill_by_fold(pool: Any, nodes: int, rng: random.Random) -> int:
                         payload=e.payload, metadata=e.metadata, recorded_at=e.metadata.received_at,
                     )
                 )  # fmt: skip
+                log.append(
+                    (
+                        position, e.event_id, node_id, version, e.event_type, e.event_class, SCHEMA_VERSION,
+                        msgspec.Raw(msgspec.json.encode(e.payload)), msgspec.Raw(msgspec.json.encode(e.metadata)),
+                        e.metadata.received_at, e.metadata.received_at if e.event_class == "observation" else None,
+                    )
+                )  # fmt: skip
             state = INVENTORY.fold_all(INVENTORY.initial(node_id), recorded)
             for table, table_rows in INVENTORY.rows(state).items():
                 rows[table].extend(table_rows)
@@ -115,7 +127,15 @@ async def fill_by_fold(pool: Any, nodes: int, rng: random.Random) -> int:
             if len(states) >= 500:
                 await flush(conn)
         await flush(conn)
+        # COPY wrote the positions itself: later appends must not take them again.
+        await conn.execute("SELECT setval(pg_get_serial_sequence('events', 'global_position'), $1)", position)
     return total
+
+
+EVENT_COLUMNS = (
+    "global_position", "event_id", "stream_id", "stream_version", "event_type", "event_class",
+    "schema_version", "data", "metadata", "recorded_at", "received_at",
+)  # fmt: skip
 
 
 async def fill_by_append(pool: Any, nodes: int, rng: random.Random, tasks: int = 8) -> int:
@@ -207,7 +227,7 @@ async def run(args: argparse.Namespace) -> int:
                 async with pool.acquire() as conn:
                     await migrate(conn)
                 # As `serve` prepares a database: the read models' shapes recorded (empty here), so
-                # the server does not rebuild them from the log, which the fold fill leaves empty.
+                # the server does not rebuild them from the log.
                 await rebuild_outdated(pool, ALL_PROJECTIONS)
                 t0 = time.perf_counter()
                 fill = fill_by_fold if args.fill == "fold" else fill_by_append

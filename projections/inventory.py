@@ -77,15 +77,8 @@ HOST_TELEMETRY = TableSpec(
 )
 ACCELERATOR_TELEMETRY = TableSpec(
     name="hw_accelerator_telemetry",
-    columns=(
-        "accelerator_id",
-        "node_id",
-        "metrics",
-        "observed_at",
-        "received_at",
-        "position",
-        "health_signals",
-    ),
+    # The sample (metrics, health signals) stays in the event at `position` (schema.sql).
+    columns=("accelerator_id", "node_id", "observed_at", "received_at", "position"),
     key=("accelerator_id",),
 )
 FINGERPRINTS = TableSpec(
@@ -112,7 +105,8 @@ class InventoryProjection(Projection[NodeState]):
     name = "inventory"
     # 2: GPU health verdicts, recent XIDs and health signals (issue 16).
     # 3: the recent XIDs on the accelerator row (hw_accelerators.health_xids), for the API and /metrics.
-    version = 3
+    # 4: a GPU's telemetry row points at the event holding its sample instead of copying it.
+    version = 4
     tables = (
         NODES,
         ACCELERATORS,
@@ -138,9 +132,9 @@ class InventoryProjection(Projection[NodeState]):
 
     def persisted(self, state: NodeState) -> NodeState:
         # GPU telemetry metrics are most of a node's state and change with every report: the
-        # checkpoint keeps each sample's times and position only (the decisions read no metric),
-        # and hw_accelerator_telemetry holds the metrics. A telemetry row is built from its sample
-        # alone, so the slim row equals the whole one until the fold replaces the sample.
+        # checkpoint keeps each sample's times and position only (the decisions read no metric);
+        # the event at that position holds the metrics. A telemetry row is built from the
+        # sample's times and position alone, so the slim row equals the whole one.
         if not any(a.telemetry is not None and a.telemetry.metrics for a in state.accelerators.values()):
             return state
         return msgspec.structs.replace(
@@ -232,11 +226,9 @@ class InventoryProjection(Projection[NodeState]):
             (
                 a.accelerator_id,
                 s.node_id,
-                a.telemetry.metrics,
                 a.telemetry.observed_at,
                 a.telemetry.received_at,
                 a.telemetry.position,
-                a.telemetry.health,
             )
             for a in s.accelerators.values()
             if a.telemetry is not None

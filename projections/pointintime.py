@@ -118,13 +118,15 @@ def node_record(state: NodeState) -> dict[str, Any]:
 def accelerator_records(state: NodeState) -> list[dict[str, Any]]:
     """The node's accelerator rows as `GET /accelerators` reads them."""
     rows = INVENTORY.rows(state)
-    telemetry = {t["accelerator_id"]: t for t in _as_dicts(rows, "hw_accelerator_telemetry")}
+    # The sample itself is in the folded state, as the API reads it from the event at the
+    # telemetry row's position.
+    samples = {a.accelerator_id: a.telemetry for a in state.accelerators.values()}
     out = []
     for acc in _as_dicts(rows, "hw_accelerators"):
-        t = telemetry.get(acc["accelerator_id"])
-        acc["metrics"] = t["metrics"] if t else None
-        acc["telemetry_observed_at"] = t["observed_at"] if t else None
-        acc["health_signals"] = t["health_signals"] if t else None
-        acc["last_seen_at"] = _later(acc["last_seen_at"], t["received_at"] if t else None)
+        t = samples.get(acc["accelerator_id"])
+        acc["metrics"] = _plain(t.metrics) if t else None
+        acc["telemetry_observed_at"] = t.observed_at if t else None
+        acc["health_signals"] = _plain(t.health) if t else None
+        acc["last_seen_at"] = _later(acc["last_seen_at"], t.received_at if t else None)
         out.append(acc)
     return sorted(out, key=lambda a: a["accelerator_id"])

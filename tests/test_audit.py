@@ -253,8 +253,9 @@ async def test_retention_keeps_the_last_sample_of_a_gpu_an_incomplete_scan_left_
             identity, obs, EventMetadata(received_at=at, source="agent", observed_at=at)
         )
     query = (
-        "SELECT a.uuid, t.metrics->'temperature_celsius'->>'value' AS temp FROM hw_accelerator_telemetry t "
-        "JOIN hw_accelerators a USING (accelerator_id) ORDER BY a.uuid"
+        "SELECT a.uuid, m.metrics->'temperature_celsius'->>'value' AS temp FROM hw_accelerator_telemetry t "
+        "JOIN hw_accelerators a USING (accelerator_id), mf_accelerator_sample(t.position, a.uuid) m "
+        "ORDER BY a.uuid, a.accelerator_id"
     )
     async with store.pool.acquire() as conn:
         before = [tuple(r) for r in await conn.fetch(query)]

@@ -209,7 +209,8 @@ async def test_rebuild_and_as_of_reproduce_the_verdicts(store: EventStore) -> No
             )
         }
         signals_row = await conn.fetchval(
-            "SELECT health_signals FROM hw_accelerator_telemetry t JOIN hw_accelerators a USING (accelerator_id) WHERE a.uuid = $1",
+            "SELECT m.health_signals FROM hw_accelerator_telemetry t JOIN hw_accelerators a USING (accelerator_id), "
+            "mf_accelerator_sample(t.position, a.uuid) m WHERE a.uuid = $1",
             gpu(1).uuid,
         )
         as_of = await inventory_as_of(conn, T0 + timedelta(days=365), node_id=node_id)

@@ -306,6 +306,32 @@ async def test_the_probe_reads_the_log_by_index_whatever_plan_is_cached(pool: as
     assert changes.streams == {f"n{g % 500}" for g in range(199_900, 200_001)} | {"n1"}
 
 
+async def test_a_probe_reads_no_log_written_by_one_transaction_when_none_was_in_progress(
+    pool: asyncpg.Pool,
+) -> None:
+    """A log written by one transaction (a bulk import): its statistics say every event has the
+    same transaction id, so the generic plan of the in-progress lookup (`tx_id = ANY($2)`) reads
+    the whole log. The probe skips that lookup when the previous probe saw nothing in progress,
+    the usual case: it then reads a handful of index pages (it read the whole log before)."""
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class, "
+            "schema_version, data, metadata, segment) "
+            "SELECT gen_random_uuid(), 'n' || (g % 500), g, 'NODE_TELEMETRY_OBSERVED', 'observation', 1, "
+            "'{}', '{}', 'infinity' FROM generate_series(1, 200000) g"
+        )
+        await conn.execute("ANALYZE events")
+        mark = (await read_changes(conn, None)).mark
+        assert mark.in_progress == ()
+        probe = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM mf_read_changes($1, '{}', $2)"
+        await conn.fetchval(probe, mark.xmax, DEFAULT_LIMIT)  # the first call of a session plans it
+        plan = await conn.fetchval(probe, mark.xmax, DEFAULT_LIMIT)
+        changes = await read_changes(conn, mark)
+    touched = plan[0]["Plan"]["Shared Hit Blocks"] + plan[0]["Plan"]["Shared Read Blocks"]
+    assert touched < 100, f"a probe read {touched} pages of a 200,000-event log"
+    assert changes.complete and changes.streams == frozenset()
+
+
 async def test_a_budget_of_zero_keeps_nothing_and_probes_nothing(pool: asyncpg.Pool) -> None:
     """`MODELFORGE_RENDERED_READS_MIB=0`: every read is its own query, as before rendered reads."""
     store = EventStore(pool, ALL_PROJECTIONS)

@@ -25,8 +25,9 @@ from tests.builders import gpu, host, scan
 
 START = datetime(2026, 11, 1, tzinfo=UTC)
 TELEMETRY = (
-    "SELECT a.uuid, t.metrics->'temperature_celsius'->>'value' AS temp FROM hw_accelerator_telemetry t "
-    "JOIN hw_accelerators a USING (accelerator_id) ORDER BY a.uuid"
+    "SELECT a.uuid, m.metrics->'temperature_celsius'->>'value' AS temp FROM hw_accelerator_telemetry t "
+    "JOIN hw_accelerators a USING (accelerator_id), mf_accelerator_sample(t.position, a.uuid) m "
+    "ORDER BY a.uuid, a.accelerator_id"
 )
 
 

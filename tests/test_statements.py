@@ -115,7 +115,7 @@ async def test_a_steady_state_local_refresh_sends_one_lock_and_one_state_load(
     assert not any("mf_lock_stream" in q or "FROM projection_state" in q for q in counter.queries)
 
 
-async def test_a_report_keeps_gpu_metrics_in_the_telemetry_table_not_in_the_nodes_checkpoint(
+async def test_a_report_keeps_gpu_metrics_in_its_event_not_in_the_nodes_checkpoint_or_a_copy(
     counted: tuple[Services, Counter],
 ) -> None:
     services, _counter = counted
@@ -137,10 +137,28 @@ async def test_a_report_keeps_gpu_metrics_in_the_telemetry_table_not_in_the_node
                 principal.node_id,
             )
         )
+        columns = await conn.fetch(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'hw_accelerator_telemetry'"
+        )
         metrics = await conn.fetch(
-            "SELECT metrics FROM hw_accelerator_telemetry WHERE node_id = $1", principal.node_id
+            "SELECT m.metrics, e.stream_version FROM hw_accelerator_telemetry t "
+            "JOIN hw_accelerators a USING (accelerator_id) "
+            "JOIN events e ON e.global_position = t.position, "
+            "mf_accelerator_sample(t.position, a.uuid) m WHERE t.node_id = $1",
+            principal.node_id,
         )
     samples = [a["telemetry"] for a in state["accelerators"].values()]
     # The checkpoint keeps when each GPU last reported (decisions read it), not what it reported.
     assert samples and all(t is not None and t["metrics"] == {} and t["received_at"] for t in samples)
-    assert len(metrics) == len(samples) and all(r["metrics"] for r in metrics)
+    # Nor does the telemetry row: it points at the newest report's event, which holds the sample.
+    assert {r["column_name"] for r in columns} == {
+        "accelerator_id",
+        "node_id",
+        "observed_at",
+        "received_at",
+        "position",
+    }
+    newest = max(r["stream_version"] for r in metrics)
+    assert len(metrics) == len(samples) and all(
+        r["metrics"] and r["stream_version"] == newest for r in metrics
+    )

@@ -273,18 +273,20 @@ _NODE_HEALTH_SQL = (
 )
 
 # The telemetry row is joined per accelerator (LATERAL ... OFFSET 0 keeps the planner from a merge
-# join that reads the telemetry index from its start up to the page's cursor on every page).
+# join that reads the telemetry index from its start up to the page's cursor on every page), and
+# its sample is read from the event it points at (schema.sql, mf_accelerator_sample).
 _ACCELERATOR_SELECT = """
 SELECT a.accelerator_id, a.node_id, a.uuid, a.status, a.device_index, a.pci_bus_id, a.name,
        a.memory_total_bytes, a.compute_capability, a.mig_mode, a.driver_version, a.cuda_driver_version,
        a.first_seen_at, greatest(a.last_seen_at, t.received_at) AS last_seen_at, a.missing_since,
-       t.metrics AS metrics, t.observed_at AS telemetry_observed_at,
-       a.health_status, a.health_action, a.health_reasons, a.health_xids, t.health_signals
+       m.metrics AS metrics, t.observed_at AS telemetry_observed_at,
+       a.health_status, a.health_action, a.health_reasons, a.health_xids, m.health_signals
 FROM hw_accelerators a
 LEFT JOIN LATERAL (
-    SELECT x.metrics, x.observed_at, x.received_at, x.health_signals FROM hw_accelerator_telemetry x
+    SELECT x.observed_at, x.received_at, x.position FROM hw_accelerator_telemetry x
     WHERE x.accelerator_id = a.accelerator_id OFFSET 0
 ) t ON true
+LEFT JOIN LATERAL mf_accelerator_sample(t.position, a.uuid) m ON true
 """
 
 
