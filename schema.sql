@@ -577,23 +577,38 @@ CREATE TABLE IF NOT EXISTS hw_accelerator_telemetry (
     position        bigint NOT NULL
 );
 
--- One GPU's sample from the event at `p_position` that holds it: a node's snapshot
--- (NODE_TELEMETRY_OBSERVED, the GPU's entry in `accelerators`; the last one, as the fold takes
--- it) or, from releases before it, an ACCELERATOR_TELEMETRY_OBSERVED. The health signals are
--- null where the agent sent none. SQL and STABLE, so a query that calls it per row inlines it.
+-- The GPU samples held by the events at `p_positions`, each event read once (a node's snapshot is
+-- stored compressed: every read of it decompresses it): of a node's snapshot
+-- (NODE_TELEMETRY_OBSERVED) every entry of `accelerators`, the last one where a GPU is listed
+-- twice, as the fold takes it; an ACCELERATOR_TELEMETRY_OBSERVED (releases before the snapshot)
+-- is its own sample. A sample is `{uuid, telemetry, health, ...}`. One index lookup per event
+-- (OFFSET 0: never a join that scans the log).
+CREATE OR REPLACE FUNCTION mf_samples(p_positions bigint[])
+RETURNS TABLE (out_position bigint, out_uuid text, out_sample jsonb)
+LANGUAGE sql STABLE AS $$
+    SELECT DISTINCT ON (p.pos, x.value->>'uuid') p.pos, x.value->>'uuid', x.value
+    FROM unnest(p_positions) p(pos)
+    CROSS JOIN LATERAL (SELECT e.event_type, e.data FROM events e
+                        WHERE e.global_position = p.pos OFFSET 0) e
+    CROSS JOIN LATERAL jsonb_array_elements(
+        CASE WHEN e.event_type = 'ACCELERATOR_TELEMETRY_OBSERVED' THEN jsonb_build_array(e.data)
+             ELSE e.data->'accelerators' END) WITH ORDINALITY x(value, n)
+    ORDER BY p.pos, x.value->>'uuid', x.n DESC
+$$;
+
+-- One GPU's sample from the event at `p_position`: its metrics, and its health signals (null where
+-- the agent sent none); of a GPU listed twice in a snapshot the last entry, as in mf_samples. For a
+-- query of a GPU at a time (a page of accelerators: its GPUs are of as many nodes); /metrics reads
+-- every node's GPUs at once with mf_samples. A path query builds only the matching entry, where
+-- expanding the snapshot built all of them.
 CREATE OR REPLACE FUNCTION mf_accelerator_sample(p_position bigint, p_uuid text)
 RETURNS TABLE (metrics jsonb, health_signals jsonb)
 LANGUAGE sql STABLE AS $$
     SELECT x.sample->'telemetry', nullif(x.sample->'health', 'null'::jsonb)
-    FROM events e
-    CROSS JOIN LATERAL (
-        SELECT CASE WHEN e.event_type = 'ACCELERATOR_TELEMETRY_OBSERVED' THEN e.data
-                    ELSE (SELECT a.value
-                          FROM jsonb_array_elements(e.data->'accelerators') WITH ORDINALITY a(value, n)
-                          WHERE a.value->>'uuid' = p_uuid ORDER BY a.n DESC LIMIT 1)
-               END AS sample
-    ) x
-    WHERE e.global_position = p_position
+    FROM (SELECT CASE WHEN e.event_type = 'ACCELERATOR_TELEMETRY_OBSERVED' THEN e.data
+                      ELSE jsonb_path_query_array(e.data, '$.accelerators[*] ? (@.uuid == $u)',
+                                                  jsonb_build_object('u', p_uuid))->-1 END AS sample
+          FROM events e WHERE e.global_position = p_position OFFSET 0) x
 $$;
 
 CREATE TABLE IF NOT EXISTS hw_fingerprints (

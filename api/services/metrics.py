@@ -451,30 +451,18 @@ async def read_snapshot(
             "FROM hw_nodes n LEFT JOIN hw_host_telemetry t ON t.node_id = n.node_id "
             "WHERE n.status = 'active' ORDER BY n.node_id"
         )
-        # Each GPU's sample from the event its telemetry row points at (schema.sql), every such
-        # event read once and its samples listed once (a lookup per GPU would decompress a
-        # node's snapshot once per GPU); the legacy per-GPU event is its own sample, and of a GPU
-        # listed twice in one snapshot the last entry counts, as in the fold.
+        # Each GPU's sample from the event its telemetry row points at (schema.sql, mf_samples:
+        # every such event read once for all of its GPUs).
         gpu_rows = await conn.fetch(
             "WITH t AS MATERIALIZED (SELECT accelerator_id, position FROM hw_accelerator_telemetry), "
-            "samples AS MATERIALIZED ("
-            " SELECT DISTINCT ON (p.position, x.value->>'uuid') p.position, "
-            "  x.value->>'uuid' AS uuid, x.value AS sample "
-            " FROM (SELECT DISTINCT position FROM t) p "
-            # OFFSET 0: an index lookup per event, never a join that scans the whole log.
-            " CROSS JOIN LATERAL (SELECT e.event_type, e.data FROM events e "
-            "  WHERE e.global_position = p.position OFFSET 0) e "
-            " CROSS JOIN LATERAL jsonb_array_elements("
-            "  CASE WHEN e.event_type = 'ACCELERATOR_TELEMETRY_OBSERVED' THEN jsonb_build_array(e.data) "
-            "  ELSE e.data->'accelerators' END) WITH ORDINALITY x(value, n) "
-            " ORDER BY p.position, x.value->>'uuid', x.n DESC) "
+            "samples AS MATERIALIZED (SELECT * FROM mf_samples(ARRAY(SELECT DISTINCT position FROM t))) "
             "SELECT a.node_id, n.hostname, a.uuid, a.status, a.device_index, a.name, a.pci_bus_id, "
-            "a.driver_version, s.sample->'telemetry' AS metrics, a.health_status, a.health_action, "
+            "a.driver_version, s.out_sample->'telemetry' AS metrics, a.health_status, a.health_action, "
             "a.health_reasons, a.health_xids->-1->'code' AS last_xid, "
-            "nullif(s.sample->'health', 'null'::jsonb) AS health_signals FROM hw_accelerators a "
+            "nullif(s.out_sample->'health', 'null'::jsonb) AS health_signals FROM hw_accelerators a "
             "JOIN hw_nodes n ON n.node_id = a.node_id "
             "LEFT JOIN t ON t.accelerator_id = a.accelerator_id "
-            "LEFT JOIN samples s ON s.position = t.position AND s.uuid = a.uuid "
+            "LEFT JOIN samples s ON s.out_position = t.position AND s.out_uuid = a.uuid "
             "WHERE a.status IN ('active', 'missing') AND n.status = 'active' ORDER BY a.node_id, a.uuid"
         )
         counts = await conn.fetch("SELECT status, count(*) AS n FROM hw_accelerators GROUP BY status")
