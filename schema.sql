@@ -747,10 +747,10 @@ CREATE OR REPLACE TRIGGER events_notify_log
 -- * fillfactor 50: a page keeps room for the new versions of its rows, so an update stays on its
 --   page (a HOT update: no new index entry, and no lock record for moving the row to another
 --   page). With the default 100 the pages are full, and 55 % of the accelerator telemetry
---   updates moved their row: 18.2 against 15.5 KB of WAL per report, measured on a 64-node
+--   updates moved their row: 18.1 against 15.5 KB of WAL per report, measured on a 64-node
 --   fleet; of the agents' stream positions, 24 %. The tables are one row per node, accelerator
---   or agent stream, so the cost is tables twice as large (about 20 MB at 10,000 nodes). The setting applies to pages written from now on; `rebuild`
---   writes the tables anew with it.
+--   or agent stream, so the cost is tables twice as large (about 20 MB at 10,000 nodes). The
+--   setting applies to pages written from now on; `rebuild` writes the tables anew with it.
 -- * the folded state stays in its row, compressed: about 9.5 KB of JSON, 2.2 KB compressed, just
 --   over the 2 KB at which PostgreSQL moves a value out of line, so every report wrote two TOAST
 --   chunks with their index entries and deleted the previous two. toast_tuple_target = 8160
