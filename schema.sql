@@ -95,12 +95,16 @@ CREATE OR REPLACE TRIGGER events_no_truncate
 
 -- The canonical bytes of an event, hashed into its stream's chain. jsonb's text form is
 -- deterministic for a given value, so the hash can be recomputed from the stored row alone.
+-- STABLE, as its body is (concat_ws is), so that PostgreSQL inlines it into its callers' plans:
+-- declared IMMUTABLE it was not inlined, and every transaction that appended a lifecycle event
+-- parsed and planned this body again (6 % of the database's CPU for a one-report append,
+-- docs/performance.md, issue 12, ninth step). The hash itself is the same.
 CREATE OR REPLACE FUNCTION mf_event_hash(
     p_prev_hash bytea, p_stream_id text, p_stream_version bigint, p_event_id uuid,
     p_event_type text, p_schema_version integer, p_data jsonb, p_metadata jsonb,
     p_recorded_at timestamptz
 ) RETURNS bytea
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT sha256(
         coalesce(p_prev_hash, ''::bytea) ||
         convert_to(

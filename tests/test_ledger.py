@@ -199,6 +199,21 @@ async def test_hash_chain_links_lifecycle_events(store: EventStore) -> None:
     assert head == life[1]["hash"]
 
 
+async def test_event_hash_is_inlined_into_the_appends_plan(store: EventStore) -> None:
+    # Declared IMMUTABLE over a STABLE body (concat_ws), the hash was a SQL function PostgreSQL
+    # cannot inline: every transaction that appended a lifecycle event parsed and planned its
+    # body again. Inlined, the caller's cached plan holds the expression itself.
+    async with store.pool.acquire() as conn:
+        plan = "\n".join(
+            r[0]
+            for r in await conn.fetch(
+                "EXPLAIN (VERBOSE) SELECT mf_event_hash(NULL, 's', 1, gen_random_uuid(), 'T', 1, "
+                "'{}'::jsonb, '{}'::jsonb, now())"
+            )
+        )
+    assert "sha256(" in plan and "mf_event_hash" not in plan, plan
+
+
 async def test_migrate_is_idempotent(pool: asyncpg.Pool) -> None:
     from ledger.db import LATEST_SCHEMA_VERSION, migrate
 
