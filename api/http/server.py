@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import signal
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -22,6 +21,7 @@ from api.http.app import create_app
 from api.http.context import AppContext
 from api.wiring import build_services, prepare_database
 from ledger.db import Database, create_pool
+from ledger.process import settle_garbage_collector
 from ledger.retention import prune_observations
 from ledger.supervisor import EmbeddedSupervisor, run_with_supervisor
 
@@ -53,25 +53,6 @@ async def retention_loop(pool: asyncpg.Pool, config: ServerConfig) -> None:
                 log.info("retention.pruned", deleted=report.deleted, cutoff=report.cutoff.isoformat())
         except (asyncpg.PostgresError, OSError) as exc:
             log.warning("retention.failed", error=str(exc))
-
-
-# Young-generation collections after this many new container objects (the default is 700): a
-# report decodes into a few thousand (msgspec Structs, lists, dicts), nearly all freed by their
-# reference counts at once, so at 700 the collector ran several times per report over the
-# reports still in flight. Older generations every 20 and 100 of the younger (10 and 10).
-GC_THRESHOLDS = (20_000, 20, 100)
-
-
-def settle_garbage_collector() -> None:
-    """Once the app is built and the database migrated: what exists now (modules, the app, its
-    routes and schemas, hundreds of thousands of objects) lives as long as the process, so it is
-    moved out of the collector's sight (`gc.freeze`), and the thresholds raised. Profiled under
-    `bench.ingest` (py-spy --native) the collector was a quarter of the server's CPU per report;
-    measured effect in docs/performance.md. Cycles are still collected, only less often."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-    log.info("server.gc_settled", frozen_objects=gc.get_freeze_count(), thresholds=list(GC_THRESHOLDS))
 
 
 def make_app(config: ServerConfig, dsn: str, admin_token_hash: str) -> Litestar:
