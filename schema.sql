@@ -133,25 +133,51 @@ BEGIN
     END IF;
 END;
 $$;
-CREATE OR REPLACE FUNCTION mf_open_streams(p_stream_ids text[], p_projection text)
+-- The client may already hold some of the folded states (ledger/store.py keeps the states it
+-- wrote): for each stream it names the checkpoint it holds, (stream version, position), and the
+-- projection's rebuild it holds them from (projection_checkpoints.rebuilt_at; -infinity before
+-- any). A checkpoint that is still the one stored comes back without its state (out_state NULL,
+-- out_state_version set): a node's state is about 10 KB that PostgreSQL would decompress and send
+-- and the client decode, on every report. A position is never reused (the log's sequence), so a
+-- stream's checkpoint at the same version and position is the same fold of the same events; a
+-- rebuild writes every state anew, and its new rebuilt_at sends them all again.
+CREATE OR REPLACE FUNCTION mf_open_streams(p_stream_ids text[], p_projection text,
+                                           p_known_versions bigint[], p_known_positions bigint[],
+                                           p_known_rebuild timestamptz)
 RETURNS TABLE (out_stream_id text, out_version bigint, out_lifecycle_version bigint,
-               out_tombstoned_at timestamptz, out_state bytea)
+               out_tombstoned_at timestamptz, out_state bytea, out_state_version bigint,
+               out_state_position bigint, out_rebuild timestamptz)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_id  text;
+    v_id       text;
+    v_rebuild  timestamptz;
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(7305820111);  -- the rebuild gate
     FOREACH v_id IN ARRAY p_stream_ids LOOP
         PERFORM pg_advisory_xact_lock(hashtextextended(v_id, 0));
     END LOOP;
+    v_rebuild := coalesce((SELECT c.rebuilt_at FROM projection_checkpoints c
+                           WHERE c.projection = p_projection), '-infinity');
     RETURN QUERY
         SELECT i.id, coalesce(s.version, 0), coalesce(s.lifecycle_version, 0), s.tombstoned_at,
-               ps.state
-        FROM unnest(p_stream_ids) WITH ORDINALITY AS i(id, n)
+               CASE WHEN ps.stream_version = i.kv AND ps.position = i.kp
+                         AND v_rebuild = p_known_rebuild THEN NULL ELSE ps.state END,
+               ps.stream_version, ps.position, v_rebuild
+        FROM unnest(p_stream_ids, p_known_versions, p_known_positions) WITH ORDINALITY
+             AS i(id, kv, kp, n)
         LEFT JOIN streams s ON s.stream_id = i.id
         LEFT JOIN projection_state ps ON ps.projection = p_projection AND ps.stream_id = i.id
         ORDER BY i.n;
 END;
+$$;
+
+-- The two-argument form, which servers before the state cache call: every state sent.
+CREATE OR REPLACE FUNCTION mf_open_streams(p_stream_ids text[], p_projection text)
+RETURNS TABLE (out_stream_id text, out_version bigint, out_lifecycle_version bigint,
+               out_tombstoned_at timestamptz, out_state bytea)
+LANGUAGE sql AS $$
+    SELECT o.out_stream_id, o.out_version, o.out_lifecycle_version, o.out_tombstoned_at, o.out_state
+    FROM mf_open_streams(p_stream_ids, p_projection, NULL, NULL, NULL) o
 $$;
 
 -- Append events to streams: one round trip for one stream or a group commit's batch of them.

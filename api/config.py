@@ -42,6 +42,7 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     retention_hours: float = _d("retention_hours")
     retention_interval: float = _d("retention_interval")
     rendered_reads_mib: int = _d("rendered_reads_mib")
+    state_cache_streams: int = _d("state_cache_streams")
     log_level: str = _d("log_level")
 
     @classmethod

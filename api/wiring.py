@@ -22,7 +22,7 @@ from collectors.identity import NodeIdentity, resolve_identity
 from collectors.nvml import NvidiaNvmlCollector
 from collectors.system import SystemHostCollector
 from ledger.db import migrate
-from ledger.store import EventStore
+from ledger.store import STATE_CACHE_STREAMS, EventStore
 from projections.inventory import ALL_PROJECTIONS
 from projections.rebuild import rebuild_outdated
 
@@ -49,9 +49,9 @@ class Services:
         self.reads = HardwareReads(self.rendered, repository)
 
 
-def event_store(pool: asyncpg.Pool) -> EventStore:
+def event_store(pool: asyncpg.Pool, state_cache_streams: int = STATE_CACHE_STREAMS) -> EventStore:
     """The event store with every inline projection."""
-    return EventStore(pool, ALL_PROJECTIONS)
+    return EventStore(pool, ALL_PROJECTIONS, state_cache_streams=state_cache_streams)
 
 
 def local_identity(config: ServerConfig) -> NodeIdentity:
@@ -64,7 +64,7 @@ def build_service(
     """The inventory service with this host's collectors (a server that may refresh itself)."""
     host = SystemHostCollector(config.state_dir, root or Path("/"), timeout_seconds=config.collector_timeout)
     return HardwareInventoryService(
-        event_store(pool),
+        event_store(pool, config.state_cache_streams),
         identity=local_identity(config),
         host_collector=host,
         nvml_collector=NvidiaNvmlCollector(nvml=nvml, timeout_seconds=config.collector_timeout),

@@ -579,7 +579,8 @@ async def run(args: argparse.Namespace) -> int:
             )
             report.note(
                 f"ledger appends (warm-up and timed): {appends:,} in {transactions:,} transactions "
-                f"(group commit: {appends / max(1, transactions):.1f} appends per transaction)"
+                f"(group commit: {appends / max(1, transactions):.1f} appends per transaction); folded states "
+                f"kept by the store and used: {store.states.hits:,}, sent by PostgreSQL: {store.states.misses:,}"
             )
             ceiling_s, ledger_s = systems[0][0], systems[1][0]
 

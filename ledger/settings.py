@@ -35,7 +35,7 @@ class Setting(msgspec.Struct, frozen=True, kw_only=True):
     # The value used when neither the flag nor the variable is given (None: absent / derived).
     value: Any
     help: str
-    kind: str = "text"  # text | path | port | seconds | positive | count | bool
+    kind: str = "text"  # text | path | port | seconds | positive | count | mebibytes | whole | bool
     # How the docs and --help show a default that is derived at run time.
     shown: str | None = None
 
@@ -62,6 +62,7 @@ ACCEPTS = {
     "positive": "a number greater than 0",
     "count": "a whole number, 1 or more",
     "mebibytes": "a whole number of MiB, 0 or more",
+    "whole": "a whole number, 0 or more",
     "bool": "one of 1, 0, true, false, yes, no, on, off",
 }
 
@@ -85,6 +86,7 @@ PARSERS: dict[str, Callable[[str], Value]] = {
     "positive": lambda t: _checked(_number(t), _number(t) > 0),
     "count": lambda t: _checked(_whole(t), _whole(t) >= 1),
     "mebibytes": lambda t: _checked(_whole(t), _whole(t) >= 0),
+    "whole": lambda t: _checked(_whole(t), _whole(t) >= 0),
     "bool": lambda t: _boolean(t),
 }
 
@@ -213,6 +215,18 @@ SETTINGS: tuple[Setting, ...] = (
         help=(
             "Memory for node and accelerator-page renderings kept until their node's stream changes "
             "(never stale; docs/architecture.md, Rendered reads); 0 keeps none."
+        ),
+    ),
+    Setting(
+        name="state_cache_streams",
+        env="MODELFORGE_STATE_CACHE_STREAMS",
+        flag="--state-cache-streams",
+        value=10_000,
+        kind="whole",
+        help=(
+            "Folded node states the server keeps after writing them, so that the next report of a "
+            "node neither fetches nor decodes its state (about 17 KB each at 8 GPUs; "
+            "docs/capacity.md); 0 keeps none."
         ),
     ),
     Setting(

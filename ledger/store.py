@@ -9,9 +9,10 @@ and a crash never leaves events without their projections (or the reverse).
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import asyncpg
 import msgspec
@@ -33,6 +34,7 @@ from ledger.reading import (
     event_from_row,
     read_log,
 )
+from ledger.settings import default
 
 __all__ = ["Checkpoint", "EventStore", "UndecodableEvent", "event_from_row"]
 
@@ -125,6 +127,77 @@ class InlineProjection(Protocol):
         (None: no checkpoint yet), or None for a stream this projection does not handle."""
         ...
 
+    def persisted(self, state: Any) -> object:
+        """The state as its checkpoint stores it (what `checkpointed` gives back from the bytes)."""
+        ...
+
+    def checkpoint_of(self, state: Any) -> tuple[int, int]:
+        """(stream version, global position) the state has folded up to."""
+        ...
+
+
+class StateSource(Protocol):
+    """Where the folded states `EventStore.open_states` hands out come from: a projection."""
+
+    @property
+    def name(self) -> str: ...
+
+    def checkpointed(self, stream_id: str, stored: bytes | None) -> object: ...
+
+
+# Folded states kept per store and projection (the server's `state_cache_streams`).
+STATE_CACHE_STREAMS: int = default("state_cache_streams")
+
+
+class _Kept(msgspec.Struct, frozen=True):
+    version: int
+    position: int
+    state: object
+
+
+class StateCache:
+    """The folded states this process last wrote, by projection and stream, with the checkpoint
+    each is (stream version, position) and the projection's rebuild it belongs to. `mf_open_streams`
+    sends a state only when the stored checkpoint is another one: another server wrote the stream
+    since, a transaction of ours that wrote it rolled back, or a rebuild rewrote every state. So a
+    kept state is only ever used where it equals the stored one, and dropping any is always
+    safe. Least recently used first out: a fleet larger than the cache cycles through it and
+    gains nothing, at no cost beyond the memory (docs/capacity.md)."""
+
+    def __init__(self, streams: int) -> None:
+        self.streams = streams
+        self._kept: dict[str, OrderedDict[str, _Kept]] = {}
+        self._rebuild: dict[str, datetime] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def known(self, projection: str, stream_ids: Sequence[str]) -> tuple[list[_Kept | None], datetime | None]:
+        """What is kept of these streams, and the rebuild it belongs to (taken together: another
+        caller may keep, drop or evict entries while the caller waits for PostgreSQL)."""
+        kept = self._kept.get(projection)
+        entries: list[_Kept | None] = [kept.get(sid) if kept else None for sid in stream_ids]
+        return entries, self._rebuild.get(projection)
+
+    def used(self, projection: str, stream_id: str) -> None:
+        kept = self._kept.get(projection)
+        if kept is not None and stream_id in kept:
+            kept.move_to_end(stream_id)
+        self.hits += 1
+
+    def saw_rebuild(self, projection: str, rebuild: datetime) -> None:
+        if self._rebuild.get(projection) != rebuild:
+            self._kept.pop(projection, None)  # every state was written anew
+            self._rebuild[projection] = rebuild
+
+    def keep(self, projection: str, stream_id: str, version: int, position: int, state: object) -> None:
+        if self.streams <= 0:
+            return
+        kept = self._kept.setdefault(projection, OrderedDict())
+        kept[stream_id] = _Kept(version, position, state)
+        kept.move_to_end(stream_id)
+        while len(kept) > self.streams:
+            kept.popitem(last=False)
+
 
 def _translate(exc: asyncpg.PostgresError, stream_id: str, expected: int | None) -> LedgerError | None:
     code: object = getattr(exc, "sqlstate", None)
@@ -139,9 +212,16 @@ def _translate(exc: asyncpg.PostgresError, stream_id: str, expected: int | None)
 
 
 class EventStore:
-    def __init__(self, pool: asyncpg.Pool, projections: Sequence[InlineProjection] = ()) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        projections: Sequence[InlineProjection] = (),
+        *,
+        state_cache_streams: int = STATE_CACHE_STREAMS,
+    ) -> None:
         self.pool = pool
         self.projections = tuple(projections)
+        self.states = StateCache(state_cache_streams)
         # Appends of concurrent callers (each its own transaction before) share one: a commit and
         # its WAL flush, one `mf_append_many` and one projection write for the lot. A lone append
         # still runs at once, alone; a conflict in a batch has each of its appends run again alone.
@@ -195,17 +275,16 @@ class EventStore:
         # The first projection's states come with the locks, in the same round trip (read after
         # the locks are held, so they are the checkpoints this batch folds onto).
         first = self.projections[0] if self.projections else None
-        opened = await self.open_streams(conn, [r.stream_id for r in requests], first.name if first else "")
-        if first is not None:
-            requests = [
-                r
-                if first.name in r.prior_states
-                else msgspec.structs.replace(
-                    r,
-                    prior_states={**r.prior_states, first.name: first.checkpointed(r.stream_id, stored)},
-                )
-                for r, (_info, stored) in zip(requests, opened, strict=True)
-            ]
+        if first is None:
+            await self.open_streams(conn, [r.stream_id for r in requests], "")
+            return await self.append_many(conn, requests, locked=True)
+        opened = await self.open_states(conn, [r.stream_id for r in requests], first)
+        requests = [
+            r
+            if first.name in r.prior_states
+            else msgspec.structs.replace(r, prior_states={**r.prior_states, first.name: state})
+            for r, (_info, state) in zip(requests, opened, strict=True)
+        ]
         return await self.append_many(conn, requests, locked=True)
 
     async def append_many(
@@ -287,6 +366,14 @@ class EventStore:
             for k, state in enumerate(after):
                 if state is not None:
                     states[k][projection.name] = state
+                    version, position = projection.checkpoint_of(state)
+                    self.states.keep(
+                        projection.name,
+                        requests[fresh[k][0]].stream_id,
+                        version,
+                        position,
+                        projection.persisted(state),
+                    )
         for (i, recorded), folded in zip(fresh, states, strict=True):
             results[i] = AppendResult(
                 requests[i].stream_id, recorded[-1].stream_version, recorded, False, folded
@@ -325,6 +412,38 @@ class EventStore:
             )
             for r in rows
         ]
+
+    async def open_states(
+        self, conn: asyncpg.Connection, stream_ids: Sequence[str], source: StateSource
+    ) -> list[tuple[StreamInfo, object]]:
+        """`open_streams`, with each stream's folded state as `source` checkpointed it: the state
+        this store kept when it wrote that same checkpoint, else decoded from the bytes stored."""
+        entries, rebuild = self.states.known(source.name, stream_ids)
+        rows = await conn.fetch(
+            "SELECT * FROM mf_open_streams($1, $2, $3, $4, $5)",
+            list(stream_ids),
+            source.name,
+            [e.version if e else None for e in entries],
+            [e.position if e else None for e in entries],
+            rebuild,
+        )
+        out: list[tuple[StreamInfo, object]] = []
+        for r, entry in zip(rows, entries, strict=True):
+            sid = r["out_stream_id"]
+            info = StreamInfo(sid, r["out_version"], r["out_lifecycle_version"], r["out_tombstoned_at"])
+            self.states.saw_rebuild(source.name, r["out_rebuild"])
+            if r["out_state"] is None and r["out_state_version"] is not None and entry is not None:
+                # The stored checkpoint is the one this entry holds (same version, position and
+                # rebuild): PostgreSQL left the state out.
+                self.states.used(source.name, sid)
+                out.append((info, entry.state))
+                continue
+            state = source.checkpointed(sid, r["out_state"])
+            if r["out_state_version"] is not None:
+                self.states.misses += 1
+                self.states.keep(source.name, sid, r["out_state_version"], r["out_state_position"], state)
+            out.append((info, state))
+        return out
 
     async def read_stream(
         self, stream_id: str, *, after_version: int = 0, conn: asyncpg.Connection | None = None

@@ -6,6 +6,7 @@ revocation, a work lease, a decommission) is the same transaction:
     lock the stream once (`mf_open_streams`: the rebuild gate shared + the stream's advisory lock)
     -> know its version and whether it is tombstoned
     -> and its current folded state (the owning projection's checkpoint), in the same round trip
+       (the store's own copy when it wrote that very checkpoint: `ledger.store.StateCache`)
     -> hand that state to a pure decision, which returns the events
     -> append them at the known version (`mf_append_many`, told the lock is held)
     -> the inline projections fold them once, in the same transaction
@@ -48,6 +49,10 @@ class StateOwner(Protocol[S_co]):
     def initial(self, stream_id: str) -> S_co: ...
 
     def decode_state(self, raw: str | bytes) -> S_co: ...
+
+    def checkpointed(self, stream_id: str, stored: bytes | None) -> S_co | None:
+        """The state from its checkpoint's bytes (None: no checkpoint, the initial state)."""
+        ...
 
 
 class Committed(msgspec.Struct, Generic[S], frozen=True):
@@ -144,14 +149,15 @@ class UnitOfWork(Generic[S]):
         and load each one's state: an open stream per id, or the StreamTombstoned a unit on that
         stream would raise."""
         out: dict[str, OpenStream[S] | StreamTombstoned] = {}
-        for info, raw in await self.store.open_streams(conn, sorted(set(stream_ids)), self.owner.name):
+        state_type = self.owner.state_type
+        for info, loaded in await self.store.open_states(conn, sorted(set(stream_ids)), self.owner):
             sid = info.stream_id
             if info.tombstoned_at is not None:
                 out[sid] = StreamTombstoned(
                     sid, f"stream {sid} is tombstoned and takes no more events", info.tombstoned_at
                 )
                 continue
-            state = self.owner.initial(sid) if raw is None else self.owner.decode_state(raw)
+            state = loaded if isinstance(loaded, state_type) else self.owner.initial(sid)
             out[sid] = OpenStream(self.store, self.owner, conn, info, state)
         return out
 

@@ -206,6 +206,7 @@ def test_bash_completion_completes(bash_script: str, tmp_path: Path) -> None:
     assert set(complete(bash_script, ["modelforge-hw", "agent", ""], tmp_path)) == {"enroll", "run", "status"}
     assert complete(bash_script, ["modelforge-hw", "completion", "z"], tmp_path) == ["zsh"]
     assert set(complete(bash_script, ["modelforge-hw", "serve", "--st"], tmp_path)) == {
+        "--state-cache-streams",
         "--state-dir",
         "--startup-refresh",
         "--stale-after",

@@ -395,6 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
         "retention_hours",
         "retention_interval",
         "rendered_reads_mib",
+        "state_cache_streams",
     ):
         add_setting(p, name)
     p.set_defaults(func=cmd_serve)

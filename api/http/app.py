@@ -299,6 +299,8 @@ async def metrics(context: NamedDependency[AppContext]) -> Response[bytes]:
             "rendered_hits": context.services.rendered.hits,
             "rendered_misses": context.services.rendered.misses,
             "rendered_probes": context.services.rendered.probes,
+            "state_cache_hits": context.service.store.states.hits,
+            "state_cache_misses": context.service.store.states.misses,
             "fast_reads": context.fast_reads,
         },
     )

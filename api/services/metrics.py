@@ -294,6 +294,22 @@ COUNTERS = (
         "rendered_probes",
     ),
     MetricSpec(
+        "modelforge_state_cache_hits_total",
+        "counter",
+        "Units of work that found their stream's folded state kept by this process (not sent by"
+        " PostgreSQL, not decoded).",
+        (),
+        "state_cache_hits",
+    ),
+    MetricSpec(
+        "modelforge_state_cache_misses_total",
+        "counter",
+        "Units of work whose stream's folded state PostgreSQL sent (another server wrote it, it"
+        " was not kept, or a rebuild rewrote it).",
+        (),
+        "state_cache_misses",
+    ),
+    MetricSpec(
         "modelforge_fast_reads_total",
         "counter",
         "Node and accelerator-page reads this process sent from the fast path (admin token, a"

@@ -1,0 +1,167 @@
+"""The folded states an EventStore keeps (ledger.store.StateCache) are used only where they are the
+stored checkpoint: with two servers writing the same nodes, transactions that roll back after
+their append, and rebuilds in between, every decision sees the state PostgreSQL holds and the
+live read models equal a rebuild."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+
+import asyncpg
+import msgspec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from collectors.identity import NodeIdentity
+from ledger.events import NewEvent
+from ledger.node import NodeState, node_id_for
+from ledger.reconcile import reconcile
+from ledger.store import EventStore
+from ledger.unit_of_work import UnitOfWork
+from projections.inventory import ALL_PROJECTIONS, INVENTORY
+from projections.rebuild import rebuild
+from tests.builders import meta
+from tests.test_projection_property import observation_of, steps
+
+
+class RolledBack(Exception):
+    """Raised inside a unit of work after its append: the transaction is rolled back."""
+
+
+# (server 0 or 1, what happens, node, observation): an append that commits, one whose transaction
+# rolls back after the append, or a rebuild of the read models.
+actions = st.lists(
+    st.tuples(
+        st.integers(0, 1),
+        st.sampled_from(["commit", "commit", "commit", "rollback", "rebuild"]),
+        st.integers(0, 1),
+        steps,
+    ),
+    min_size=1,
+    max_size=14,
+)
+
+
+async def stored_state(pool: asyncpg.Pool, node_id: str) -> NodeState:
+    async with pool.acquire() as conn:
+        return await INVENTORY.load_state(conn, node_id)
+
+
+async def test_kept_states_never_stand_in_for_another_checkpoint(pool: asyncpg.Pool) -> None:
+    loop = asyncio.get_running_loop()
+    servers = [EventStore(pool, ALL_PROJECTIONS), EventStore(pool, ALL_PROJECTIONS)]
+
+    @settings(
+        max_examples=int(os.environ.get("MF_PROPERTY_EXAMPLES", "30")),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(history=actions)
+    def prop(history: list) -> None:  # type: ignore[type-arg]
+        prefix = uuid.uuid4().hex[:8]
+
+        async def example() -> None:
+            for server, action, node_no, step in history:
+                store = servers[server]
+                if action == "rebuild":
+                    await rebuild(pool, ALL_PROJECTIONS)
+                    continue
+                identity = NodeIdentity(key=f"{prefix}-{node_no}", source="configured")
+                node_id = node_id_for(identity.key)
+
+                def decide(
+                    state: NodeState, identity: NodeIdentity = identity, step: dict = step
+                ) -> list[NewEvent]:  # type: ignore[type-arg]
+                    return [NewEvent(p, meta()) for p in reconcile(observation_of(step), state, identity)]
+
+                try:
+                    async with UnitOfWork(store, INVENTORY).open(node_id) as stream:
+                        # What the decision is handed is what PostgreSQL holds, kept or sent.
+                        assert stream.state == await stored_state(pool, node_id)
+                        await stream.decide(decide)
+                        if action == "rollback":
+                            raise RolledBack
+                except RolledBack:
+                    pass
+            report = await rebuild(pool, ALL_PROJECTIONS, verify=True)
+            assert report.differences == [], report.differences
+
+        asyncio.run_coroutine_threadsafe(example(), loop).result()
+
+    await asyncio.to_thread(prop)
+    # The property is about kept states, so they must have been used, and refused too.
+    assert all(s.states.hits > 0 and s.states.misses > 0 for s in servers), [
+        (s.states.hits, s.states.misses) for s in servers
+    ]
+
+
+async def test_a_store_uses_its_kept_state_and_sends_no_state_back(store: EventStore) -> None:
+    identity = NodeIdentity(key="kept", source="configured")
+    node_id = node_id_for(identity.key)
+    uow = UnitOfWork(store, INVENTORY)
+    step = {
+        "gpus": {0, 1},
+        "status": "complete",
+        "driver": "550.54.15",
+        "kernel": "6.8.0-45-generic",
+        "temp": 40,
+        "swap_pci": False,
+        "flicker": False,
+        "fan_zero": False,
+    }
+    for temp in (40, 41, 42):
+        async with uow.open(node_id) as stream:
+            await stream.decide(
+                lambda s, t=temp: [
+                    NewEvent(p, meta()) for p in reconcile(observation_of({**step, "temp": t}), s, identity)
+                ]
+            )
+    # The first open had no checkpoint; the next two found the one this store wrote.
+    assert (store.states.hits, store.states.misses) == (2, 0)
+    (entry,), rebuild_at = store.states.known("inventory", [node_id])
+    assert entry is not None
+    async with store.pool.acquire() as conn, conn.transaction():
+        (row,) = await conn.fetch(
+            "SELECT out_state, out_state_version FROM mf_open_streams($1, 'inventory', $2, $3, $4)",
+            [node_id],
+            [entry.version],
+            [entry.position],
+            rebuild_at,
+        )
+    assert row["out_state"] is None and row["out_state_version"] is not None
+
+
+async def test_after_a_rebuild_the_rebuilt_states_are_used(store: EventStore) -> None:
+    # A rebuild writes every state anew at the same checkpoints; the states it writes may differ
+    # from the kept ones (a corrected fold). Simulated: the rebuilt state of the node is changed
+    # in place, its checkpoint kept. The next unit of work must be handed the rebuilt one.
+    identity = NodeIdentity(key="rebuilt", source="configured")
+    node_id = node_id_for(identity.key)
+    uow = UnitOfWork(store, INVENTORY)
+    step = {
+        "gpus": {0},
+        "status": "complete",
+        "driver": "550.54.15",
+        "kernel": "6.8.0-45-generic",
+        "temp": 40,
+        "swap_pci": False,
+        "flicker": False,
+        "fan_zero": False,
+    }
+    for _ in range(2):
+        async with uow.open(node_id) as stream:
+            await stream.decide(
+                lambda s: [NewEvent(p, meta()) for p in reconcile(observation_of(step), s, identity)]
+            )
+    await rebuild(store.pool, ALL_PROJECTIONS)
+    corrected = msgspec.structs.replace(await stored_state(store.pool, node_id), hostname="corrected.example")
+    async with store.pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE projection_state SET state = $1 WHERE projection = 'inventory' AND stream_id = $2",
+            INVENTORY.encode_state(corrected),
+            node_id,
+        )
+    async with uow.open(node_id) as stream:
+        assert stream.state.hostname == "corrected.example"
