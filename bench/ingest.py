@@ -46,10 +46,10 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -153,6 +153,54 @@ async def enroll(port: int, nodes: int, variants: int, connections: int) -> list
         for conn in conns:
             conn.close()
     return sorted(agents, key=lambda a: a.index)
+
+
+T = TypeVar("T")
+
+GROUP_COMMIT_COUNTERS = (
+    b"modelforge_ingest_report_transactions_total",
+    b"modelforge_ingest_reports_committed_total",
+)
+
+
+async def group_commit_counts(port: int) -> tuple[float, float]:
+    """(transactions, reports) the server's group commit has committed so far, from its /metrics.
+    The batch size moves the CPU per report as much as a change of the code does
+    (docs/performance.md, issue 12, ninth step), so each tier reports the one it ran at."""
+    conn = await h.HttpConnection.open(port)
+    try:
+        status, body = await conn.request(b"GET", b"/metrics", h.bearer(h.OPERATOR_TOKEN))
+    finally:
+        conn.close()
+    if status != 200:
+        raise RuntimeError(f"GET /metrics answered {status}")
+    found = dict.fromkeys(GROUP_COMMIT_COUNTERS, 0.0)
+    for line in body.splitlines():
+        name, _, value = line.partition(b" ")
+        if name in found:
+            found[name] = float(value)
+    return found[GROUP_COMMIT_COUNTERS[0]], found[GROUP_COMMIT_COUNTERS[1]]
+
+
+class Batches:
+    """Transactions and reports a server committed over the windows of one tier."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.transactions = 0.0
+        self.reports = 0.0
+
+    async def around(self, window: Awaitable[T]) -> T:
+        t0, r0 = await group_commit_counts(self.port)
+        out = await window
+        t1, r1 = await group_commit_counts(self.port)
+        self.transactions += t1 - t0
+        self.reports += r1 - r0
+        return out
+
+    @property
+    def size(self) -> float:
+        return self.reports / self.transactions if self.transactions else 0.0
 
 
 async def ceiling_payloads(pool: Any, agents: list[Agent]) -> None:
@@ -452,12 +500,16 @@ async def run(args: argparse.Namespace) -> int:
         http = h.Sample(f"http: POST /agent/reports, {c} in flight")
         ceiling = h.Sample("ceiling: EventStore.append in-process")
         base = h.Sample(f"baseline http ({args.baseline}), {c} in flight")
+        batches = Batches(this.server.port)
+        bbatches = Batches(baseline.server.port) if baseline is not None else None
         for _ in range(args.rounds):
-            s, u = await meter.measure(load.http(http.name, [this.server.port], c, args.duration))
+            s, u = await batches.around(
+                meter.measure(load.http(http.name, [this.server.port], c, args.duration))
+            )
             http.merge(s, u)
-            if baseline is not None and bmeter is not None:
-                s, u = await bmeter.measure(
-                    Load(baseline.agents).http("", [baseline.server.port], c, args.duration)
+            if baseline is not None and bmeter is not None and bbatches is not None:
+                s, u = await bbatches.around(
+                    bmeter.measure(Load(baseline.agents).http("", [baseline.server.port], c, args.duration))
                 )
                 base.merge(s, u)
             await read_versions(pool, agents)
@@ -530,6 +582,10 @@ async def run(args: argparse.Namespace) -> int:
             report.row(**s.as_row())
             for e in s.error_samples:
                 print(f"  error ({s.name}): {e}")
+        report.note(
+            f"group commit during the closed loop: {batches.size:.1f} reports per transaction"
+            + (f" (baseline: {bbatches.size:.1f})" if bbatches is not None else "")
+        )
         if opened is not None:
             state = "grows (overloaded: stopped early)" if opened.overloaded else (
                 "grows" if opened.backlog_grows else "does not grow")  # fmt: skip
