@@ -512,6 +512,11 @@ async def run(args: argparse.Namespace) -> int:
                     bmeter.measure(Load(baseline.agents).http("", [baseline.server.port], c, args.duration))
                 )
                 base.merge(s, u)
+        # The ceiling after the http rounds, not between them: it appends to this checkout's
+        # database and streams, which the baseline's never see, and interleaved it put this
+        # checkout's http rounds 5-20 % behind an identical baseline's (docs/performance.md,
+        # issue 12, ninth step).
+        for _ in range(args.rounds):
             await read_versions(pool, agents)
             s, u = await meter.measure(load.ceiling(store, c, args.duration))
             ceiling.merge(s, u)
