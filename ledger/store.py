@@ -427,11 +427,12 @@ class EventStore:
             [e.position if e else None for e in entries],
             rebuild,
         )
+        if rows:  # the same for every row: the projection's last rebuild
+            self.states.saw_rebuild(source.name, rows[0]["out_rebuild"])
         out: list[tuple[StreamInfo, object]] = []
         for r, entry in zip(rows, entries, strict=True):
             sid = r["out_stream_id"]
             info = StreamInfo(sid, r["out_version"], r["out_lifecycle_version"], r["out_tombstoned_at"])
-            self.states.saw_rebuild(source.name, r["out_rebuild"])
             if r["out_state"] is None and r["out_state_version"] is not None and entry is not None:
                 # The stored checkpoint is the one this entry holds (same version, position and
                 # rebuild): PostgreSQL left the state out.
