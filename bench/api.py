@@ -17,6 +17,8 @@
    exactly once), then `wrk` (1 thread, `--connections` keep-alive connections, closed loop) on
    the ceiling, the accelerator pages (round robin over the walked cursors) and
    `GET /api/v1/hardware/nodes/{id}` (every node, shuffled), interleaved in rounds.
+4. One `GET /metrics` of the whole fleet, with a probe of `GET /api/v1/health/live` every 20 ms
+   meanwhile: the scrape's time, size and server CPU, and the longest the probe waited.
 
 Targets (issue 12): accelerator pages and node by id each >= 0.5 of the ceiling's requests/s,
 p99 < 50 ms.
@@ -210,6 +212,49 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+async def scrape_metrics(report: h.Report, server: h.Process, meter: h.Meter) -> None:
+    """One `GET /metrics` of the whole fleet (what Prometheus asks every scrape interval) while a
+    probe asks `GET /api/v1/health/live` every 20 ms on another connection: the scrape's time,
+    size and server CPU, and how long the probe waited meanwhile (the server has one event loop:
+    what the scrape holds up, agent reports wait for too)."""
+    conn, probe_conn = await h.HttpConnection.open(server.port), await h.HttpConnection.open(server.port)
+    waits: list[float] = []
+    done = asyncio.Event()
+
+    async def probe() -> None:
+        while not done.is_set():
+            t = time.perf_counter()
+            status, _ = await probe_conn.request(b"GET", b"/api/v1/health/live")
+            assert status == 200
+            waits.append(time.perf_counter() - t)
+            await asyncio.sleep(0.02)
+
+    try:
+        task = asyncio.create_task(probe())
+        meter.server_pids = [server.pid]
+        (status, body), usage = await meter.measure(
+            conn.request(b"GET", b"/metrics", h.bearer(h.OPERATOR_TOKEN))
+        )
+        done.set()
+        await task
+    finally:
+        conn.close()
+        probe_conn.close()
+    assert status == 200, body[:300]
+    figures = {
+        "seconds": usage.seconds,
+        "megabytes": len(body) / 1e6,
+        "lines": body.count(b"\n"),
+        "server_cpu_s": usage.server_cpu,
+        "probe_p99_ms": 1e3 * h.percentile(waits, 99),
+        "probe_max_ms": 1e3 * max(waits),
+    }
+    report.row(name="GET /metrics (one scrape)", **figures)
+    print(f"GET /metrics, one scrape of the fleet: {figures['seconds']:.1f} s, {figures['megabytes']:.0f} MB, "
+          f"{figures['lines']:,} lines, server CPU {figures['server_cpu_s'] or 0:.1f} s; GET /health/live every "
+          f"20 ms meanwhile waited p99 {figures['probe_p99_ms']:.0f} ms, max {figures['probe_max_ms']:.0f} ms")  # fmt: skip
+
+
 async def run(args: argparse.Namespace) -> int:
     from ledger.db import create_pool, migrate
     from projections.inventory import ALL_PROJECTIONS
@@ -320,6 +365,7 @@ async def run(args: argparse.Namespace) -> int:
                 report.note(
                     "WARNING: wrk used more than half the ceiling server's CPU: the ceiling is capped by the load generator"
                 )
+            await scrape_metrics(report, real, meter)
             report.finish(args.json)
             return 1 if any(s.errors for s, *_ in endpoints) else 0
         finally:
