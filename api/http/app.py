@@ -5,8 +5,9 @@ whose services `api.wiring` builds; routes never construct a service."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -18,6 +19,7 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import FromPath, FromQuery, HeaderParameter, QueryParameter
+from litestar.response import Stream
 
 from api.http import api_docs, fast_reads, guards, openapi_contract, problems, readiness
 from api.http.agent import agent_routers
@@ -285,7 +287,7 @@ async def list_events(
     guards=[operator_guard],
     security=[{"bearer": []}],
 )
-async def metrics(context: NamedDependency[AppContext]) -> Response[bytes]:
+async def metrics(context: NamedDependency[AppContext]) -> Stream:
     counters = context.service.counters
     snapshot = await prometheus.read_snapshot(
         context.pool,
@@ -304,11 +306,17 @@ async def metrics(context: NamedDependency[AppContext]) -> Response[bytes]:
             "fast_reads": context.fast_reads,
         },
     )
+
+    async def text() -> AsyncIterator[bytes]:
+        # A fleet's text is hundreds of MB made in seconds of Python: sent in pieces as they are
+        # made, with the event loop free between them for the agents' reports.
+        for chunk in prometheus.render_chunks(snapshot):
+            yield chunk
+            await asyncio.sleep(0)
+
     # Set here: Litestar would append a second `charset` to a text/ media type.
-    return Response(
-        prometheus.render(snapshot),
-        media_type=prometheus.CONTENT_TYPE,
-        headers={"content-type": prometheus.CONTENT_TYPE},
+    return Stream(
+        text(), media_type=prometheus.CONTENT_TYPE, headers={"content-type": prometheus.CONTENT_TYPE}
     )
 
 
