@@ -630,10 +630,11 @@ async def start_product_server(
     log_level: str = "INFO",
     retention: bool = True,
     tree: Path = ROOT,
+    settings: dict[str, str] | None = None,
 ) -> Process:
     """`modelforge-hw serve` on a free port of 127.0.0.1, on `dsn`, with a known operator token,
-    exactly as an operator starts it (migrations, pools, the retention loop); from this checkout,
-    or from another one (`tree`) to compare with."""
+    exactly as an operator starts it (migrations, pools, the retention loop; `settings`: more
+    MODELFORGE_* variables); from this checkout, or from another one (`tree`) to compare with."""
     port = free_port()
     env = {
         "MODELFORGE_DATABASE_URL": dsn,
@@ -645,6 +646,7 @@ async def start_product_server(
     }
     if not retention:
         env["MODELFORGE_RETENTION_INTERVAL"] = "0"
+    env.update(settings or {})
     argv = [*console_script(tree), "serve", "--host", "127.0.0.1", "--port", str(port)]
     return await spawn(name, argv, port, "/api/v1/health", workdir, env, tree)
 
