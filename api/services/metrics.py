@@ -546,10 +546,11 @@ async def read_snapshot(
 #
 # Written here rather than through prometheus-client's registry: its generic path builds a dict,
 # a sample tuple and a sorted, validated, escaped label list for every line, about 20 us a line
-# here, and a fleet is ~33 lines per GPU: a scrape of 10,000 nodes x 8 GPUs took about 55 s of
-# the server's one event loop. Here each node's and GPU's labels are escaped and ordered once and
-# shared by all of its lines. The bytes are those prometheus-client writes (labels sorted by name,
-# its escaping, its float format); tests/test_metrics.py holds the two equal.
+# here, and a fleet is 20-33 lines per GPU: a scrape of 10,000 nodes x 8 GPUs held the server's
+# one event loop for 30-55 s (docs/performance.md, issue 12, tenth step). Here each node's and
+# GPU's labels are escaped and ordered once and shared by all of its lines. The bytes are those
+# prometheus-client writes (labels sorted by name, its escaping, its float format);
+# tests/test_metrics.py holds the two equal.
 
 
 def _number(value: float) -> str:
