@@ -4,6 +4,7 @@ unsupported absent and a known 0 kept; the catalog page generated from the code.
 from __future__ import annotations
 
 import asyncio
+import platform
 import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -366,7 +367,7 @@ def reference_text(s: Snapshot) -> bytes:
 
     def collect() -> Any:
         build = family(m.BUILD_INFO)
-        build.add_metric([m.VERSION, __import__("platform").python_version()], 1)
+        build.add_metric([m.VERSION, platform.python_version()], 1)
         yield build
         node_specs = (m.NODE_LIVENESS, m.NODE_INVENTORY, m.NODE_LAST_SEEN, *m.NODE_TELEMETRY, *m.STORAGE)
         f = {spec.name: family(spec) for spec in node_specs}

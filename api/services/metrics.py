@@ -569,7 +569,8 @@ class _Labels:
 
     def __init__(self, names: tuple[str, ...], values: list[str]) -> None:
         self.escaped = {k: _escape(v) for k, v in zip(names, values, strict=True)}
-        self.plain = self.text({})
+        self._pairs = [f'{k}="{v}"' for k, v in sorted(self.escaped.items())]
+        self.plain = "{" + ",".join(self._pairs) + "}" if self._pairs else ""
         self._around: dict[str, tuple[str, str]] = {}
 
     def text(self, extra: dict[str, str]) -> str:
@@ -580,8 +581,8 @@ class _Labels:
         """The text before and after the value of one more label `name` (a state set's)."""
         found = self._around.get(name)
         if found is None:
-            before = [f'{k}="{v}"' for k, v in sorted(self.escaped.items()) if k < name]
-            after = [f'{k}="{v}"' for k, v in sorted(self.escaped.items()) if k > name]
+            split = sum(1 for k in self.escaped if k < name)
+            before, after = self._pairs[:split], self._pairs[split:]
             found = self._around[name] = (
                 "{" + "".join(f"{p}," for p in before) + f'{name}="',
                 '"' + "".join(f",{p}" for p in after) + "}",
