@@ -12,7 +12,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import asyncpg
 import msgspec
@@ -20,6 +20,8 @@ import structlog
 
 from ledger.events import (
     SCHEMA_VERSION,
+    EventMetadata,
+    EventPayload,
     NewEvent,
     RecordedEvent,
     validate_metadata,
@@ -170,6 +172,10 @@ class StateCache:
         self._rebuild: dict[str, datetime] = {}
         self.hits = 0
         self.misses = 0
+        # Appends in one round trip on kept states (`EventStore._append_kept`), and those that
+        # found another checkpoint stored than the one kept (then opened as usual).
+        self.kept_appends = 0
+        self.stale = 0
 
     def known(self, projection: str, stream_ids: Sequence[str]) -> tuple[list[_Kept | None], datetime | None]:
         """What is kept of these streams, and the rebuild it belongs to (taken together: another
@@ -209,6 +215,16 @@ def _translate(exc: asyncpg.PostgresError, stream_id: str, expected: int | None)
     if code == "MF422":
         return DuplicateEvent(str(exc))
     return None
+
+
+_APPEND_SQL = {
+    name: "SELECT out_stream_index, out_global_position, out_stream_version, out_already_stored, "
+    f"out_recorded_at FROM {name}({', '.join(f'${n}' for n in range(1, args + 1))})"
+    for name, args in (("mf_append_many", 10), ("mf_append_kept", 13))
+}
+
+# An event as validated for the log: (payload bytes, decoded payload), (metadata bytes, decoded).
+_Encoded = tuple[tuple[bytes, EventPayload], tuple[bytes, EventMetadata]]
 
 
 class EventStore:
@@ -273,11 +289,16 @@ class EventStore:
         # once, then one mf_append_many for all of them. Any refusal raises for
         # the whole batch, which then runs each append alone, where the typed error names its stream.
         # The first projection's states come with the locks, in the same round trip (read after
-        # the locks are held, so they are the checkpoints this batch folds onto).
+        # the locks are held, so they are the checkpoints this batch folds onto), unless this
+        # store kept every one of them (`_append_kept`).
         first = self.projections[0] if self.projections else None
         if first is None:
             await self.open_streams(conn, [r.stream_id for r in requests], "")
             return await self.append_many(conn, requests, locked=True)
+        encoded = self._encoded(requests)
+        kept = await self._append_kept(conn, requests, encoded, first)
+        if kept is not None:
+            return kept
         opened = await self.open_states(conn, [r.stream_id for r in requests], first)
         requests = [
             r
@@ -285,7 +306,53 @@ class EventStore:
             else msgspec.structs.replace(r, prior_states={**r.prior_states, first.name: state})
             for r, (_info, state) in zip(requests, opened, strict=True)
         ]
-        return await self.append_many(conn, requests, locked=True)
+        rows = await self._send(conn, requests, encoded, "mf_append_many", (True,))
+        return await self._recorded(conn, requests, encoded, rows)
+
+    async def _append_kept(
+        self,
+        conn: asyncpg.Connection,
+        requests: Sequence[AppendRequest],
+        encoded: Sequence[Sequence[_Encoded]],
+        first: InlineProjection,
+    ) -> list[AppendResult] | None:
+        """The append in one round trip where this store kept every stream's state of the first
+        projection: `mf_append_kept` takes the locks, confirms each kept checkpoint is the one
+        stored (and the stream at its version, and no rebuild since) and only then appends, at
+        the kept versions. None (nothing written, the locks held) where it was not kept or another
+        checkpoint is stored: the caller opens the streams as usual, in the same transaction."""
+        entries, rebuild = self.states.known(first.name, [r.stream_id for r in requests])
+        if rebuild is None:
+            return None
+        held: list[_Kept] = []
+        for request, entry in zip(requests, entries, strict=True):
+            if (
+                entry is None
+                or first.name in request.prior_states
+                or (request.expected_version is not None and request.expected_version != entry.version)
+            ):
+                return None
+            held.append(entry)
+        requests = [
+            msgspec.structs.replace(
+                r, expected_version=e.version, prior_states={**r.prior_states, first.name: e.state}
+            )
+            for r, e in zip(requests, held, strict=True)
+        ]
+        rows = await self._send(
+            conn,
+            requests,
+            encoded,
+            "mf_append_kept",
+            (first.name, [e.version for e in held], [e.position for e in held], rebuild),
+        )
+        if rows and rows[0]["out_stream_index"] == 0:
+            self.states.stale += 1
+            return None
+        self.states.kept_appends += 1
+        for request in requests:
+            self.states.used(first.name, request.stream_id)
+        return await self._recorded(conn, requests, encoded, rows)
 
     async def append_many(
         self, conn: asyncpg.Connection, requests: Sequence[AppendRequest], *, locked: bool = False
@@ -295,17 +362,32 @@ class EventStore:
         write per projection. Each stream is checked as `append` checks it; with more than one
         stream, a conflict, tombstone or duplicate raises a plain LedgerError for the whole call
         (the caller's group commit then runs each alone, where the typed error names its stream)."""
+        encoded = self._encoded(requests)
+        rows = await self._send(conn, requests, encoded, "mf_append_many", (locked,))
+        return await self._recorded(conn, requests, encoded, rows)
+
+    def _encoded(self, requests: Sequence[AppendRequest]) -> list[list[_Encoded]]:
         if any(not r.events for r in requests):
             raise ValueError("append needs at least one event per stream")
-        encoded = [
+        return [
             [(validate_payload(e.payload), validate_metadata(e.metadata)) for e in r.events] for r in requests
         ]
+
+    async def _send(
+        self,
+        conn: asyncpg.Connection,
+        requests: Sequence[AppendRequest],
+        encoded: Sequence[Sequence[_Encoded]],
+        function: Literal["mf_append_many", "mf_append_kept"],
+        extra: tuple[object, ...],
+    ) -> list[asyncpg.Record]:
+        """One call of an append function (`mf_append_many`, or `mf_append_kept` with the kept
+        checkpoints after the events), the store's errors typed."""
         flat = [e for r in requests for e in r.events]
         codes = [c for per in encoded for c in per]
         try:
-            rows = await conn.fetch(
-                "SELECT out_stream_index, out_global_position, out_stream_version, out_already_stored, "
-                "out_recorded_at FROM mf_append_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            rows: list[asyncpg.Record] = await conn.fetch(
+                _APPEND_SQL[function],
                 [r.stream_id for r in requests],
                 [r.expected_version for r in requests],
                 [len(r.events) for r in requests],
@@ -315,7 +397,7 @@ class EventStore:
                 [SCHEMA_VERSION] * len(flat),
                 [msgspec.Raw(d) for (d, _), _m in codes],
                 [msgspec.Raw(m) for _d, (m, _) in codes],
-                locked,
+                *extra,
             )
         except asyncpg.PostgresError as exc:
             if len(requests) == 1:
@@ -325,6 +407,16 @@ class EventStore:
             if translated is not None:
                 raise translated from exc
             raise
+        return rows
+
+    async def _recorded(
+        self,
+        conn: asyncpg.Connection,
+        requests: Sequence[AppendRequest],
+        encoded: Sequence[Sequence[_Encoded]],
+        rows: Sequence[asyncpg.Record],
+    ) -> list[AppendResult]:
+        """The appended events as recorded, folded into the inline projections (one write each)."""
         by_stream: list[list[asyncpg.Record]] = [[] for _ in requests]
         for row in rows:
             by_stream[row["out_stream_index"] - 1].append(row)

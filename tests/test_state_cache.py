@@ -165,3 +165,149 @@ async def test_after_a_rebuild_the_rebuilt_states_are_used(store: EventStore) ->
         )
     async with uow.open(node_id) as stream:
         assert stream.state.hostname == "corrected.example"
+
+
+# --- appends in one round trip on kept states (EventStore._append_kept) -------------------------
+
+# (server, what happens, node, observation, the append names the stream's version): a unit of work
+# that commits or rolls back after its append, an append through the store's group commit (on the
+# kept state where the store holds it), or a rebuild.
+kept_actions = st.lists(
+    st.tuples(
+        st.integers(0, 1),
+        st.sampled_from(["append", "append", "append", "commit", "rollback", "rebuild"]),
+        st.integers(0, 1),
+        steps,
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=14,
+)
+
+
+async def test_an_append_on_a_kept_state_folds_onto_the_stored_checkpoint(pool: asyncpg.Pool) -> None:
+    loop = asyncio.get_running_loop()
+    servers = [EventStore(pool, ALL_PROJECTIONS), EventStore(pool, ALL_PROJECTIONS)]
+
+    @settings(
+        max_examples=int(os.environ.get("MF_PROPERTY_EXAMPLES", "30")),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(history=kept_actions)
+    def prop(history: list) -> None:  # type: ignore[type-arg]
+        prefix = uuid.uuid4().hex[:8]
+
+        async def example() -> None:
+            for server, action, node_no, step, versioned in history:
+                store = servers[server]
+                if action == "rebuild":
+                    await rebuild(pool, ALL_PROJECTIONS)
+                    continue
+                identity = NodeIdentity(key=f"{prefix}-{node_no}", source="configured")
+                node_id = node_id_for(identity.key)
+                if action == "append":
+                    stored = await stored_state(pool, node_id)
+                    events = [NewEvent(p, meta()) for p in reconcile(observation_of(step), stored, identity)]
+                    if not events:
+                        continue
+                    expected = stored.stream_version if versioned else None
+                    result = await store.append(node_id, expected, events)
+                    # Folded onto what PostgreSQL held, kept or not.
+                    assert result.states["inventory"] == INVENTORY.fold_all(stored, result.events)
+                    continue
+                try:
+                    async with UnitOfWork(store, INVENTORY).open(node_id) as stream:
+                        await stream.decide(
+                            lambda s, i=identity, o=observation_of(step): [
+                                NewEvent(p, meta()) for p in reconcile(o, s, i)
+                            ]
+                        )
+                        if action == "rollback":
+                            raise RolledBack
+                except RolledBack:
+                    pass
+            report = await rebuild(pool, ALL_PROJECTIONS, verify=True)
+            assert report.differences == [], report.differences
+
+        asyncio.run_coroutine_threadsafe(example(), loop).result()
+
+    await asyncio.to_thread(prop)
+    # Both ways must have been taken: in one round trip, and refused for another checkpoint.
+    assert sum(s.states.kept_appends for s in servers) > 0, [s.states.kept_appends for s in servers]
+    assert sum(s.states.stale for s in servers) > 0, [s.states.stale for s in servers]
+
+
+def _step(temp: int) -> dict:  # type: ignore[type-arg]
+    return {
+        "gpus": {0, 1},
+        "status": "complete",
+        "driver": "550.54.15",
+        "kernel": "6.8.0-45-generic",
+        "temp": temp,
+        "swap_pci": False,
+        "flicker": False,
+        "fan_zero": False,
+        "health": "clean",
+    }
+
+
+async def test_a_kept_state_of_a_rolled_back_append_is_never_folded_onto(pool: asyncpg.Pool) -> None:
+    # Server a keeps the state of an append whose transaction rolled back; server b then takes the
+    # stream to that same version with other events. The version alone matches a's kept entry:
+    # only the checkpoint's position tells the two apart.
+    a, b = EventStore(pool, ALL_PROJECTIONS), EventStore(pool, ALL_PROJECTIONS)
+    identity = NodeIdentity(key="rolled-back", source="configured")
+    node_id = node_id_for(identity.key)
+
+    async def unit(store: EventStore, temp: int, *, roll_back: bool = False) -> int:
+        try:
+            async with UnitOfWork(store, INVENTORY).open(node_id) as stream:
+                done = await stream.decide(
+                    lambda s: [
+                        NewEvent(p, meta()) for p in reconcile(observation_of(_step(temp)), s, identity)
+                    ]
+                )
+                if roll_back:
+                    raise RolledBack
+                return done.stream_version
+        except RolledBack:
+            return done.stream_version
+
+    await unit(a, 40)
+    await unit(b, 40)  # b holds the stream's state too
+    rolled_back = await unit(a, 41, roll_back=True)
+    assert await unit(b, 90) == rolled_back  # the same version as a's kept entry
+    stored = await stored_state(pool, node_id)
+    events = [NewEvent(p, meta()) for p in reconcile(observation_of(_step(60)), stored, identity)]
+    result = await a.append(node_id, None, events)
+    assert a.states.stale == 1 and a.states.kept_appends == 0
+    assert result.states["inventory"] == INVENTORY.fold_all(stored, result.events)
+    report = await rebuild(pool, ALL_PROJECTIONS, verify=True)
+    assert report.differences == [], report.differences
+
+
+async def test_after_a_rebuild_a_kept_append_folds_onto_the_rebuilt_state(store: EventStore) -> None:
+    # As test_after_a_rebuild_the_rebuilt_states_are_used, for the store's own append.
+    identity = NodeIdentity(key="rebuilt-kept", source="configured")
+    node_id = node_id_for(identity.key)
+    for temp in (40, 41):
+        stored = await stored_state(store.pool, node_id)
+        events = [NewEvent(p, meta()) for p in reconcile(observation_of(_step(temp)), stored, identity)]
+        await store.append(node_id, None, events)
+    assert store.states.kept_appends == 1  # the second append, in one round trip
+    await rebuild(store.pool, ALL_PROJECTIONS)
+    # A part of the state no observation changes, so the next fold carries it over.
+    corrected = msgspec.structs.replace(await stored_state(store.pool, node_id), display_name="corrected")
+    async with store.pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE projection_state SET state = $1 WHERE projection = 'inventory' AND stream_id = $2",
+            INVENTORY.encode_state(corrected),
+            node_id,
+        )
+    stored = await stored_state(store.pool, node_id)
+    events = [NewEvent(p, meta()) for p in reconcile(observation_of(_step(42)), stored, identity)]
+    result = await store.append(node_id, None, events)
+    assert store.states.stale == 1
+    assert result.states["inventory"] == INVENTORY.fold_all(corrected, result.events)
+    assert result.states["inventory"].display_name == "corrected"
