@@ -22,7 +22,8 @@ its outcome once the transaction that handled it has committed, so an acknowledg
     * A handler that raises (an unexpected database error, a conflict) fails nobody else: the
       batch is rolled back and each of its items is handled again alone, in a transaction of its
       own, so every caller gets the outcome its item has alone. Handlers must therefore decide
-      only on what they read inside the transaction.
+      only on what they read inside the transaction, or raise TryAgain once they find that what
+      they decided on was not what the transaction reads (the item then runs again alone).
 """
 
 from __future__ import annotations
@@ -38,6 +39,17 @@ log = structlog.get_logger(__name__)
 
 I = TypeVar("I")  # noqa: E741 - the item type
 R = TypeVar("R")
+
+
+class TryAgain(Exception):
+    """Raised by a handler that found, after writing, that it decided on something no longer
+    true (a guess it confirms late, like a kept copy of a row): the transaction is rolled back and
+    the item handled again, alone. The handler must have dropped what misled it, so that the next
+    run decides on what it reads; an item that asks again on its last run fails with this."""
+
+
+# A handler that asks to try again has dropped its guess: the second run reads, so two suffice.
+_ATTEMPTS_ALONE = 2
 
 Handler = Callable[[asyncpg.Connection, Sequence[I]], Awaitable[Sequence[R | BaseException]]]
 
@@ -158,15 +170,23 @@ class GroupCommit(Generic[I, R]):
         return outcomes
 
     async def _alone(self, pending: _Pending[I, R]) -> None:
-        try:
-            async with self.pool.acquire() as conn, conn.transaction():
-                outcomes = self._checked([pending], await self.handler(conn, [pending.item]))
-        except BaseException as exc:
-            _fail(pending.future, exc)
-            if not isinstance(exc, Exception):
-                raise
+        for attempt in range(1, _ATTEMPTS_ALONE + 1):
+            try:
+                async with self.pool.acquire() as conn, conn.transaction():
+                    outcomes = self._checked([pending], await self.handler(conn, [pending.item]))
+            except TryAgain as exc:
+                log.debug("group_commit.try_again", attempt=attempt, reason=str(exc))
+                if attempt < _ATTEMPTS_ALONE:
+                    continue
+                _fail(pending.future, exc)
+                return
+            except BaseException as exc:
+                _fail(pending.future, exc)
+                if not isinstance(exc, Exception):
+                    raise
+                return
+            self._answer([pending], outcomes)
             return
-        self._answer([pending], outcomes)
 
     def _answer(self, batch: list[_Pending[I, R]], outcomes: Sequence[R | BaseException]) -> None:
         self.batches += 1

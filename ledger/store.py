@@ -151,7 +151,9 @@ class StateSource(Protocol):
 STATE_CACHE_STREAMS: int = default("state_cache_streams")
 
 
-class _Kept(msgspec.Struct, frozen=True):
+class KeptState(msgspec.Struct, frozen=True):
+    """A folded state this store wrote (or was sent), at its checkpoint (stream version, position)."""
+
     version: int
     position: int
     state: object
@@ -168,7 +170,7 @@ class StateCache:
 
     def __init__(self, streams: int) -> None:
         self.streams = streams
-        self._kept: dict[str, OrderedDict[str, _Kept]] = {}
+        self._kept: dict[str, OrderedDict[str, KeptState]] = {}
         self._rebuild: dict[str, datetime] = {}
         self.hits = 0
         self.misses = 0
@@ -177,11 +179,13 @@ class StateCache:
         self.kept_appends = 0
         self.stale = 0
 
-    def known(self, projection: str, stream_ids: Sequence[str]) -> tuple[list[_Kept | None], datetime | None]:
+    def known(
+        self, projection: str, stream_ids: Sequence[str]
+    ) -> tuple[list[KeptState | None], datetime | None]:
         """What is kept of these streams, and the rebuild it belongs to (taken together: another
         caller may keep, drop or evict entries while the caller waits for PostgreSQL)."""
         kept = self._kept.get(projection)
-        entries: list[_Kept | None] = [kept.get(sid) if kept else None for sid in stream_ids]
+        entries: list[KeptState | None] = [kept.get(sid) if kept else None for sid in stream_ids]
         return entries, self._rebuild.get(projection)
 
     def used(self, projection: str, stream_id: str) -> None:
@@ -199,7 +203,7 @@ class StateCache:
         if self.streams <= 0:
             return
         kept = self._kept.setdefault(projection, OrderedDict())
-        kept[stream_id] = _Kept(version, position, state)
+        kept[stream_id] = KeptState(version, position, state)
         kept.move_to_end(stream_id)
         while len(kept) > self.streams:
             kept.popitem(last=False)
@@ -316,15 +320,13 @@ class EventStore:
         encoded: Sequence[Sequence[_Encoded]],
         first: InlineProjection,
     ) -> list[AppendResult] | None:
-        """The append in one round trip where this store kept every stream's state of the first
-        projection: `mf_append_kept` takes the locks, confirms each kept checkpoint is the one
-        stored (and the stream at its version, and no rebuild since) and only then appends, at
-        the kept versions. None (nothing written, the locks held) where it was not kept or another
-        checkpoint is stored: the caller opens the streams as usual, in the same transaction."""
+        """`append_kept` where this store kept every stream's state of the first projection and
+        no caller named another version or state; None where it did not, or where it found
+        another checkpoint stored (nothing written, the locks held)."""
         entries, rebuild = self.states.known(first.name, [r.stream_id for r in requests])
         if rebuild is None:
             return None
-        held: list[_Kept] = []
+        held: list[KeptState] = []
         for request, entry in zip(requests, entries, strict=True):
             if (
                 entry is None
@@ -333,25 +335,53 @@ class EventStore:
             ):
                 return None
             held.append(entry)
+        return await self._send_kept(conn, requests, encoded, first.name, held, rebuild)
+
+    async def append_kept(
+        self,
+        conn: asyncpg.Connection,
+        requests: Sequence[AppendRequest],
+        projection: str,
+        kept: Sequence[KeptState],
+        rebuild: datetime,
+    ) -> list[AppendResult] | None:
+        """Append in the caller's transaction on states this store kept (`StateCache.known`:
+        `kept` per request, and the projection's `rebuild` they belong to), in one round trip:
+        `mf_append_kept` takes the locks (in the order given: callers sort), confirms under them
+        that each stream is at its kept version with the kept checkpoint stored and no rebuild
+        since, and only then appends at those versions, folding onto the kept states. None where
+        another checkpoint is stored: nothing written, the locks held; the caller opens the
+        streams (`open_states`) in the same transaction and decides again."""
+        return await self._send_kept(conn, requests, self._encoded(requests), projection, kept, rebuild)
+
+    async def _send_kept(
+        self,
+        conn: asyncpg.Connection,
+        requests: Sequence[AppendRequest],
+        encoded: Sequence[Sequence[_Encoded]],
+        projection: str,
+        kept: Sequence[KeptState],
+        rebuild: datetime,
+    ) -> list[AppendResult] | None:
         requests = [
             msgspec.structs.replace(
-                r, expected_version=e.version, prior_states={**r.prior_states, first.name: e.state}
+                r, expected_version=e.version, prior_states={**r.prior_states, projection: e.state}
             )
-            for r, e in zip(requests, held, strict=True)
+            for r, e in zip(requests, kept, strict=True)
         ]
         rows = await self._send(
             conn,
             requests,
             encoded,
             "mf_append_kept",
-            (first.name, [e.version for e in held], [e.position for e in held], rebuild),
+            (projection, [e.version for e in kept], [e.position for e in kept], rebuild),
         )
         if rows and rows[0]["out_stream_index"] == 0:
             self.states.stale += 1
             return None
         self.states.kept_appends += 1
         for request in requests:
-            self.states.used(first.name, request.stream_id)
+            self.states.used(projection, request.stream_id)
         return await self._recorded(conn, requests, encoded, rows)
 
     async def append_many(

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Generic, Protocol, TypeVar
 
 import asyncpg
 import msgspec
 
 from ledger.events import NewEvent, RecordedEvent
-from ledger.store import AppendRequest, AppendResult, EventStore, StreamInfo, StreamTombstoned
+from ledger.store import AppendRequest, AppendResult, EventStore, KeptState, StreamInfo, StreamTombstoned
 
 S = TypeVar("S")
 S_co = TypeVar("S_co", covariant=True)
@@ -113,6 +114,19 @@ class OpenStream(Generic[S]):
         return await self.append(decision(self.state))
 
 
+class KeptStreams(Generic[S]):
+    """The states the store kept of a batch's streams (sorted ids), for a decision made before
+    anything is sent (`UnitOfWork.kept`); `append_kept` confirms them under the locks."""
+
+    def __init__(
+        self, stream_ids: list[str], kept: list[KeptState], rebuild: datetime, states: dict[str, S]
+    ) -> None:
+        self.stream_ids = stream_ids
+        self.kept = kept
+        self.rebuild = rebuild
+        self.states = states
+
+
 class UnitOfWork(Generic[S]):
     """Opens streams whose state `owner` folds: `async with uow.open(stream_id) as stream`."""
 
@@ -172,3 +186,41 @@ class UnitOfWork(Generic[S]):
             else Committed(events=[], state=stream.state, stream_version=stream.version)
             for stream, events in appends
         ]
+
+    def kept(self, stream_ids: Sequence[str]) -> KeptStreams[S] | None:
+        """The states the store kept of every one of these streams, or None where it kept not all
+        of them. Only a guess until `append_kept` confirms it under the streams' locks."""
+        ids = sorted(set(stream_ids))
+        entries, rebuild = self.store.states.known(self.owner.name, ids)
+        if rebuild is None:
+            return None
+        kept: list[KeptState] = []
+        states: dict[str, S] = {}
+        state_type = self.owner.state_type
+        for sid, entry in zip(ids, entries, strict=True):
+            if entry is None or not isinstance(entry.state, state_type):
+                return None
+            kept.append(entry)
+            states[sid] = entry.state
+        return KeptStreams(ids, kept, rebuild, states)
+
+    async def append_kept(
+        self, conn: asyncpg.Connection, kept: KeptStreams[S], events: Sequence[Sequence[NewEvent]]
+    ) -> list[Committed[S]] | None:
+        """Append each kept stream's events (in `kept.stream_ids` order, at least one each) at its
+        kept version, in one round trip, in the caller's transaction: the committed states, or
+        None where another checkpoint is stored than the one kept (nothing written, the locks
+        held: open the streams with `open_many` in the same transaction and decide again)."""
+        requests = [
+            AppendRequest(sid, entry.version, evs, {self.owner.name: entry.state})
+            for sid, entry, evs in zip(kept.stream_ids, kept.kept, events, strict=True)
+        ]
+        results = await self.store.append_kept(conn, requests, self.owner.name, kept.kept, kept.rebuild)
+        if results is None:
+            return None
+        out: list[Committed[S]] = []
+        for sid, result in zip(kept.stream_ids, results, strict=True):
+            after = result.states.get(self.owner.name)
+            state = after if isinstance(after, self.owner.state_type) else kept.states[sid]
+            out.append(Committed(result.events, state, result.stream_version, result.already_stored))
+        return out

@@ -2,9 +2,11 @@
 (asyncpg's query logger sees every statement a connection sends, BEGIN and COMMIT included). The
 figures are in docs/performance.md: counted this way, a report sent 11 before the unit of work
 (two stream locks), 10 with it, 8 since a projection writes all its changed rows and its state
-in one statement, and 7 since the lock and the state load are one call (`mf_open_streams`); a
-refresh sent 9, then 6, and sends 5. Reports that arrive together (group commit) send the same
-seven statements for the whole batch."""
+in one statement, 7 since the lock and the state load are one call (`mf_open_streams`), and 5
+where the server kept the node's state and stream position from its previous report (the lock,
+the check of the kept checkpoint and the append are one call, `mf_append_kept`, and the position
+is read from the kept copy, checked by its advance); a refresh sent 9, then 6, and sends 5.
+Reports that arrive together (group commit) send the same statements for the whole batch."""
 
 from __future__ import annotations
 
@@ -24,10 +26,11 @@ from tests.agent_support import report_body
 from tests.fakes.fake_pynvml import FakeNvml
 from tests.fixtures_nvml import multi_gpu_scenario
 
-REPORT_STATEMENTS = 7  # BEGIN, lock and state, position, append, one write, advance, COMMIT
+REPORT_STATEMENTS = 5  # BEGIN, locks + kept checkpoint checked + append, one write, advance, COMMIT
+OPENING_STATEMENTS = 7  # BEGIN, lock and state, position, append, one write, advance, COMMIT
 REFRESH_STATEMENTS = 5  # BEGIN, lock and state, append, one write, COMMIT
-# Reports that arrive together (group commit): the same seven for the whole batch.
-BATCH_STATEMENTS = 7  # BEGIN, locks and states, positions, append, one write, advance, COMMIT
+# Reports that arrive together (group commit): the same five for the whole batch.
+BATCH_STATEMENTS = 5
 
 
 class Counter:
@@ -60,23 +63,34 @@ async def test_a_steady_state_agent_report_sends_fewer_statements_than_before(
 ) -> None:
     services, counter = counted
     plane = services.agent_plane
-    token = await plane.create_token(3600, 1)
-    enrolled = await plane.enroll(
-        token.token, EnrollRequest(identity_key="counted-agent", identity_source="configured", hostname="h")
-    )
-    principal = await plane.authenticate(enrolled.credential)
+    token = await plane.create_token(3600, 2)
+    principals = []
+    for key in ("warm-up-agent", "counted-agent"):
+        enrolled = await plane.enroll(
+            token.token, EnrollRequest(identity_key=key, identity_source="configured", hostname=key)
+        )
+        principals.append(await plane.authenticate(enrolled.credential))
+    # The connection's first report prepares its statements (and asyncpg reads their types).
+    await plane.accept_report(principals[0], report_body("warm-up-agent", 1, mem_avail=1), None)
+    principal = principals[1]
+    counter.queries.clear()
     first = await plane.accept_report(principal, report_body("counted-agent", 1, mem_avail=1), None)
     assert first.status == "accepted" and first.lifecycle_events
+    # The stream's first report: no position to keep yet, so the node is opened and read.
+    assert len(counter.queries) == OPENING_STATEMENTS, counter.queries
+    # One lock with its state load per report (the unit of work), never two, never apart.
+    assert sum("mf_open_streams" in q for q in counter.queries) == 1
     counter.queries.clear()
     second = await plane.accept_report(principal, report_body("counted-agent", 2, mem_avail=2), None)
     assert second.status == "accepted" and second.lifecycle_events == [] and second.events > 0
     assert len(counter.queries) == REPORT_STATEMENTS, counter.queries
-    # One lock with its state load per report (the unit of work), never two, never apart.
-    assert sum("mf_open_streams" in q for q in counter.queries) == 1
+    # The lock, the kept checkpoint's check and the append in one call, nothing opened besides.
+    assert sum("mf_append_kept" in q for q in counter.queries) == 1
+    assert not any("mf_open_streams" in q or "FOR UPDATE" in q for q in counter.queries)
     assert not any("mf_lock_stream" in q or "FROM projection_state" in q for q in counter.queries)
 
 
-async def test_reports_that_arrive_together_share_one_transaction_of_seven_statements(
+async def test_reports_that_arrive_together_share_one_transaction_of_five_statements(
     counted: tuple[Services, Counter],
 ) -> None:
     services, counter = counted

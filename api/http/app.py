@@ -303,6 +303,9 @@ async def metrics(context: NamedDependency[AppContext]) -> Stream:
             "rendered_probes": context.services.rendered.probes,
             "state_cache_hits": context.service.store.states.hits,
             "state_cache_misses": context.service.store.states.misses,
+            "kept_appends": context.service.store.states.kept_appends,
+            "kept_appends_stale": context.service.store.states.stale,
+            "kept_positions_stale": context.services.agent_plane.positions.stale,
             "fast_reads": context.fast_reads,
         },
     )

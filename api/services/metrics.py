@@ -310,6 +310,30 @@ COUNTERS = (
         "state_cache_misses",
     ),
     MetricSpec(
+        "modelforge_kept_appends_total",
+        "counter",
+        "Transactions that appended on folded states this process kept, their locks, checks and"
+        " append in one round trip (agent report batches among them).",
+        (),
+        "kept_appends",
+    ),
+    MetricSpec(
+        "modelforge_kept_appends_stale_total",
+        "counter",
+        "Appends on kept states that found another checkpoint stored (another server wrote the"
+        " stream, or a transaction of this process rolled back) and opened their streams as usual.",
+        (),
+        "kept_appends_stale",
+    ),
+    MetricSpec(
+        "modelforge_kept_positions_stale_total",
+        "counter",
+        "Report batches rolled back and run again because a stream position this process kept"
+        " was no longer the stored one.",
+        (),
+        "kept_positions_stale",
+    ),
+    MetricSpec(
         "modelforge_fast_reads_total",
         "counter",
         "Node and accelerator-page reads this process sent from the fast path (admin token, a"

@@ -1,0 +1,226 @@
+"""Agent reports decided on kept copies (api/services/agent_plane.py `_commit_kept`): a server
+that kept a node's folded state and its stream's position from its previous report decides the
+next report before sending anything, and commits it in five statements. The copies are guesses:
+whatever another server (or a rolled-back transaction of its own) did in between, every report
+gets the answer, and leaves the position, it would have had on what PostgreSQL holds."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import asyncpg
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent.protocol import EnrollRequest
+from api.config import ServerConfig
+from api.services.agent_plane import EnrollmentService, Principal, ReportAck, ReportItem, decode_report
+from api.wiring import Services, build_services
+from projections.inventory import ALL_PROJECTIONS
+from projections.rebuild import rebuild
+from tests.agent_support import report_body
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def server(pool: asyncpg.Pool, tmp_path: Path, name: str) -> Services:
+    return build_services(pool, ServerConfig(state_dir=tmp_path / name, collector_timeout=5.0))
+
+
+async def enrolled(plane: EnrollmentService, key: str) -> tuple[Principal, str]:
+    """The node's principal on `plane`, and its credential (for another server to authenticate)."""
+    token = await plane.create_token(3600, 1)
+    done = await plane.enroll(
+        token.token, EnrollRequest(identity_key=key, identity_source="configured", hostname=key)
+    )
+    return await plane.authenticate(done.credential), done.credential
+
+
+async def position(pool: asyncpg.Pool, node_id: str) -> tuple[int, int, int]:
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow(
+            "SELECT last_sequence, reports, skipped FROM agent_stream_positions "
+            "WHERE node_id = $1 AND stream = 'telemetry'",
+            node_id,
+        )
+    assert row is not None
+    return row["last_sequence"], row["reports"], row["skipped"]
+
+
+async def verify(pool: asyncpg.Pool) -> None:
+    report = await rebuild(pool, ALL_PROJECTIONS, verify=True)
+    assert report.differences == [], report.differences
+
+
+async def test_reports_on_kept_copies_take_the_short_way_and_count_right(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    a = server(pool, tmp_path, "a")
+    principal, _ = await enrolled(a.agent_plane, "kept-agent")
+    for seq in (1, 2, 3, 5):
+        ack = await a.agent_plane.accept_report(
+            principal, report_body("kept-agent", seq, mem_avail=seq), None
+        )
+        assert ack.status == "accepted" and ack.sequence == seq
+    assert ack.previous_sequence == 3 and ack.gap == 1
+    # Reports 2, 3 and 5 were decided on kept copies; 1 had no position yet.
+    assert a.agent_plane.store.states.kept_appends == 3
+    assert await position(pool, principal.node_id) == (5, 4, 1)
+    # A replay of a kept sequence is refused or recognized as the usual way decides it.
+    again = await a.agent_plane.accept_report(principal, report_body("kept-agent", 3, mem_avail=3), None)
+    assert again.status == "duplicate"
+    await verify(pool)
+
+
+async def test_a_report_after_another_server_took_the_node_is_decided_on_what_is_stored(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    a, b = server(pool, tmp_path, "a"), server(pool, tmp_path, "b")
+    principal, credential = await enrolled(a.agent_plane, "moved-agent")
+    on_b = await b.agent_plane.authenticate(credential)
+    await a.agent_plane.accept_report(principal, report_body("moved-agent", 1, mem_avail=1), None)
+    await a.agent_plane.accept_report(principal, report_body("moved-agent", 2, mem_avail=2), None)
+    # The agent fails over to server b for a report, then comes back to a.
+    ack_b = await b.agent_plane.accept_report(on_b, report_body("moved-agent", 3, mem_avail=3), None)
+    assert ack_b.status == "accepted" and ack_b.previous_sequence == 2
+    ack_a = await a.agent_plane.accept_report(principal, report_body("moved-agent", 4, mem_avail=4), None)
+    # a's copies say 2: the node's checkpoint told it otherwise, and it read the stored position.
+    assert ack_a.status == "accepted" and ack_a.previous_sequence == 3 and ack_a.gap == 0
+    assert a.agent_plane.store.states.stale == 1
+    # b's copy of sequence 3 is behind too; its replay of 4 is what a stored.
+    replay = await b.agent_plane.accept_report(on_b, report_body("moved-agent", 4, mem_avail=4), None)
+    assert replay.status == "duplicate"
+    assert await position(pool, principal.node_id) == (4, 4, 0)
+    await verify(pool)
+
+
+async def test_a_kept_position_another_server_moved_is_never_decided_on(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    # Server a keeps the node's state current (a lease acquired through a, after b's report) but
+    # its copy of the stream position is from before b's report: only the position's check at its
+    # advance can tell, and the report runs again on the stored position.
+    a, b = server(pool, tmp_path, "a"), server(pool, tmp_path, "b")
+    principal, credential = await enrolled(a.agent_plane, "lease-agent")
+    await a.agent_plane.accept_report(principal, report_body("lease-agent", 1, mem_avail=1), None)
+    ack_b = await b.agent_plane.accept_report(
+        await b.agent_plane.authenticate(credential), report_body("lease-agent", 2, mem_avail=2), None
+    )
+    assert ack_b.status == "accepted"
+    await a.decommission.acquire_lease(principal.node_id, "scheduler", "job 1")
+    ack = await a.agent_plane.accept_report(principal, report_body("lease-agent", 3, mem_avail=3), None)
+    assert ack.status == "accepted" and ack.previous_sequence == 2 and ack.gap == 0
+    assert await position(pool, principal.node_id) == (3, 3, 0)
+    await verify(pool)
+
+
+async def test_a_server_that_keeps_no_state_decides_every_report_on_what_it_reads(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    a = build_services(
+        pool, ServerConfig(state_dir=tmp_path / "a", collector_timeout=5.0, state_cache_streams=0)
+    )
+    principal, _ = await enrolled(a.agent_plane, "uncached-agent")
+    for seq in (1, 2, 3):
+        ack = await a.agent_plane.accept_report(
+            principal, report_body("uncached-agent", seq, mem_avail=seq), None
+        )
+        assert ack.status == "accepted"
+    assert a.agent_plane.store.states.kept_appends == 0
+    assert await position(pool, principal.node_id) == (3, 3, 0)
+
+
+# --- any interleaving of two servers ----------------------------------------------------------
+
+# (server 0 or 1, node, what happens): the node's next report (after skipping 0-2 sequences), an
+# unchanged retry of its newest accepted report, a report whose transaction rolls back after it
+# wrote (a failed COMMIT, say), or a work lease through that server (its node state made current,
+# its copy of the position not).
+histories = st.lists(
+    st.tuples(
+        st.integers(0, 1),
+        st.integers(0, 1),
+        st.sampled_from(["next", "next", "next", "skip", "retry", "rolled_back", "lease"]),
+    ),
+    min_size=1,
+    max_size=16,
+)
+
+
+async def test_any_interleaving_of_two_servers_answers_and_counts_as_one_would(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    loop = asyncio.get_running_loop()
+    servers = [server(pool, tmp_path, "a"), server(pool, tmp_path, "b")]
+
+    @settings(
+        max_examples=int(os.environ.get("MF_PROPERTY_EXAMPLES", "30")),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(history=histories)
+    def prop(history: list[tuple[int, int, str]]) -> None:
+        prefix = uuid.uuid4().hex[:8]
+
+        async def example() -> None:
+            keys = [f"{prefix}-{n}" for n in range(2)]
+            principals = []
+            for key in keys:
+                principal, credential = await enrolled(servers[0].agent_plane, key)
+                principals.append([principal, await servers[1].agent_plane.authenticate(credential)])
+            # The model: per node, the last accepted sequence, accepted reports, skipped sequences.
+            model = [[0, 0, 0] for _ in keys]
+            for s, n, action in history:
+                plane, principal, key = servers[s].agent_plane, principals[n][s], keys[n]
+                last, reports, skipped = model[n]
+                if action == "lease":
+                    if reports == 0:  # not discovered yet: no node to lease
+                        continue
+                    await servers[s].decommission.acquire_lease(principal.node_id, "scheduler", "job")
+                    continue
+                if action == "retry":
+                    if last == 0:
+                        continue
+                    ack = await plane.accept_report(principal, report_body(key, last, mem_avail=last), None)
+                    assert ack.status == "duplicate", ack
+                    continue
+                seq = last + (3 if action == "skip" else 1)
+                body = report_body(key, seq, mem_avail=seq)
+                if action == "rolled_back":
+                    item = ReportItem(
+                        principal, decode_report(body), hashlib.sha256(body).hexdigest(), _now(), None
+                    )
+                    async with pool.acquire() as conn:
+                        transaction = conn.transaction()
+                        await transaction.start()
+                        try:
+                            (ack,) = await plane._commit_reports(conn, [item])
+                            assert isinstance(ack, ReportAck) and ack.status == "accepted", ack
+                        finally:
+                            await transaction.rollback()
+                    continue
+                ack = await plane.accept_report(principal, body, None)
+                assert (ack.status, ack.previous_sequence, ack.gap) == (
+                    "accepted",
+                    last or None,
+                    seq - last - 1,
+                ), (ack, model[n])
+                model[n] = [seq, reports + 1, skipped + seq - last - 1]
+            for n, key in enumerate(keys):
+                if model[n][1]:
+                    assert list(await position(pool, principals[n][0].node_id)) == model[n], key
+            await verify(pool)
+
+        asyncio.run_coroutine_threadsafe(example(), loop).result()
+
+    await asyncio.to_thread(prop)
+    # Both ways were taken: in five statements on kept copies, and refused for what was stored.
+    stores = [s.agent_plane.store.states for s in servers]
+    assert sum(x.kept_appends for x in stores) > 0 and sum(x.stale for x in stores) > 0
