@@ -43,6 +43,7 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     retention_interval: float = _d("retention_interval")
     rendered_reads_mib: int = _d("rendered_reads_mib")
     state_cache_streams: int = _d("state_cache_streams")
+    report_transactions: int = _d("report_transactions")
     log_level: str = _d("log_level")
 
     @classmethod

@@ -8,7 +8,7 @@ from pathlib import Path
 import asyncpg
 
 from api.config import ServerConfig
-from api.services.agent_plane import EnrollmentService
+from api.services.agent_plane import REPORT_TRANSACTIONS, EnrollmentService
 from api.services.decommission import DecommissionService
 from api.services.hardware_reads import HardwareReads
 from api.services.inventory import HardwareInventoryService
@@ -36,11 +36,12 @@ class Services:
         repository: HardwareRepository,
         *,
         rendered_reads_bytes: int = DEFAULT_MAX_BYTES,
+        report_transactions: int = REPORT_TRANSACTIONS,
     ) -> None:
         pool = inventory.pool
         self.pool = pool
         self.inventory = inventory
-        self.agent_plane = EnrollmentService(inventory)
+        self.agent_plane = EnrollmentService(inventory, report_transactions=report_transactions)
         self.decommission = DecommissionService(inventory)
         self.repository = repository
         self.audit = AuditRepository(pool, repository)
@@ -92,7 +93,8 @@ def build_services(
         liveness = LivenessPolicy(config.stale_after, config.offline_after) if config is not None else None
         repository = HardwareRepository(pool, liveness)
     budget = config.rendered_reads_mib * 2**20 if config is not None else DEFAULT_MAX_BYTES
-    return Services(inventory, repository, rendered_reads_bytes=budget)
+    lanes = config.report_transactions if config is not None else REPORT_TRANSACTIONS
+    return Services(inventory, repository, rendered_reads_bytes=budget, report_transactions=lanes)
 
 
 async def prepare_database(pool: asyncpg.Pool) -> int:

@@ -218,6 +218,18 @@ SETTINGS: tuple[Setting, ...] = (
         ),
     ),
     Setting(
+        name="report_transactions",
+        env="MODELFORGE_REPORT_TRANSACTIONS",
+        flag="--report-transactions",
+        value=3,
+        kind="count",
+        help=(
+            "Agent-report transactions the server runs at once, each on a connection of its own; "
+            "reports that arrive meanwhile wait and go together in the next one (group commit; "
+            "docs/capacity.md)."
+        ),
+    ),
+    Setting(
         name="state_cache_streams",
         env="MODELFORGE_STATE_CACHE_STREAMS",
         flag="--state-cache-streams",

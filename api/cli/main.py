@@ -396,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
         "retention_interval",
         "rendered_reads_mib",
         "state_cache_streams",
+        "report_transactions",
     ):
         add_setting(p, name)
     p.set_defaults(func=cmd_serve)

@@ -60,7 +60,8 @@ def make_app(config: ServerConfig, dsn: str, admin_token_hash: str) -> Litestar:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        pool = await create_pool(dsn, min_size=2, max_size=10)
+        # The report transactions' connections, and as many again for reads, retention and the feed.
+        pool = await create_pool(dsn, min_size=2, max_size=max(10, 2 * config.report_transactions + 4))
         try:
             version = await prepare_database(pool)
             log.info("server.migrated", schema_version=version)

@@ -67,6 +67,7 @@ from ledger.events import (
 )
 from ledger.group_commit import GroupCommit, TryAgain
 from ledger.node import CredentialState, NodeState, node_id_for
+from ledger.settings import default
 from ledger.store import StreamTombstoned
 from ledger.unit_of_work import Committed, KeptStreams, OpenStream, UnitOfWork
 from projections.agent import ENROLLMENT_TOKEN_PROJECTION, TokenState
@@ -195,6 +196,9 @@ def _utcnow() -> datetime:
 # Credentials remembered as verified per process (about one per node of the fleet).
 MAX_VERIFIED_CREDENTIALS = 100_000
 
+# Agent-report transactions at once (the server's `report_transactions`).
+REPORT_TRANSACTIONS: int = default("report_transactions")
+
 # How many digests of accepted reports per stream are kept to recognize an unchanged retry.
 RECENT_REPORT_DIGESTS = 32
 
@@ -203,7 +207,8 @@ RECENT_REPORT_DIGESTS = 32
 # state, which the unit of work already holds.) `xmin`: the transaction that wrote the row, what
 # a kept copy of the row is checked against (`KeptPositions`).
 _POSITIONS_SQL = """
-SELECT p.node_id, p.stream, p.last_sequence, p.recent, p.xmin::text::bigint AS written FROM agent_stream_positions p
+SELECT p.node_id, p.stream, p.last_sequence, p.recent, p.xmin::text::bigint AS written
+FROM agent_stream_positions p
 JOIN unnest($1::text[], $2::text[]) AS u(node_id, stream) ON u.node_id = p.node_id AND u.stream = p.stream
 FOR UPDATE OF p
 """
@@ -433,6 +438,7 @@ class EnrollmentService:
         inventory: HardwareInventoryService,
         *,
         clock: Callable[[], datetime] = _utcnow,
+        report_transactions: int = REPORT_TRANSACTIONS,
     ) -> None:
         self.inventory = inventory
         self.store = inventory.store
@@ -445,13 +451,12 @@ class EnrollmentService:
         # so a revocation by any server is honoured at once. Saves a query and a pool round per
         # report.
         self._verified: dict[str, tuple[str, Principal]] = {}
-        # Concurrent reports of different nodes share transactions and statements
-        # (ledger/group_commit.py); 2 batches at once: on 2 cores, 16 reports in flight make batches
-        # of about 8, which cost 10 % less CPU per report than 4 batches of 4 (docs/performance.md).
         # Two agent streams per node whose state is kept.
         self.positions = KeptPositions(2 * inventory.store.states.streams)
+        # Concurrent reports of different nodes share transactions and statements
+        # (ledger/group_commit.py), `report_transactions` of them at once (docs/capacity.md).
         self.reports: GroupCommit[ReportItem, ReportAck] = GroupCommit(
-            inventory.store.pool, self._commit_reports, concurrency=2
+            inventory.store.pool, self._commit_reports, concurrency=report_transactions
         )
 
     @property
