@@ -14,12 +14,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.protocol import EnrollRequest
 from api.config import ServerConfig
 from api.services.agent_plane import EnrollmentService, Principal, ReportAck, ReportItem, decode_report
+from api.services.errors import Conflict
 from api.wiring import Services, build_services
 from projections.inventory import ALL_PROJECTIONS
 from projections.rebuild import rebuild
@@ -101,12 +103,12 @@ async def test_a_report_after_another_server_took_the_node_is_decided_on_what_is
     await verify(pool)
 
 
-async def test_a_kept_position_another_server_moved_is_never_decided_on(
+async def test_a_kept_position_is_used_only_with_the_node_state_it_was_kept_with(
     pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
-    # Server a keeps the node's state current (a lease acquired through a, after b's report) but
-    # its copy of the stream position is from before b's report: only the position's check at its
-    # advance can tell, and the report runs again on the stored position.
+    # Server a makes its copy of the node state current (a lease acquired through a, after b's
+    # report) while its copy of the stream position is from before b's report: the two copies are
+    # of different moments, so the report is decided on what a reads.
     a, b = server(pool, tmp_path, "a"), server(pool, tmp_path, "b")
     principal, credential = await enrolled(a.agent_plane, "lease-agent")
     await a.agent_plane.accept_report(principal, report_body("lease-agent", 1, mem_avail=1), None)
@@ -117,8 +119,30 @@ async def test_a_kept_position_another_server_moved_is_never_decided_on(
     await a.decommission.acquire_lease(principal.node_id, "scheduler", "job 1")
     ack = await a.agent_plane.accept_report(principal, report_body("lease-agent", 3, mem_avail=3), None)
     assert ack.status == "accepted" and ack.previous_sequence == 2 and ack.gap == 0
+    # Known before anything was written: no batch rolled back (and no dead rows left) for it.
+    assert a.agent_plane.positions.stale == 0
     assert await position(pool, principal.node_id) == (3, 3, 0)
     await verify(pool)
+
+
+async def test_a_position_row_written_behind_the_servers_back_is_what_the_report_is_decided_on(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    # A write of the row that moves no node stream (an operator's repair, a tool of a later
+    # release): only the row's xmin tells the kept copy from it. The report runs again on the row.
+    a = server(pool, tmp_path, "a")
+    principal, _ = await enrolled(a.agent_plane, "repaired-agent")
+    for seq in (1, 2):
+        await a.agent_plane.accept_report(principal, report_body("repaired-agent", seq, mem_avail=seq), None)
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE agent_stream_positions SET last_sequence = 10 WHERE node_id = $1", principal.node_id
+        )
+    with pytest.raises(Conflict) as refused:
+        await a.agent_plane.accept_report(principal, report_body("repaired-agent", 3, mem_avail=3), None)
+    assert "older than the last accepted (10)" in refused.value.detail
+    assert a.agent_plane.positions.stale == 1
+    assert await position(pool, principal.node_id) == (10, 2, 0)
 
 
 async def test_a_server_that_keeps_no_state_decides_every_report_on_what_it_reads(

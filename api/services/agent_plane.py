@@ -241,12 +241,16 @@ RETURNING p.node_id, p.stream, p.xmin::text::bigint AS written
 
 
 class KeptPosition(msgspec.Struct, frozen=True):
-    """A copy of one `agent_stream_positions` row: what a report's decision reads of it, and the
-    transaction that wrote the row (its `xmin`)."""
+    """A copy of one `agent_stream_positions` row: what a report's decision reads of it, the
+    transaction that wrote the row (its `xmin`), and the node's checkpoint (stream version,
+    position) in the transaction that read or wrote it: a copy is used only with that same kept
+    node state, so that a batch never decides on a node state and a position of two moments."""
 
     last_sequence: int
     recent: bytes  # the row's `recent` as JSON: half the memory of the dict, decoded when used
     written: int
+    node_version: int
+    node_position: int
 
 
 class KeptPositions:
@@ -266,12 +270,20 @@ class KeptPositions:
         return self._kept.get((node_id, stream))
 
     def keep(
-        self, node_id: str, stream: str, last_sequence: int, recent: dict[str, str], written: int
+        self,
+        node_id: str,
+        stream: str,
+        last_sequence: int,
+        recent: dict[str, str],
+        written: int,
+        node: NodeState,
     ) -> None:
         if self.streams <= 0:
             return
         key = (node_id, stream)
-        self._kept[key] = KeptPosition(last_sequence, msgspec.json.encode(recent), written)
+        self._kept[key] = KeptPosition(
+            last_sequence, msgspec.json.encode(recent), written, node.stream_version, node.position
+        )
         self._kept.move_to_end(key)
         while len(self._kept) > self.streams:
             self._kept.popitem(last=False)
@@ -882,9 +894,11 @@ class EnrollmentService:
         rows = await conn.fetch(_POSITIONS_SQL, node_ids, [i.report.stream for i in items])
         positions = {(r["node_id"], r["stream"]): r for r in rows}
         for r in rows:
-            self.positions.keep(
-                r["node_id"], r["stream"], r["last_sequence"], r["recent"] or {}, r["written"]
-            )
+            read = opened.get(r["node_id"])
+            if isinstance(read, OpenStream):
+                self.positions.keep(
+                    r["node_id"], r["stream"], r["last_sequence"], r["recent"] or {}, r["written"], read.state
+                )
         outcomes: list[ReportAck | BaseException | None] = []
         accepted: list[tuple[int, OpenStream[NodeState], ReportItem, AcceptedReport]] = []
         for k, item in enumerate(items):
@@ -913,10 +927,14 @@ class EnrollmentService:
         if streams is None or streams.stream_ids != [i.report.node_id for i in items]:
             return None
         decided: list[tuple[KeptPosition, AcceptedReport]] = []
-        for item in items:
+        for item, node in zip(items, streams.kept, strict=True):
             state = streams.states[item.report.node_id]
             position = self.positions.get(item.report.node_id, item.report.stream)
-            if position is None or state.decommissioned_at is not None:
+            if (
+                position is None
+                or (position.node_version, position.node_position) != (node.version, node.position)
+                or state.decommissioned_at is not None
+            ):
                 return None
             recent = msgspec.json.decode(position.recent, type=dict[str, str])
             decision = decide_report(state, item, position.last_sequence, recent)
@@ -960,7 +978,7 @@ class EnrollmentService:
         acks: list[ReportAck | BaseException] = []
         for item, (_p, d), done in zip(items, decided, committed, strict=True):
             key = (item.report.node_id, item.report.stream)
-            self.positions.keep(*key, item.report.sequence, d.recent, written[key])
+            self.positions.keep(*key, item.report.sequence, d.recent, written[key], done.state)
             self.inventory.reconciled(item.report.node_id, done, "agent")
             acks.append(_accepted_ack(item, d, done))
         return acks
@@ -985,6 +1003,6 @@ class EnrollmentService:
         written = {(r["node_id"], r["stream"]): r["written"] for r in rows}
         for (k, node, item, d), done in zip(accepted, committed, strict=True):
             key = (item.report.node_id, item.report.stream)
-            self.positions.keep(*key, item.report.sequence, d.recent, written[key])
+            self.positions.keep(*key, item.report.sequence, d.recent, written[key], done.state)
             self.inventory.reconciled(node.stream_id, done, "agent")
             outcomes[k] = _accepted_ack(item, d, done)
