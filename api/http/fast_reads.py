@@ -85,11 +85,12 @@ def accelerator_query(query_string: bytes) -> AcceleratorQuery | None:
         limit = int(given)
     if fields.get("status", "active") not in _STATUSES or fields.get("health", "healthy") not in _VERDICTS:
         return None
+    # String casts: `AcceleratorStatus | None` built a typing union on every request.
     return AcceleratorQuery(
         node_id=fields.get("node_id"),
-        status=cast(AcceleratorStatus | None, fields.get("status")),
+        status=cast("AcceleratorStatus | None", fields.get("status")),
         model=fields.get("model"),
-        health=cast(HealthStatus | None, fields.get("health")),
+        health=cast("HealthStatus | None", fields.get("health")),
         cursor=fields.get("cursor"),
         limit=limit,
     )

@@ -105,26 +105,36 @@ class RenderedReads:
 
     async def fresh(self) -> int:
         """Wait for a probe that starts after this call and apply what it found; its number."""
-        loop = asyncio.get_running_loop()
-        if self._next is None:
-            self._next = loop.create_future()
-            # A probe nobody waits for any more (the clients went away) must not warn.
-            self._next.add_done_callback(lambda f: f.cancelled() or f.exception())
+        # The loop only when a probe or its task is made: most requests join the one waiting, and
+        # Python 3.11's get_running_loop() asks the kernel for the process id on every call (a
+        # tenth of a kept read's server CPU on a VM, docs/performance.md, issue 12, eleventh step).
         waiting = self._next
+        if waiting is None:
+            waiting = self._next = asyncio.get_running_loop().create_future()
+            # A probe nobody waits for any more (the clients went away) must not warn.
+            waiting.add_done_callback(lambda f: f.cancelled() or f.exception())
         if self._prober is None:
-            self._prober = loop.create_task(self._probe_while_waited())
+            self._prober = asyncio.get_running_loop().create_task(self._probe_while_waited())
         return await asyncio.shield(waiting)
 
     async def _probe_while_waited(self) -> None:
+        # One connection for the probes of a busy spell, back to the pool when nobody waits: an
+        # acquire and a release per probe were a third of the probe's server CPU.
+        conn: asyncpg.Connection | None = None
         try:
             while self._next is not None:
                 # Whoever arrives from here on waits for the next probe: this one's snapshot is
                 # taken after every one of its waiters arrived.
                 waiting, self._next = self._next, None
                 try:
-                    epoch = await self._probe()
+                    if conn is None:
+                        conn = await self.pool.acquire()
+                    epoch = await self._probe(conn)
                 except Exception as exc:
                     waiting.set_exception(exc)
+                    if conn is not None:  # perhaps broken: the pool checks it, the next probe takes another
+                        held, conn = conn, None
+                        await self.pool.release(held)
                     continue
                 except BaseException:
                     # Cancelled (the server stops): nobody may be left waiting for a probe.
@@ -136,10 +146,11 @@ class RenderedReads:
                 waiting.set_result(epoch)
         finally:
             self._prober = None
+            if conn is not None:
+                await self.pool.release(conn)
 
-    async def _probe(self) -> int:
-        async with self.pool.acquire() as conn:
-            changes = await read_changes(conn, self._mark, limit=self.probe_limit)
+    async def _probe(self, conn: asyncpg.Connection) -> int:
+        changes = await read_changes(conn, self._mark, limit=self.probe_limit)
         self.probes += 1
         self._epoch += 1
         epoch = self._epoch
