@@ -248,3 +248,37 @@ async def test_any_interleaving_of_two_servers_answers_and_counts_as_one_would(
     # Both ways were taken: in five statements on kept copies, and refused for what was stored.
     stores = [s.agent_plane.store.states for s in servers]
     assert sum(x.kept_appends for x in stores) > 0 and sum(x.stale for x in stores) > 0
+
+
+async def test_a_nodes_two_streams_reporting_at_once_to_two_servers_are_each_counted_once(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    # Both of a node's agent streams in flight at once, on one server and across two: the two
+    # reports of a node take turns on its lock, and whichever comes second finds the first one's
+    # writes, whatever its copies said.
+    a, b = server(pool, tmp_path, "a"), server(pool, tmp_path, "b")
+    principal, credential = await enrolled(a.agent_plane, "two-streams")
+    on_b = await b.agent_plane.authenticate(credential)
+    for seq in range(1, 13):
+        telemetry_plane, inventory_plane = (a, b) if seq % 3 else (a, a)
+        acks = await asyncio.gather(
+            telemetry_plane.agent_plane.accept_report(
+                principal, report_body("two-streams", seq, mem_avail=seq), None
+            ),
+            inventory_plane.agent_plane.accept_report(
+                on_b if inventory_plane is b else principal,
+                report_body("two-streams", seq, stream="inventory", mem_avail=seq),
+                None,
+            ),
+        )
+        assert [(x.status, x.previous_sequence, x.gap) for x in acks] == [
+            ("accepted", seq - 1 or None, 0)
+        ] * 2
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT stream, last_sequence, reports, skipped FROM agent_stream_positions WHERE node_id = $1 "
+            "ORDER BY stream",
+            principal.node_id,
+        )
+    assert [tuple(r) for r in rows] == [("inventory", 12, 12, 0), ("telemetry", 12, 12, 0)]
+    await verify(pool)
