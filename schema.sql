@@ -46,16 +46,33 @@ CREATE TABLE IF NOT EXISTS events (
     CONSTRAINT events_stream_version_key UNIQUE (stream_id, stream_version)
 );
 
+-- Every ALTER TABLE in this file runs only where the catalog says it changes something: an ALTER
+-- takes its table's ACCESS EXCLUSIVE lock even when it changes nothing (ADD COLUMN IF NOT EXISTS
+-- of a column that exists, SET COMPRESSION to the method set), and this file runs at every server
+-- start, beside servers writing and readers reading. Waiting for a long reader (a backup's
+-- pg_dump holds every table for its whole length), it queued every append and read of the table
+-- behind it (tests/test_upgrade.py).
+
 -- The central clock's receive time of the observation (metadata.received_at), as a column so the
 -- retention policy can find old observation events by index.
-ALTER TABLE events ADD COLUMN IF NOT EXISTS received_at timestamptz;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'events'::regclass
+                   AND attname = 'received_at' AND NOT attisdropped) THEN
+        ALTER TABLE events ADD COLUMN IF NOT EXISTS received_at timestamptz;
+    END IF;
+END;
+$$;
 
 -- Every append compresses its payloads (an 8-GPU snapshot is about 7 KB of JSON); lz4 does it
 -- several times faster than the default pglz (ignored where the server was built without lz4).
 DO $$
 BEGIN
-    ALTER TABLE events ALTER COLUMN data SET COMPRESSION lz4;
-    ALTER TABLE events ALTER COLUMN metadata SET COMPRESSION lz4;
+    IF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'events'::regclass
+               AND attname IN ('data', 'metadata') AND attcompression <> 'l') THEN
+        ALTER TABLE events ALTER COLUMN data SET COMPRESSION lz4;
+        ALTER TABLE events ALTER COLUMN metadata SET COMPRESSION lz4;
+    END IF;
 EXCEPTION WHEN feature_not_supported OR invalid_parameter_value THEN NULL;
 END;
 $$;
@@ -509,7 +526,10 @@ CREATE TABLE IF NOT EXISTS projection_state (
 -- default pglz (ignored where the server was built without lz4).
 DO $$
 BEGIN
-    ALTER TABLE projection_state ALTER COLUMN state SET COMPRESSION lz4;
+    IF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'projection_state'::regclass
+               AND attname = 'state' AND attcompression <> 'l') THEN
+        ALTER TABLE projection_state ALTER COLUMN state SET COMPRESSION lz4;
+    END IF;
 EXCEPTION WHEN feature_not_supported OR invalid_parameter_value THEN NULL;
 END;
 $$;
@@ -607,16 +627,20 @@ CREATE TABLE IF NOT EXISTS hw_accelerators (
     UNIQUE (node_id, uuid)
 );
 CREATE INDEX IF NOT EXISTS hw_accelerators_status_idx ON hw_accelerators (status, accelerator_id);
--- GPU health verdict (ledger/health.py, docs/gpu-health.md): healthy | degraded | failed.
-ALTER TABLE hw_accelerators ADD COLUMN IF NOT EXISTS health_status text NOT NULL DEFAULT 'healthy';
-ALTER TABLE hw_accelerators ADD COLUMN IF NOT EXISTS health_action text NOT NULL DEFAULT 'none';
-ALTER TABLE hw_accelerators ADD COLUMN IF NOT EXISTS health_reasons jsonb NOT NULL DEFAULT '[]';
--- GPU health verdict (ledger/health.py, docs/gpu-health.md): healthy | degraded | failed.
-ALTER TABLE hw_accelerators ADD COLUMN IF NOT EXISTS health_status text NOT NULL DEFAULT 'healthy';
-ALTER TABLE hw_accelerators ADD COLUMN IF NOT EXISTS health_action text NOT NULL DEFAULT 'none';
-ALTER TABLE hw_accelerators ADD COLUMN IF NOT EXISTS health_reasons jsonb NOT NULL DEFAULT '[]';
--- The XIDs the ledger remembers for the GPU ({code, at}, oldest first): the API and /metrics show them.
-ALTER TABLE hw_accelerators ADD COLUMN IF NOT EXISTS health_xids jsonb NOT NULL DEFAULT '[]';
+-- GPU health verdict (ledger/health.py, docs/gpu-health.md): healthy | degraded | failed; and the
+-- XIDs the ledger remembers for the GPU ({code, at}, oldest first): the API and /metrics show them.
+DO $$
+BEGIN
+    IF (SELECT count(*) FROM pg_attribute WHERE attrelid = 'hw_accelerators'::regclass AND NOT attisdropped
+        AND attname IN ('health_status', 'health_action', 'health_reasons', 'health_xids')) < 4 THEN
+        ALTER TABLE hw_accelerators
+            ADD COLUMN IF NOT EXISTS health_status text NOT NULL DEFAULT 'healthy',
+            ADD COLUMN IF NOT EXISTS health_action text NOT NULL DEFAULT 'none',
+            ADD COLUMN IF NOT EXISTS health_reasons jsonb NOT NULL DEFAULT '[]',
+            ADD COLUMN IF NOT EXISTS health_xids jsonb NOT NULL DEFAULT '[]';
+    END IF;
+END;
+$$;
 -- `?health=failed` pages a few GPUs out of a large fleet without reading the others.
 CREATE INDEX IF NOT EXISTS hw_accelerators_health_idx ON hw_accelerators (health_status, accelerator_id);
 

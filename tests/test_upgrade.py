@@ -176,3 +176,26 @@ def test_steps_are_numbered_in_order_from_two() -> None:
     steps = migration_steps()
     assert [s.version for s in steps] == list(range(2, LATEST_SCHEMA_VERSION + 1))
     assert all(s.sql.strip() for s in steps)
+
+
+async def test_a_server_starting_beside_a_backup_neither_waits_for_it_nor_blocks_the_log(
+    database_dsn: str,
+) -> None:
+    # A backup's pg_dump holds a shared lock on every table for its whole length. A server that
+    # starts meanwhile runs schema.sql again: on a current database it must take no lock that
+    # waits for that reader (and so no lock every append would then queue behind).
+    reader = await asyncpg.connect(database_dsn)
+    starting = await asyncpg.connect(database_dsn)
+    try:
+        tables = [
+            r[0] for r in await reader.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        ]
+        assert {"events", "hw_accelerators", "projection_state"} <= set(tables)
+        async with reader.transaction(isolation="repeatable_read"):
+            for table in tables:
+                await reader.execute(f'SELECT 1 FROM "{table}" LIMIT 1')
+            await starting.execute("SET lock_timeout = '2s'")
+            assert await migrate(starting) == LATEST_SCHEMA_VERSION
+    finally:
+        await reader.close()
+        await starting.close()
