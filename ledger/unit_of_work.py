@@ -17,6 +17,11 @@ Several units of a group commit's batch (ledger/group_commit.py) open their stre
 (`UnitOfWork.append_many`: one append call, one write per projection); each still decides alone
 on its own stream's state.
 
+Where the store kept every stream's state (`UnitOfWork.kept`), a batch may decide on those copies
+before sending anything and append with `append_kept`: one round trip that takes the locks and
+confirms under them that each kept checkpoint is the one stored, else writes nothing and answers
+None, and the caller opens the streams with `open_many` in the same transaction and decides again.
+
 The ledger knows read models only through the `StateOwner` protocol, so this module does not
 import `projections`.
 """
