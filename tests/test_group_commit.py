@@ -13,7 +13,7 @@ import pytest
 from agent.protocol import EnrollRequest
 from api.config import ServerConfig
 from api.wiring import build_services
-from ledger.group_commit import GroupCommit
+from ledger.group_commit import GroupCommit, TryAgain
 from tests.agent_support import report_body
 
 
@@ -185,3 +185,27 @@ async def test_concurrent_agent_reports_share_transactions_and_are_each_accepted
         *(plane.accept_report(p, b, None) for p, b in zip(principals, bodies, strict=True))
     )
     assert [a.status for a in again] == ["duplicate"] * 8
+
+
+async def test_a_handler_that_asks_to_try_again_runs_its_item_once_more_and_only_once(
+    probe: asyncpg.Pool,
+) -> None:
+    """TryAgain after writing: that transaction is rolled back and the item runs again alone;
+    a handler that asks again on the second run fails its caller, with nothing committed."""
+    calls: list[str] = []
+
+    async def guessing(conn: asyncpg.Connection, items: Sequence[Item]) -> list[str | BaseException]:
+        for item in items:
+            calls.append(item.key)
+            await conn.execute("INSERT INTO gc_probe (k) VALUES ($1)", item.key)
+        if any(calls.count(i.key) == 1 or i.refuse for i in items):
+            raise TryAgain("guessed wrong")
+        return [i.key.upper() for i in items]
+
+    group: GroupCommit[Item, str] = GroupCommit(probe, guessing)
+    assert await group.run("a", Item("a")) == "A"
+    assert calls == ["a", "a"]
+    with pytest.raises(TryAgain):
+        await group.run("b", Item("b", refuse=True))
+    assert calls.count("b") == 2
+    assert await rows(probe) == [("a", 1)]
