@@ -485,8 +485,6 @@ async def run(args: argparse.Namespace) -> int:
         stack.push_async_callback(pool.close)
         await ceiling_payloads(pool, agents)
         store = EventStore(pool, ALL_PROJECTIONS)
-        await read_versions(pool, agents)
-        await load.ceiling(store, args.connections, 1.0)
         print(f"setup: {len(agents):,} nodes enrolled and discovered over HTTP per checkout in "
               f"{time.perf_counter() - t0:.0f} s (untimed)")  # fmt: skip
 
@@ -515,7 +513,11 @@ async def run(args: argparse.Namespace) -> int:
         # The ceiling after the http rounds, not between them: it appends to this checkout's
         # database and streams, which the baseline's never see, and interleaved it put this
         # checkout's http rounds 5-20 % behind an identical baseline's (docs/performance.md,
-        # issue 12, ninth step).
+        # issue 12, ninth step). Its warm-up too: it writes this checkout's streams, so before the
+        # http rounds it left this server's kept states outdated and put its rounds 7 % behind an
+        # identical baseline's (docs/performance.md, issue 12, eleventh step).
+        await read_versions(pool, agents)
+        await load.ceiling(store, args.connections, 1.0)
         for _ in range(args.rounds):
             await read_versions(pool, agents)
             s, u = await meter.measure(load.ceiling(store, c, args.duration))
