@@ -134,6 +134,21 @@ $$;
 -- mf_lock_stream (0.1-0.2) locked one stream; mf_open_streams below does that for one or many.
 DROP FUNCTION IF EXISTS mf_lock_stream(text);
 
+-- What every writer of streams takes first, for the rest of its transaction: the rebuild gate,
+-- shared (`rebuild` holds it exclusively for its swap), then each stream's advisory lock in the
+-- order given (callers sort the ids: one lock order for everyone, so no two batches deadlock).
+CREATE OR REPLACE FUNCTION mf_lock_streams(p_stream_ids text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id  text;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(7305820111);
+    FOREACH v_id IN ARRAY p_stream_ids LOOP
+        PERFORM pg_advisory_xact_lock(hashtextextended(v_id, 0));
+    END LOOP;
+END;
+$$;
+
 -- Open streams for a unit of work (one stream) or a batch of them (group commit): the rebuild
 -- gate (shared), each stream's advisory lock in the order given (callers sort the ids, so every
 -- batch locks in one order and no two deadlock), then where each stream stands and the folded state
@@ -166,13 +181,9 @@ RETURNS TABLE (out_stream_id text, out_version bigint, out_lifecycle_version big
                out_state_position bigint, out_rebuild timestamptz)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_id       text;
     v_rebuild  timestamptz;
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(7305820111);  -- the rebuild gate
-    FOREACH v_id IN ARRAY p_stream_ids LOOP
-        PERFORM pg_advisory_xact_lock(hashtextextended(v_id, 0));
-    END LOOP;
+    PERFORM mf_lock_streams(p_stream_ids);
     v_rebuild := coalesce((SELECT c.rebuilt_at FROM projection_checkpoints c
                            WHERE c.projection = p_projection), '-infinity');
     RETURN QUERY
@@ -254,7 +265,6 @@ DECLARE
     v_existing     integer;
     v_lo           integer := 1;
     v_hi           integer;
-    v_id           text;
     i              integer;
     j              integer;
     k              integer := 0;
@@ -271,10 +281,7 @@ BEGIN
                         'and as many events as the counts add up to' USING ERRCODE = '22023';
     END IF;
     IF NOT p_locked THEN
-        PERFORM pg_advisory_xact_lock_shared(7305820111);
-        FOREACH v_id IN ARRAY p_stream_ids LOOP
-            PERFORM pg_advisory_xact_lock(hashtextextended(v_id, 0));
-        END LOOP;
+        PERFORM mf_lock_streams(p_stream_ids);
     END IF;
     -- Taken once the locks are held, so a stream's recorded_at never goes back.
     v_now := clock_timestamp();
@@ -431,13 +438,8 @@ CREATE OR REPLACE FUNCTION mf_append_kept(
 ) RETURNS TABLE (out_stream_index integer, out_global_position bigint, out_stream_version bigint,
                out_already_stored boolean, out_recorded_at timestamptz)
 LANGUAGE plpgsql AS $$
-DECLARE
-    v_id  text;
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(7305820111);  -- the rebuild gate
-    FOREACH v_id IN ARRAY p_stream_ids LOOP
-        PERFORM pg_advisory_xact_lock(hashtextextended(v_id, 0));
-    END LOOP;
+    PERFORM mf_lock_streams(p_stream_ids);
     IF coalesce((SELECT c.rebuilt_at FROM projection_checkpoints c WHERE c.projection = p_projection),
                 '-infinity') IS DISTINCT FROM p_known_rebuild
        OR coalesce(array_length(p_known_versions, 1), 0) <> coalesce(array_length(p_stream_ids, 1), 0)

@@ -188,6 +188,14 @@ class StateCache:
         entries: list[KeptState | None] = [kept.get(sid) if kept else None for sid in stream_ids]
         return entries, self._rebuild.get(projection)
 
+    def all_kept(self, projection: str, stream_ids: Sequence[str]) -> tuple[list[KeptState], datetime] | None:
+        """`known`, where every one of these streams is kept and their rebuild known; else None."""
+        entries, rebuild = self.known(projection, stream_ids)
+        held = [e for e in entries if e is not None]
+        if rebuild is None or len(held) != len(entries):
+            return None
+        return held, rebuild
+
     def used(self, projection: str, stream_id: str) -> None:
         kept = self._kept.get(projection)
         if kept is not None and stream_id in kept:
@@ -323,18 +331,13 @@ class EventStore:
         """`append_kept` where this store kept every stream's state of the first projection and
         no caller named another version or state; None where it did not, or where it found
         another checkpoint stored (nothing written, the locks held)."""
-        entries, rebuild = self.states.known(first.name, [r.stream_id for r in requests])
-        if rebuild is None:
+        kept = self.states.all_kept(first.name, [r.stream_id for r in requests])
+        if kept is None:
             return None
-        held: list[KeptState] = []
-        for request, entry in zip(requests, entries, strict=True):
-            if (
-                entry is None
-                or first.name in request.prior_states
-                or (request.expected_version is not None and request.expected_version != entry.version)
-            ):
+        held, rebuild = kept
+        for request, entry in zip(requests, held, strict=True):
+            if first.name in request.prior_states or request.expected_version not in (None, entry.version):
                 return None
-            held.append(entry)
         return await self._send_kept(conn, requests, encoded, first.name, held, rebuild)
 
     async def append_kept(

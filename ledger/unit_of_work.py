@@ -196,16 +196,14 @@ class UnitOfWork(Generic[S]):
         """The states the store kept of every one of these streams, or None where it kept not all
         of them. Only a guess until `append_kept` confirms it under the streams' locks."""
         ids = sorted(set(stream_ids))
-        entries, rebuild = self.store.states.known(self.owner.name, ids)
-        if rebuild is None:
+        found = self.store.states.all_kept(self.owner.name, ids)
+        if found is None:
             return None
-        kept: list[KeptState] = []
+        kept, rebuild = found
         states: dict[str, S] = {}
-        state_type = self.owner.state_type
-        for sid, entry in zip(ids, entries, strict=True):
-            if entry is None or not isinstance(entry.state, state_type):
+        for sid, entry in zip(ids, kept, strict=True):
+            if not isinstance(entry.state, self.owner.state_type):
                 return None
-            kept.append(entry)
             states[sid] = entry.state
         return KeptStreams(ids, kept, rebuild, states)
 

@@ -893,12 +893,6 @@ class EnrollmentService:
         opened = await self.nodes.open_many(conn, node_ids)
         rows = await conn.fetch(_POSITIONS_SQL, node_ids, [i.report.stream for i in items])
         positions = {(r["node_id"], r["stream"]): r for r in rows}
-        for r in rows:
-            read = opened.get(r["node_id"])
-            if isinstance(read, OpenStream):
-                self.positions.keep(
-                    r["node_id"], r["stream"], r["last_sequence"], r["recent"] or {}, r["written"], read.state
-                )
         outcomes: list[ReportAck | BaseException | None] = []
         accepted: list[tuple[int, OpenStream[NodeState], ReportItem, AcceptedReport]] = []
         for k, item in enumerate(items):
@@ -912,6 +906,15 @@ class EnrollmentService:
             decision = decide_report(node.state, item, last, recent)
             if isinstance(decision, AcceptedReport):
                 accepted.append((k, node, item, decision))
+            elif row is not None:  # kept as read; an accepted report's position is kept as advanced
+                self.positions.keep(
+                    item.report.node_id,
+                    item.report.stream,
+                    row["last_sequence"],
+                    recent,
+                    row["written"],
+                    node.state,
+                )
             outcomes.append(None if isinstance(decision, AcceptedReport) else decision)
         if accepted:
             await self._append_accepted(conn, accepted, outcomes)
