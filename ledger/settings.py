@@ -221,7 +221,7 @@ SETTINGS: tuple[Setting, ...] = (
         name="report_transactions",
         env="MODELFORGE_REPORT_TRANSACTIONS",
         flag="--report-transactions",
-        value=2,
+        value=3,
         kind="count",
         help=(
             "Agent-report transactions the server runs at once, each on a connection of its own; "
