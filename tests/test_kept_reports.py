@@ -145,6 +145,37 @@ async def test_a_position_row_written_behind_the_servers_back_is_what_the_report
     assert await position(pool, principal.node_id) == (10, 2, 0)
 
 
+async def test_one_row_written_behind_the_servers_back_sends_its_whole_batch_round_again(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    # Two reports in one batch on kept copies, one of whose rows was written since: the batch's
+    # append and the advance of the other row must not stand (each report is decided alone again).
+    a = server(pool, tmp_path, "a")
+    repaired, _ = await enrolled(a.agent_plane, "repaired-in-batch")
+    steady, _ = await enrolled(a.agent_plane, "steady-in-batch")
+    for seq in (1, 2):
+        for p, key in ((repaired, "repaired-in-batch"), (steady, "steady-in-batch")):
+            await a.agent_plane.accept_report(p, report_body(key, seq, mem_avail=seq), None)
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE agent_stream_positions SET last_sequence = 10 WHERE node_id = $1", repaired.node_id
+        )
+    batches_before = a.agent_plane.reports.batches
+    outcomes = await asyncio.gather(
+        a.agent_plane.accept_report(repaired, report_body("repaired-in-batch", 3, mem_avail=3), None),
+        a.agent_plane.accept_report(steady, report_body("steady-in-batch", 3, mem_avail=3), None),
+        return_exceptions=True,
+    )
+    refused, accepted = outcomes
+    assert isinstance(refused, Conflict) and "older than the last accepted (10)" in refused.detail
+    assert isinstance(accepted, ReportAck) and accepted.status == "accepted"
+    assert a.agent_plane.positions.stale == 1
+    assert a.agent_plane.reports.batches - batches_before == 2  # the batch split: each alone
+    assert await position(pool, repaired.node_id) == (10, 2, 0)
+    assert await position(pool, steady.node_id) == (3, 3, 0)
+    await verify(pool)
+
+
 async def test_a_server_that_keeps_no_state_decides_every_report_on_what_it_reads(
     pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
