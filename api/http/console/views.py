@@ -35,10 +35,14 @@ _UNITS = (
 def human_bytes(n: int | float) -> str:
     """Binary units, as nvidia-smi and free(1) print memory."""
     value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+    if abs(value) < 1024:
+        return f"{int(value)} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
         value /= 1024
+        # Decided on the number as printed: 1023.96 MiB prints as 1024.0, which is 1.0 GiB.
+        text = f"{value:.1f}"
+        if abs(float(text)) < 1024 or unit == "TiB":
+            return f"{text} {unit}"
     raise AssertionError("unreachable")
 
 
