@@ -13,7 +13,8 @@ construction and is checked row for row by `rebuild --verify`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+import operator
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import asyncpg
@@ -50,7 +51,20 @@ def _key_positions(spec: TableSpec) -> tuple[int, ...]:
     return tuple(spec.columns.index(k) for k in spec.key)
 
 
-def _changes_sql(ops: Sequence[tuple[str, str, TableSpec]], state_table: str) -> str:
+@functools.cache
+def _key_getter(spec: TableSpec) -> Callable[[Row], Any]:
+    """A row's key as the diff compares it: the key column's value for a one-column key, else
+    the tuple of the key columns' values (`operator.itemgetter`, one C call per row)."""
+    return operator.itemgetter(*_key_positions(spec))
+
+
+def _key_object(spec: TableSpec, key: Any) -> dict[str, Any]:
+    """The key `_key_getter` gave, as the row object a delete is matched on."""
+    return {spec.key[0]: key} if len(spec.key) == 1 else dict(zip(spec.key, key, strict=True))
+
+
+@functools.cache
+def _changes_sql(ops: tuple[tuple[str, str, TableSpec], ...], state_table: str) -> str:
     """One statement for every change of the rows of one or more streams: a data-modifying CTE
     per table and operation, each fed one jsonb array of row objects (`jsonb_populate_recordset`
     types the values by the table's own columns), then the new folded states. One round trip and
@@ -225,10 +239,17 @@ class Projection(Generic[S]):
         for _stream_id, before, after in changes:
             old_rows, new_rows = self.rows(before), self.rows(after)
             for spec in self.tables:
-                old = {spec.key_of(r): r for r in old_rows.get(spec.name, ())}
-                new = {spec.key_of(r): r for r in new_rows.get(spec.name, ())}
+                old_list, new_list = old_rows.get(spec.name, ()), new_rows.get(spec.name, ())
+                # Most of a stream's tables do not change with an event (a steady report changes
+                # its telemetry rows only): equal lists, in the order `rows` builds them, are
+                # told apart in one comparison, without keying every row of both.
+                if old_list == new_list:
+                    continue
+                key_of = _key_getter(spec)
+                old = {key_of(r): r for r in old_list}
+                new = {key_of(r): r for r in new_list}
                 changed_by[spec.name].extend(_objects(spec, [r for k, r in new.items() if old.get(k) != r]))
-                gone_by[spec.name].extend(dict(zip(spec.key, k, strict=True)) for k in old if k not in new)
+                gone_by[spec.name].extend(_key_object(spec, k) for k in old if k not in new)
             version, position = self.checkpoint_of(after)
             versions.append(version)
             positions.append(position)
@@ -243,7 +264,7 @@ class Projection(Generic[S]):
                 ops.append(("upsert", spec.name + suffix, spec))
                 args.append(changed_by[spec.name])
         await conn.execute(
-            _changes_sql(ops, STATE_TABLE + suffix),
+            _changes_sql(tuple(ops), STATE_TABLE + suffix),
             self.name,
             [stream_id for stream_id, _b, _a in changes],
             versions,
