@@ -48,6 +48,8 @@ def _settled(new: Fact, old: Fact) -> Fact:
 def _diff(pairs: Mapping[str, tuple[Fact, Fact]]) -> dict[str, FactChange]:
     changes: dict[str, FactChange] = {}
     for name, (old, new) in pairs.items():
+        if new == old:  # most facts of most reports: an equal fact settles to the one known
+            continue
         settled = _settled(new, old)
         if settled != old:
             changes[name] = FactChange(before=old, after=settled)
