@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import structlog
 
@@ -27,3 +29,29 @@ def settle_garbage_collector() -> None:
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
     log.info("process.gc_settled", frozen_objects=gc.get_freeze_count(), thresholds=list(GC_THRESHOLDS))
+
+
+_deferring = 0
+_thresholds_before: tuple[int, int, int] = GC_THRESHOLDS
+
+
+@contextmanager
+def older_collections_deferred() -> Iterator[None]:
+    """Around one bulk job whose hundreds of thousands of objects live as long as it does (a
+    fleet's `/metrics` scrape: a row per GPU and its decoded samples): the collections of the
+    older generations wait until it ends, the young one's go on. Each older pass went over all
+    of the job's objects with the event loop held (70-280 ms per pass, 10,000 nodes x 8 GPUs;
+    docs/performance.md), and there is no garbage among them: they are freed by their reference
+    counts when the job ends. Jobs may overlap; the thresholds come back when the last ends."""
+    global _deferring, _thresholds_before
+    if _deferring == 0:
+        _thresholds_before = gc.get_threshold()
+        young, _older, oldest = _thresholds_before
+        gc.set_threshold(young, 1_000_000_000, oldest)
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+        if _deferring == 0:
+            gc.set_threshold(*_thresholds_before)

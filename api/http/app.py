@@ -43,6 +43,7 @@ from api.services.views import (
     RefreshBody,
 )
 from api.wiring import Services
+from ledger.process import older_collections_deferred
 
 log = structlog.get_logger(__name__)
 
@@ -313,9 +314,11 @@ async def metrics(context: NamedDependency[AppContext]) -> Stream:
     async def text() -> AsyncIterator[bytes]:
         # A fleet's text is hundreds of MB made in seconds of Python: sent in pieces as they are
         # made, with the event loop free between them for the agents' reports.
-        for chunk in prometheus.render_chunks(snapshot):
-            yield chunk
-            await asyncio.sleep(0)
+        with older_collections_deferred():
+            for chunk in prometheus.render_chunks(snapshot):
+                if chunk:  # an empty piece is rows without a line: nothing to send, the loop still runs
+                    yield chunk
+                await asyncio.sleep(0)
 
     # Set here: Litestar would append a second `charset` to a text/ media type.
     return Stream(

@@ -27,6 +27,7 @@ from prometheus_client.utils import floatToGoString
 from api.services.repository import LivenessPolicy, _fact
 from collectors.facts import Known
 from collectors.gpu_health import CLOCK_EVENT_REASONS
+from ledger.process import older_collections_deferred
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 VERSION = "0.1.0"
@@ -478,7 +479,7 @@ def clock_event_mask(signals: dict[str, Any] | None) -> int | None:
     return mask
 
 
-def _slices(rows: list[asyncpg.Record], size: int = 1000) -> Iterator[list[asyncpg.Record]]:
+def _slices(rows: list[asyncpg.Record], size: int = 250) -> Iterator[list[asyncpg.Record]]:
     """A fleet's rows in slices: turned into rows one slice at a time, with the event loop free
     between them (80,000 GPUs at once held agent reports up for over a second)."""
     for k in range(0, len(rows), size):
@@ -521,7 +522,15 @@ def _gpu_row(r: asyncpg.Record) -> GpuRow:
 async def read_snapshot(
     pool: asyncpg.Pool, liveness: LivenessPolicy, counters: dict[str, int], now: datetime | None = None
 ) -> Snapshot:
-    now = now or datetime.now(UTC)
+    """The fleet's rows as one repeatable-read snapshot, with the older collections deferred
+    while its rows are read and built (`older_collections_deferred`)."""
+    with older_collections_deferred():
+        return await _read_snapshot(pool, liveness, counters, now or datetime.now(UTC))
+
+
+async def _read_snapshot(
+    pool: asyncpg.Pool, liveness: LivenessPolicy, counters: dict[str, int], now: datetime
+) -> Snapshot:
     async with pool.acquire() as conn, conn.transaction(readonly=True, isolation="repeatable_read"):
         node_rows = await conn.fetch(
             "SELECT n.node_id, n.hostname, n.source, n.inventory_status, t.received_at, t.metrics, "
@@ -634,7 +643,9 @@ def _states(
 
 def _lines(s: Snapshot) -> Iterator[str]:
     """The text, one family after another (a family's lines are contiguous in the format), each
-    node's and GPU's labels made once for all of its families."""
+    node's and GPU's labels made once for all of its families. A row that gives a family no line
+    (a metric not known, no health signals sent) yields "": `render_chunks` counts rows, not
+    lines, so a family of 80,000 GPUs without a line is not one pass with the event loop held."""
     yield _header(BUILD_INFO)
     yield _line(BUILD_INFO, _Labels(BUILD_INFO.labels, [VERSION, platform.python_version()]).plain, 1)
 
@@ -650,17 +661,19 @@ def _lines(s: Snapshot) -> Iterator[str]:
         yield from _states(NODE_INVENTORY, labels, "status", INVENTORY_STATES, n.inventory_status)
     yield _header(NODE_LAST_SEEN)
     for n, labels in nodes:
-        if n.last_received_at is not None:
+        if n.last_received_at is None:
+            yield ""
+        else:
             yield _line(NODE_LAST_SEEN, labels.plain, n.last_received_at.timestamp())
     for spec in NODE_TELEMETRY:
         yield _header(spec)
         for n, labels in nodes:
             value = sample_value(n.telemetry.get(spec.source))
-            if value is not None:
-                yield _line(spec, labels.plain, value * spec.scale)
+            yield "" if value is None else _line(spec, labels.plain, value * spec.scale)
     for k, spec in enumerate(STORAGE):
         yield _header(spec)
         for n, labels in nodes:
+            yield ""
             for mount, *sizes in n.storage:
                 value = sample_value(sizes[k])
                 if value is not None:
@@ -676,8 +689,8 @@ def _lines(s: Snapshot) -> Iterator[str]:
         yield _header(spec)
         for g, labels in gpus:
             value = sample_value(g.telemetry.get(spec.source))
-            if value is not None:  # unsupported / failed: absent, never 0
-                yield _line(spec, labels.plain, value * spec.scale)
+            # unsupported / failed: absent, never 0
+            yield "" if value is None else _line(spec, labels.plain, value * spec.scale)
     yield _header(GPU_HEALTH_STATUS)
     for g, labels in gpus:
         yield from _states(GPU_HEALTH_STATUS, labels, "status", HEALTH_STATES, g.health_status)
@@ -686,23 +699,22 @@ def _lines(s: Snapshot) -> Iterator[str]:
         yield from _states(GPU_HEALTH_ACTION, labels, "action", HEALTH_ACTIONS, g.health_action)
     yield _header(GPU_HEALTH_REASON)
     for g, labels in gpus:
+        yield ""
         for code, status, action in g.health_reasons:
             yield _line(GPU_HEALTH_REASON, labels.text({"code": code, "status": status, "action": action}), 1)
     for spec in GPU_HEALTH_SIGNALS:
         yield _header(spec)
         for g, labels in gpus:
             value = signal_value(g.health_signals, spec)
-            if value is not None:  # unsupported / failed / not sent: absent, never 0
-                yield _line(spec, labels.plain, value)
+            # unsupported / failed / not sent: absent, never 0
+            yield "" if value is None else _line(spec, labels.plain, value)
     yield _header(GPU_CLOCK_EVENTS)
     for g, labels in gpus:
         mask = clock_event_mask(g.health_signals)
-        if mask is not None:
-            yield _line(GPU_CLOCK_EVENTS, labels.plain, mask)
+        yield "" if mask is None else _line(GPU_CLOCK_EVENTS, labels.plain, mask)
     yield _header(GPU_XID)
     for g, labels in gpus:
-        if g.last_xid is not None:
-            yield _line(GPU_XID, labels.plain, g.last_xid)
+        yield "" if g.last_xid is None else _line(GPU_XID, labels.plain, g.last_xid)
 
     yield _header(ACCELERATORS)
     for status, count in sorted(s.accelerator_counts.items()):
@@ -719,13 +731,14 @@ CHUNK_LINES = 4096  # about 0.8 MB of a fleet's GPU lines
 
 
 def render_chunks(snapshot: Snapshot) -> Iterator[bytes]:
-    """The text in pieces of CHUNK_LINES lines: the route sends each as it is made, and lets the
-    event loop run between them, so a fleet's scrape (hundreds of MB) is never whole in memory
-    and never holds up agent reports for its whole length."""
+    """The text in pieces of at most CHUNK_LINES lines, one for every CHUNK_LINES rows or lines
+    made (a piece may be empty): the route sends each as it is made, and lets the event loop run
+    between them, so a fleet's scrape (hundreds of MB) is never whole in memory and never holds
+    up agent reports for long."""
     batch: list[str] = []
     for line in _lines(snapshot):
         batch.append(line)
-        if len(batch) >= CHUNK_LINES:
+        if len(batch) >= CHUNK_LINES:  # lines or rows that gave none: a piece may be empty
             yield "".join(batch).encode()
             batch.clear()
     if batch:

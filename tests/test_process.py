@@ -1,0 +1,38 @@
+"""The garbage collector's settings around a bulk job (ledger/process.py)."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+
+from ledger.process import older_collections_deferred
+
+
+@pytest.fixture
+def thresholds() -> Iterator[tuple[int, int, int]]:
+    before = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    try:
+        yield gc.get_threshold()
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_older_collections_wait_for_overlapping_jobs_and_come_back_when_the_last_ends(
+    thresholds: tuple[int, int, int],
+) -> None:
+    with older_collections_deferred():
+        young, older, oldest = gc.get_threshold()
+        assert (young, oldest) == (thresholds[0], thresholds[2]) and older >= 10**9
+        with older_collections_deferred():  # a second scrape while the first is sent
+            assert gc.get_threshold()[1] >= 10**9
+        assert gc.get_threshold()[1] >= 10**9  # the first is still running
+    assert gc.get_threshold() == thresholds
+
+
+def test_a_job_that_fails_gives_the_thresholds_back(thresholds: tuple[int, int, int]) -> None:
+    with pytest.raises(RuntimeError), older_collections_deferred():
+        raise RuntimeError("the database went away mid-scrape")
+    assert gc.get_threshold() == thresholds
