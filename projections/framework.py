@@ -37,12 +37,6 @@ class TableSpec(msgspec.Struct, frozen=True):
     columns: tuple[str, ...]
     key: tuple[str, ...]
 
-    def key_of(self, row: Row) -> Row:
-        positions = _key_positions(self)
-        if len(positions) == 1:
-            return (row[positions[0]],)
-        return tuple(row[i] for i in positions)
-
 
 @functools.cache
 def _key_positions(spec: TableSpec) -> tuple[int, ...]:
