@@ -40,9 +40,12 @@ async def test_catch_up_reader_sees_every_committed_event_exactly_once(pool: asy
             version = 0
             for _ in range(per_writer):
                 events = [telemetry(i) for i in range(batch)]
-                # A transaction of its own per batch: eight writers' transactions commit in any
-                # order, where the store's group commit would have merged them into fewer.
-                async with pool.acquire() as conn, conn.transaction():
+                # A transaction of its own per batch, where the store's group commit would have
+                # merged them into fewer: on a connection outside a transaction block, the append's
+                # one statement commits alone (its positions are taken, then it commits after its
+                # other writes and the WAL flush), so eight writers' transactions commit in any order.
+                async with pool.acquire() as conn:
+                    assert not conn.is_in_transaction()
                     await store.append(stream, version, events, conn=conn)
                 version += batch
                 written.update(e.event_id for e in events)
