@@ -3,6 +3,7 @@ asserts a timing), and the harness's statement counter counts what PostgreSQL is
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,15 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from bench.harness import OpenLoop, Sample, StatementCounter
+from bench.harness import (
+    OpenLoop,
+    Sample,
+    StatementCounter,
+    core_speed_ms,
+    core_speeds_ms,
+    cpu_ticks,
+    steal_share,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,3 +65,27 @@ def test_open_loop_backlog_growth_is_told_from_a_steady_queue() -> None:
     growing = OpenLoop(Sample("g", ops=500), 100.0, 1000, False, [3, 20, 45, 80, 120], 5.0)
     assert not steady.backlog_grows and growing.backlog_grows
     assert OpenLoop(Sample("o"), 100.0, 300, True, [50, 150], 2.0).backlog_grows
+
+
+def test_steal_is_read_from_the_eighth_figure_of_proc_stat() -> None:
+    # Two readings of /proc/stat's first line: 40 of the 400 ticks between them were stolen.
+    start = cpu_ticks("cpu  1000 0 200 5000 10 0 5 100 0 0\ncpu0 500 0 100 2500 5 0 2 50 0 0\n")
+    end = cpu_ticks("cpu  1200 0 250 5100 10 0 15 140 0 0\ncpu0 600 0 125 2550 5 0 7 70 0 0\n")
+    assert start == (100, 6315) and end == (140, 6715)
+    assert steal_share(start, end) == 40 / 400
+    assert steal_share(None, end) is None and steal_share(end, end) is None
+
+
+def test_the_core_speed_reading_is_the_cpu_of_a_fixed_workload() -> None:
+    first, second = core_speed_ms(rounds=3), core_speed_ms(rounds=3)
+    # CPU time, best of several rounds: positive, and the same workload within a few times of itself
+    # (other load on the machine lengthens wall time, far less the CPU a process takes).
+    assert 0 < first < 1000 and 0 < second < 1000
+    assert max(first, second) / min(first, second) < 3
+
+
+def test_core_speeds_are_read_on_every_core_and_leave_the_affinity_as_it_was() -> None:
+    allowed = os.sched_getaffinity(0)
+    speeds = core_speeds_ms()
+    assert len(speeds) == len(allowed) and all(v > 0 for v in speeds)
+    assert os.sched_getaffinity(0) == allowed
