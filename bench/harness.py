@@ -1,8 +1,7 @@
 """The one harness every benchmark in bench/ uses: throwaway databases, server processes started
 through the product's console script, load loops (closed and open), latency percentiles, CPU
 meters (this process, the server processes, the PostgreSQL backends), per-core speed and CPU steal
-readings, a wire-level SQL statement
-counter, `wrk`, ratio verdicts and JSON output.
+readings, a wire-level SQL statement counter, `wrk`, ratio verdicts and JSON output.
 
 The benchmarks touch the product only through stable entry points: the `modelforge-hw` console
 script (`serve`), HTTP, and the ledger (`ledger.db`, `ledger.store.EventStore`). Nothing here
