@@ -1,7 +1,7 @@
 """The one harness every benchmark in bench/ uses: throwaway databases, server processes started
 through the product's console script, load loops (closed and open), latency percentiles, CPU
-meters (this process, the server processes, the PostgreSQL backends), per-core speed and CPU steal
-readings, a wire-level SQL statement counter, `wrk`, ratio verdicts and JSON output.
+meters (this process, the server processes, the PostgreSQL backends), CPU steal readings, a
+wire-level SQL statement counter, `wrk`, ratio verdicts and JSON output.
 
 The benchmarks touch the product only through stable entry points: the `modelforge-hw` console
 script (`serve`), HTTP, and the ledger (`ledger.db`, `ledger.store.EventStore`). Nothing here
@@ -33,7 +33,6 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
-import msgspec
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
@@ -112,12 +111,8 @@ class Report:
         self.environment["load_average_at_end"] = [round(x, 2) for x in load]
         stolen = steal_share(self.environment.get("cpu_ticks_at_start"), read_cpu_ticks())
         self.environment["cpu_steal_share"] = None if stolen is None else round(stolen, 4)
-        self.environment["core_speed_ms_at_end"] = core_speeds_ms()
         steal = "" if stolen is None else f"; CPU time stolen by the hypervisor during the run: {stolen:.1%}"
-        print(
-            f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}{steal}; core speed at the end "
-            f"{describe_speeds(self.environment['core_speed_ms_at_end'])} ms"
-        )
+        print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}{steal}")
         if path:
             doc = asdict(self)
             doc["ratios"] = [{**asdict(r), "verdict": r.verdict} for r in self.ratios]
@@ -182,58 +177,11 @@ async def throwaway_database(suffix: str, *, keep: bool = False) -> AsyncIterato
                 await admin.close()
 
 
-# --- how fast and how shared this machine's cores are ------------------------------------------------
+# --- how shared this machine's cores are --------------------------------------------------------------
 # Absolute figures (reports/s, CPU ms per report) moved by 2x between VMs sold as alike, and by
 # 1.4x between consecutive runs on one of them (docs/performance.md, issue 12, twelfth and
-# thirteenth steps). Two readings say which machine a run had: the CPU a fixed workload takes, and
-# the share of the CPUs' time the hypervisor gave other guests (steal) while the run ran.
-
-# The reference workload's input: fixed, so the figure depends on the core, Python and msgspec only.
-_REFERENCE = msgspec.json.encode(
-    [
-        {"uuid": f"GPU-{i:08x}", "state": "known", "value": i * 1.5, "labels": [f"l{j}" for j in range(6)]}
-        for i in range(400)
-    ]
-)
-
-
-def core_speed_ms(rounds: int = 5) -> float:
-    """CPU milliseconds of this process for a fixed workload like a report's in kind (decode and
-    encode JSON with msgspec, then dict, list and string work in Python), best of `rounds`. Unlike
-    the product's code, the workload never changes, so runs on different days compare: less is a
-    faster core."""
-    best = float("inf")
-    for _ in range(rounds):
-        started = time.process_time()
-        for _ in range(10):
-            items = msgspec.json.decode(_REFERENCE)
-            by_uuid = {item["uuid"]: item for item in items}
-            ranked = sorted(by_uuid.values(), key=lambda item: -item["value"])
-            lines = [f"{item['uuid']} {item['value']:.1f} {','.join(item['labels'])}" for item in ranked]
-            msgspec.json.encode({"lines": lines, "items": ranked})
-        best = min(best, time.process_time() - started)
-    return best * 1000
-
-
-def core_speeds_ms() -> list[float]:
-    """`core_speed_ms` on each core this process may run on, in turn (Linux; elsewhere one reading
-    wherever it runs). The two vCPUs of one VM were measured 1.7x apart (8.8 against 5.1 ms, 2026-12-02):
-    a core can share its physical core with a busy neighbour, so the reading is per core."""
-    if not hasattr(os, "sched_setaffinity"):
-        return [round(core_speed_ms(), 2)]
-    allowed = os.sched_getaffinity(0)
-    speeds = []
-    try:
-        for cpu in sorted(allowed):
-            os.sched_setaffinity(0, {cpu})
-            speeds.append(round(core_speed_ms(), 2))
-    finally:
-        os.sched_setaffinity(0, allowed)
-    return speeds
-
-
-def describe_speeds(speeds: Sequence[float]) -> str:
-    return ", ".join(f"{v:.1f}" for v in speeds)
+# thirteenth steps). The share of the CPUs' time the hypervisor gave other guests (steal) while a
+# run ran says whether its neighbours were busy.
 
 
 def cpu_ticks(stat: str) -> tuple[int, int]:
@@ -274,7 +222,6 @@ async def describe_environment(report: Report, title: str) -> None:
         "python": platform.python_version(),
         "postgresql": settings,
         "load_average_at_start": [round(x, 2) for x in load],
-        "core_speed_ms": core_speeds_ms(),
         "cpu_ticks_at_start": read_cpu_ticks(),
     }
     print(f"ModelForge {title} benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
@@ -284,10 +231,6 @@ async def describe_environment(report: Report, title: str) -> None:
         f"shared_buffers={settings['shared_buffers']}, autovacuum={settings['autovacuum']}); "
         f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (the machine is shared: rates are noisy, "
         "compare ratios and CPU per unit)"
-    )
-    print(
-        f"core speed: the reference workload took {describe_speeds(report.environment['core_speed_ms'])} ms "
-        "of CPU on each core in turn (bench/harness.py `core_speed_ms`; less is faster)"
     )
 
 

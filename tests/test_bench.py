@@ -3,7 +3,6 @@ asserts a timing), and the harness's statement counter counts what PostgreSQL is
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +14,6 @@ from bench.harness import (
     OpenLoop,
     Sample,
     StatementCounter,
-    core_speed_ms,
-    core_speeds_ms,
     cpu_ticks,
     steal_share,
 )
@@ -74,18 +71,3 @@ def test_steal_is_read_from_the_eighth_figure_of_proc_stat() -> None:
     assert start == (100, 6315) and end == (140, 6715)
     assert steal_share(start, end) == 40 / 400
     assert steal_share(None, end) is None and steal_share(end, end) is None
-
-
-def test_the_core_speed_reading_is_the_cpu_of_a_fixed_workload() -> None:
-    first, second = core_speed_ms(rounds=3), core_speed_ms(rounds=3)
-    # CPU time, best of several rounds: positive, and the same workload within a few times of itself
-    # (other load on the machine lengthens wall time, far less the CPU a process takes).
-    assert 0 < first < 1000 and 0 < second < 1000
-    assert max(first, second) / min(first, second) < 3
-
-
-def test_core_speeds_are_read_on_every_core_and_leave_the_affinity_as_it_was() -> None:
-    allowed = os.sched_getaffinity(0)
-    speeds = core_speeds_ms()
-    assert len(speeds) == len(allowed) and all(v > 0 for v in speeds)
-    assert os.sched_getaffinity(0) == allowed
