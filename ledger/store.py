@@ -277,7 +277,9 @@ class EventStore:
         Raises StreamVersionConflict (nothing written) when the stream moved on, StreamTombstoned
         for a tombstoned stream, EventValidationError for an event the catalog rejects (checked
         before anything is sent). Appending the same batch again (same event ids) returns the
-        stored events and writes nothing. With `conn`, runs inside the caller's transaction;
+        stored events and writes nothing. With `conn`, runs inside the caller's transaction (a
+        store with inline projections refuses a connection outside one; without projections the
+        append there is one statement, a transaction of its own);
         `locked=True` says the caller already holds the stream's lock (see `lock_stream`).
         Without either, concurrent appends to different streams commit together
         (ledger.group_commit), each still all or nothing and answered once committed.
@@ -416,6 +418,10 @@ class EventStore:
     ) -> list[asyncpg.Record]:
         """One call of an append function (`mf_append_many`, or `mf_append_kept` with the kept
         checkpoints after the events), the store's errors typed."""
+        if self.projections and not conn.is_in_transaction():
+            # The events and their read-model rows are one unit of work: outside a transaction
+            # block each statement commits alone, and the events would be stored without them.
+            raise RuntimeError("an append with inline projections runs in the caller's transaction")
         flat = [e for r in requests for e in r.events]
         codes = [c for per in encoded for c in per]
         try:

@@ -191,6 +191,20 @@ async def test_event_failing_schema_validation_is_refused_and_nothing_written(st
         assert await conn.fetchval("SELECT count(*) FROM streams") == 0
 
 
+async def test_an_append_with_projections_outside_a_transaction_is_refused_and_writes_nothing(
+    store: EventStore,
+) -> None:
+    """Its events and their read-model rows are one unit of work: on a bare connection each
+    statement would commit alone, so a failure between them would leave events without rows."""
+    async with store.pool.acquire() as conn:
+        with pytest.raises(RuntimeError, match="transaction"):
+            await store.append("s", 0, [lifecycle()], conn=conn)
+        assert await conn.fetchval("SELECT count(*) FROM events") == 0
+        async with conn.transaction():
+            await store.append("s", 0, [lifecycle()], conn=conn)
+        assert await conn.fetchval("SELECT count(*) FROM events") == 1
+
+
 async def test_hash_chain_links_lifecycle_events(store: EventStore) -> None:
     await store.append("s", 0, [lifecycle("a"), telemetry(1), lifecycle("b")])
     async with store.pool.acquire() as conn:
