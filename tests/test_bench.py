@@ -10,13 +10,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from bench.harness import (
-    OpenLoop,
-    Sample,
-    StatementCounter,
-    cpu_ticks,
-    steal_share,
-)
+from bench.harness import OpenLoop, Sample, StatementCounter, cpu_ticks, steal_share
 
 ROOT = Path(__file__).resolve().parent.parent
 
