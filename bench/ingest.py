@@ -299,11 +299,17 @@ async def count_http(db: h.Database, work: Path, agents: list[Agent], n: int, tr
                 await agents[k].send(conn)
             status, resp = await conn.request(b"POST", b"/api/v1/hardware/refresh", op)
             assert status == 200, resp[:300]
-            for what, times in (("report", n), ("refresh", max(5, n // 20))):
+            # Each kind of report counted apart: an agent sends an inventory report every
+            # INVENTORY_EVERY reports, and a window of whatever comes next would mix the two kinds
+            # in proportions that depend on where the agents' counters stand.
+            kinds = (("report", n), ("inventory_report", max(5, n // 20)), ("refresh", max(5, n // 20)))
+            for what, times in kinds:
                 before = counter.counts.copy()
                 for k in range(times):
                     if what == "report":
-                        await agents[k % len(agents)].send(conn)
+                        await agents[k % len(agents)].send(conn, "telemetry")
+                    elif what == "inventory_report":
+                        await agents[k % len(agents)].send(conn, "inventory")
                     else:
                         status, resp = await conn.request(b"POST", b"/api/v1/hardware/refresh", op)
                         assert status == 200, resp[:300]
@@ -613,7 +619,8 @@ async def run(args: argparse.Namespace) -> int:
             for who, figures in counted.items():
                 report.row(name=f"statements ({who})", **figures)
                 for k, what in (
-                    ("report", "agent report"),
+                    ("report", "telemetry report"),
+                    ("inventory_report", "inventory report"),
                     ("refresh", "refresh"),
                     ("append", "ceiling append"),
                 ):
