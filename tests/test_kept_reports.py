@@ -45,12 +45,12 @@ async def enrolled(plane: EnrollmentService, key: str) -> tuple[Principal, str]:
     return await plane.authenticate(done.credential), done.credential
 
 
-async def position(pool: asyncpg.Pool, node_id: str) -> tuple[int, int, int]:
+async def position(pool: asyncpg.Pool, node_id: str, stream: str = "telemetry") -> tuple[int, int, int]:
     async with pool.acquire() as conn:
         row = await conn.fetchrow(
-            "SELECT last_sequence, reports, skipped FROM agent_stream_positions "
-            "WHERE node_id = $1 AND stream = 'telemetry'",
+            "SELECT last_sequence, reports, skipped FROM agent_stream_positions WHERE node_id = $1 AND stream = $2",
             node_id,
+            stream,
         )
     assert row is not None
     return row["last_sequence"], row["reports"], row["skipped"]
@@ -194,14 +194,16 @@ async def test_a_server_that_keeps_no_state_decides_every_report_on_what_it_read
 
 # --- any interleaving of two servers ----------------------------------------------------------
 
-# (server 0 or 1, node, what happens): the node's next report (after skipping 0-2 sequences), an
-# unchanged retry of its newest accepted report, a report whose transaction rolls back after it
-# wrote (a failed COMMIT, say), or a work lease through that server (its node state made current,
-# its copy of the position not).
+# (server 0 or 1, node, agent stream, what happens): the node's next report on that stream (after
+# skipping 0-2 sequences), an unchanged retry of its newest accepted report, a report whose
+# transaction rolls back after it wrote (a failed COMMIT, say), or a work lease through that server
+# (its node state made current, its copy of the position not). A report on one stream moves the
+# node on under the other stream's kept position (which the server carries along).
 histories = st.lists(
     st.tuples(
         st.integers(0, 1),
         st.integers(0, 1),
+        st.sampled_from(["telemetry", "telemetry", "inventory"]),
         st.sampled_from(["next", "next", "next", "skip", "retry", "rolled_back", "lease"]),
     ),
     min_size=1,
@@ -221,7 +223,7 @@ async def test_any_interleaving_of_two_servers_answers_and_counts_as_one_would(
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     )
     @given(history=histories)
-    def prop(history: list[tuple[int, int, str]]) -> None:
+    def prop(history: list[tuple[int, int, str, str]]) -> None:
         prefix = uuid.uuid4().hex[:8]
 
         async def example() -> None:
@@ -230,24 +232,28 @@ async def test_any_interleaving_of_two_servers_answers_and_counts_as_one_would(
             for key in keys:
                 principal, credential = await enrolled(servers[0].agent_plane, key)
                 principals.append([principal, await servers[1].agent_plane.authenticate(credential)])
-            # The model: per node, the last accepted sequence, accepted reports, skipped sequences.
-            model = [[0, 0, 0] for _ in keys]
-            for s, n, action in history:
+            # The model: per node and stream, the last accepted sequence, accepted reports, skipped
+            # sequences.
+            model = {
+                (n, stream): [0, 0, 0] for n in range(len(keys)) for stream in ("telemetry", "inventory")
+            }
+            for s, n, stream, action in history:
                 plane, principal, key = servers[s].agent_plane, principals[n][s], keys[n]
-                last, reports, skipped = model[n]
+                last, reports, skipped = model[n, stream]
                 if action == "lease":
-                    if reports == 0:  # not discovered yet: no node to lease
-                        continue
+                    if not model[n, "telemetry"][1] and not model[n, "inventory"][1]:
+                        continue  # not discovered yet: no node to lease
                     await servers[s].decommission.acquire_lease(principal.node_id, "scheduler", "job")
                     continue
                 if action == "retry":
                     if last == 0:
                         continue
-                    ack = await plane.accept_report(principal, report_body(key, last, mem_avail=last), None)
+                    retried = report_body(key, last, stream=stream, mem_avail=last)
+                    ack = await plane.accept_report(principal, retried, None)
                     assert ack.status == "duplicate", ack
                     continue
                 seq = last + (3 if action == "skip" else 1)
-                body = report_body(key, seq, mem_avail=seq)
+                body = report_body(key, seq, stream=stream, mem_avail=seq)
                 if action == "rolled_back":
                     item = ReportItem(
                         principal, decode_report(body), hashlib.sha256(body).hexdigest(), _now(), None
@@ -266,11 +272,14 @@ async def test_any_interleaving_of_two_servers_answers_and_counts_as_one_would(
                     "accepted",
                     last or None,
                     seq - last - 1,
-                ), (ack, model[n])
-                model[n] = [seq, reports + 1, skipped + seq - last - 1]
-            for n, key in enumerate(keys):
-                if model[n][1]:
-                    assert list(await position(pool, principals[n][0].node_id)) == model[n], key
+                ), (ack, model[n, stream])
+                model[n, stream] = [seq, reports + 1, skipped + seq - last - 1]
+            for (n, stream), expected in model.items():
+                if expected[1]:
+                    assert list(await position(pool, principals[n][0].node_id, stream)) == expected, (
+                        n,
+                        stream,
+                    )
             await verify(pool)
 
         asyncio.run_coroutine_threadsafe(example(), loop).result()

@@ -90,6 +90,37 @@ async def test_a_steady_state_agent_report_sends_fewer_statements_than_before(
     assert not any("mf_lock_stream" in q or "FROM projection_state" in q for q in counter.queries)
 
 
+async def test_a_node_reporting_on_its_two_streams_in_turn_sends_five_statements_each_time(
+    counted: tuple[Services, Counter],
+) -> None:
+    # An agent sends an inventory report every 30 reports. A report on one stream moves the node
+    # on; the other stream's kept position must follow it, or the next report on either stream
+    # (a batch holding it, with every other report of the batch) opens its node again.
+    services, counter = counted
+    plane = services.agent_plane
+    token = await plane.create_token(3600, 1)
+    enrolled = await plane.enroll(
+        token.token, EnrollRequest(identity_key="two-streams", identity_source="configured", hostname="h")
+    )
+    principal = await plane.authenticate(enrolled.credential)
+    for stream in ("inventory", "telemetry"):  # each stream's first report: nothing kept yet
+        await plane.accept_report(principal, report_body("two-streams", 1, stream=stream, mem_avail=1), None)
+    for seq, stream in (
+        (2, "telemetry"),
+        (2, "inventory"),
+        (3, "telemetry"),
+        (4, "telemetry"),
+        (3, "inventory"),
+    ):
+        counter.queries.clear()
+        ack = await plane.accept_report(
+            principal, report_body("two-streams", seq, stream=stream, mem_avail=seq), None
+        )
+        assert (ack.status, ack.previous_sequence, ack.gap) == ("accepted", seq - 1, 0), (stream, ack)
+        assert len(counter.queries) == REPORT_STATEMENTS, (stream, seq, counter.queries)
+        assert not any("mf_open_streams" in q for q in counter.queries)
+
+
 async def test_reports_that_arrive_together_share_one_transaction_of_five_statements(
     counted: tuple[Services, Counter],
 ) -> None:

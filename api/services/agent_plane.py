@@ -288,6 +288,20 @@ class KeptPositions:
         while len(self._kept) > self.streams:
             self._kept.popitem(last=False)
 
+    def carry(self, node_id: str, wrote: str, before: tuple[int, int], after: NodeState) -> None:
+        """After this process's own commit of a report on `wrote`, the node's other streams' copies
+        that were paired with the checkpoint (stream version, position) the commit moved the node
+        on from are paired with the one it moved to: the commit wrote the node's events and the
+        position row of `wrote` only, so their rows are as they were when copied, and a node
+        whose reports alternate between its streams is still decided in five statements. Should
+        a row have been written all the same, its advance's `xmin` check still refuses the copy."""
+        for stream in STREAMS:
+            copy = self._kept.get((node_id, stream)) if stream != wrote else None
+            if copy is not None and (copy.node_version, copy.node_position) == before:
+                self._kept[(node_id, stream)] = msgspec.structs.replace(
+                    copy, node_version=after.stream_version, node_position=after.position
+                )
+
     def drop(self, node_id: str, stream: str) -> None:
         self._kept.pop((node_id, stream), None)
 
@@ -979,9 +993,10 @@ class EnrollmentService:
             raise TryAgain("a kept stream position is not the stored one")
         written = {(r["node_id"], r["stream"]): r["written"] for r in rows}
         acks: list[ReportAck | BaseException] = []
-        for item, (_p, d), done in zip(items, decided, committed, strict=True):
+        for item, (_p, d), node, done in zip(items, decided, streams.kept, committed, strict=True):
             key = (item.report.node_id, item.report.stream)
             self.positions.keep(*key, item.report.sequence, d.recent, written[key], done.state)
+            self.positions.carry(*key, (node.version, node.position), done.state)
             self.inventory.reconciled(item.report.node_id, done, "agent")
             acks.append(_accepted_ack(item, d, done))
         return acks
@@ -992,6 +1007,8 @@ class EnrollmentService:
         accepted: list[tuple[int, OpenStream[NodeState], ReportItem, AcceptedReport]],
         outcomes: list[ReportAck | BaseException | None],
     ) -> None:
+        # The checkpoints decided on: the append moves each open stream's state on.
+        before = [(node.state.stream_version, node.state.position) for _k, node, _i, _d in accepted]
         committed = await self.nodes.append_many(conn, [(node, d.events) for _k, node, _i, d in accepted])
         rows = await conn.fetch(
             _ADVANCE_MANY_SQL,
@@ -1004,8 +1021,9 @@ class EnrollmentService:
             [i.received_at for _k, _n, i, _d in accepted],
         )
         written = {(r["node_id"], r["stream"]): r["written"] for r in rows}
-        for (k, node, item, d), done in zip(accepted, committed, strict=True):
+        for (k, node, item, d), was, done in zip(accepted, before, committed, strict=True):
             key = (item.report.node_id, item.report.stream)
             self.positions.keep(*key, item.report.sequence, d.recent, written[key], done.state)
+            self.positions.carry(*key, was, done.state)
             self.inventory.reconciled(node.stream_id, done, "agent")
             outcomes[k] = _accepted_ack(item, d, done)
