@@ -295,12 +295,11 @@ async def count_http(db: h.Database, work: Path, agents: list[Agent], n: int, tr
         try:
             # Each kind of report counted apart: an agent sends an inventory report every
             # INVENTORY_EVERY reports, and a window of whatever comes next would mix the kinds in
-            # proportions that depend on where the agents' counters stand. A kept stream position
-            # is used only with the node state it was kept with, so a report on the other stream
-            # makes the next one on this stream open its node (seven statements, not five): an
-            # inventory report, and the telemetry report after it. Warm-up: prepared statements,
-            # the credential cache of every agent counted below (a fresh server looks each
-            # credential up once; a steady one does not), and each node's telemetry stream last.
+            # proportions that depend on where the agents' counters stand. Warm-up: prepared
+            # statements, the credential cache of every agent counted below (a fresh server looks
+            # each credential up once; a steady one does not), and both streams' kept copies, the
+            # telemetry stream last: a baseline from before 071e723 opens a node (seven statements)
+            # for a report after one on its other stream, and its telemetry count stays steady.
             few = max(5, n // 20)
             for k in range(few):
                 await agents[k % len(agents)].send(conn, "inventory")

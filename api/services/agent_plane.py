@@ -296,7 +296,9 @@ class KeptPositions:
         whose reports alternate between its streams is still decided in five statements. Should
         a row have been written all the same, its advance's `xmin` check still refuses the copy."""
         for stream in STREAMS:
-            copy = self._kept.get((node_id, stream)) if stream != wrote else None
+            if stream == wrote:
+                continue
+            copy = self._kept.get((node_id, stream))
             if copy is not None and (copy.node_version, copy.node_position) == before:
                 self._kept[(node_id, stream)] = msgspec.structs.replace(
                     copy, node_version=after.stream_version, node_position=after.position
