@@ -32,11 +32,11 @@ from agent.state import (
     load_status,
     lock_holder,
 )
-from ledger import settings
+from runtime import settings
 
 
 def _value(args: argparse.Namespace, name: str, dest: str | None = None) -> Any:
-    """The flag, else the option's variable, else its one default (ledger/settings.py)."""
+    """The flag, else the option's variable, else its one default (runtime/settings.py)."""
     given = getattr(args, dest or name, None)
     return given if given is not None else settings.from_env(name)
 

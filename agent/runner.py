@@ -76,7 +76,7 @@ from collectors.observations import (
     NvmlScan,
 )
 from collectors.system import SystemHostCollector
-from ledger import settings
+from runtime import settings
 
 log = structlog.get_logger(__name__)
 
@@ -103,7 +103,7 @@ class NvmlSource(Protocol):
     async def collect_async(self) -> NvmlScan: ...
 
 
-# The defaults come from the one configuration model (ledger/settings.py), shared with the server.
+# The defaults come from the one configuration model (runtime/settings.py), shared with the server.
 DEFAULT_INTERVAL: float = settings.default("agent_interval")
 DEFAULT_INVENTORY_EVERY: int = settings.default("agent_inventory_every")
 DEFAULT_SPOOL_MAX: int = settings.default("agent_spool_max")

@@ -1,6 +1,6 @@
 """Server configuration: flags override `MODELFORGE_*` environment variables override defaults.
 
-Every option is declared once, in `ledger.settings.SETTINGS` (re-exported here), which also gives
+Every option is declared once, in `runtime.settings.SETTINGS` (re-exported here), which also gives
 the flags, the agent's defaults and the configuration reference in docs/ (tests fail when that
 page drifts from the model).
 """
@@ -18,9 +18,9 @@ import msgspec
 
 from collectors.statefiles import write_private
 from ledger.db import default_state_dir
-from ledger.settings import SETTINGS, Setting, SettingError, default, from_env
+from runtime.settings import SETTINGS, Setting, SettingError, default, from_env
 
-# The one configuration model: declared in ledger/settings.py (the agent reads it too).
+# The one configuration model: declared in runtime/settings.py (the agent reads it too).
 __all__ = ["SETTINGS", "ServerConfig", "Setting", "SettingError"]
 
 

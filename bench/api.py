@@ -55,9 +55,9 @@ STEADY_LIVENESS = {"MODELFORGE_STALE_AFTER": "3600", "MODELFORGE_OFFLINE_AFTER":
 def node_events(i: int, rng: random.Random, now: datetime) -> tuple[str, list[Any]]:
     """Node `i`'s first report as the ledger stores it: discovery plus telemetry, by `reconcile`."""
     from collectors.identity import NodeIdentity
+    from domain.node import NodeState, node_id_for
+    from domain.reconcile import reconcile
     from ledger.events import EventMetadata, NewEvent
-    from ledger.node import NodeState, node_id_for
-    from ledger.reconcile import reconcile
 
     node_id = node_id_for(node_key(i))
     payloads = reconcile(

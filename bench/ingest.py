@@ -207,7 +207,7 @@ async def ceiling_payloads(pool: Any, agents: list[Agent]) -> None:
     """What `reconcile` makes of each pre-built observation against the node's folded state: the
     events the server appends for such a report."""
     from collectors.identity import NodeIdentity
-    from ledger.reconcile import reconcile
+    from domain.reconcile import reconcile
     from projections.inventory import INVENTORY
 
     rng = random.Random(7)

@@ -28,7 +28,7 @@ baseline measured in the same run, on the same server.
 (d) statements: the SQL statements, round trips and transactions of one append, counted on the
     wire (bench/harness.py's StatementCounter).
 
-The process runs with the server's garbage-collector settings (`ledger.process`), applied once
+The process runs with the server's garbage-collector settings (`runtime.process`), applied once
 the workload is built. Systems run interleaved in `--rounds` slices of the workload, so drift on a noisy machine hits
 all of them alike. Targets (issue 12): append >= 0.5 of the ceiling and >= 2x the peer; rebuild
 >= 0.5 of the bare scan.
@@ -60,6 +60,8 @@ import msgspec
 from bench import harness as h
 from bench.fleet import model_of, node_key, node_observation
 from collectors.identity import NodeIdentity
+from domain.node import NodeState, accelerator_id_for, node_id_for
+from domain.reconcile import reconcile
 from ledger.db import create_pool, migrate
 from ledger.events import (
     SCHEMA_VERSION,
@@ -72,12 +74,10 @@ from ledger.events import (
     decode_metadata,
     decode_payload,
 )
-from ledger.node import NodeState, accelerator_id_for, node_id_for
-from ledger.process import settle_garbage_collector
-from ledger.reconcile import reconcile
 from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS
 from projections.rebuild import rebuild
+from runtime.process import settle_garbage_collector
 
 TASKS = 8
 POOL = 4

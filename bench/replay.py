@@ -120,7 +120,7 @@ class LogBuilder:
     def __init__(
         self, nodes: int, reports: int, *, hot_history: timedelta = HOT_HISTORY, seed: int = 20261130
     ) -> None:
-        from ledger.node import NodeState, node_id_for
+        from domain.node import NodeState, node_id_for
 
         self.rng = random.Random(seed)
         self.position = 0
@@ -224,9 +224,9 @@ class LogBuilder:
         (discovery and incidents); lifecycle events are folded into that state."""
         from collectors.facts import Known
         from collectors.identity import NodeIdentity
+        from domain.node import accelerator_id_for, evolve
+        from domain.reconcile import reconcile
         from ledger.events import RecordedEvent, event_class_of, event_type_of, validate_payload
-        from ledger.node import accelerator_id_for, evolve
-        from ledger.reconcile import reconcile
 
         obs = node_observation(node.index, self.rng)
         if node.driver is not None:

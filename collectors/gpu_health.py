@@ -5,7 +5,7 @@ reports `unsupported` for its ECC counters, never 0. Counters that only grow (EC
 pages, PCIe replays) are telemetry; XIDs are occurrences, drained from NVML's event API at each
 collection without blocking, and recorded once each by the ledger.
 
-Verdicts are not decided here: `ledger.health` holds the rule table.
+Verdicts are not decided here: `domain.health` holds the rule table.
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ class EmbeddedPostgres:
             warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
             import pgserver  # a heavy import, and only needed without MODELFORGE_DATABASE_URL
 
-        from ledger.supervisor import prune_dead_handles
+        from runtime.supervisor import prune_dead_handles
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         prune_dead_handles(self.data_dir)  # a killed process's pid would keep PostgreSQL running
@@ -152,7 +152,7 @@ class EmbeddedPostgres:
 
     @property
     def server(self) -> Any:
-        """The pgserver handle while started (ledger.supervisor watches it)."""
+        """The pgserver handle while started (runtime.supervisor watches it)."""
         return self._server
 
     def stop(self) -> None:

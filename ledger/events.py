@@ -19,12 +19,22 @@ import msgspec
 from collectors.facts import Fact, FactValue
 from collectors.gpu_health import AcceleratorHealthSignals
 from collectors.observations import CpuInfo, OsInfo, StorageObservation
-from ledger.health import HealthAction, HealthReason, HealthStatus
 
 SCHEMA_VERSION = 1
 
 EventClass: TypeAlias = Literal["lifecycle", "observation"]
 Source: TypeAlias = Literal["local", "agent", "operator", "system"]
+
+# A GPU's health verdict as the log records it; domain.health decides it.
+HealthStatus: TypeAlias = Literal["healthy", "degraded", "failed"]
+HealthAction: TypeAlias = Literal["none", "monitor", "inspect_host", "reset_gpu", "service"]
+
+
+class HealthReason(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    code: str
+    status: HealthStatus
+    action: HealthAction
+    detail: str
 
 
 class _Event(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="event_type"):
@@ -88,7 +98,7 @@ class HardwareChanged(_Event, frozen=True, tag="HARDWARE_CHANGED"):
 
 
 class AcceleratorHealthChanged(_Event, frozen=True, tag="ACCELERATOR_HEALTH_CHANGED"):
-    """The accelerator's health verdict (ledger/health.py, docs/gpu-health.md) changed: `before`
+    """The accelerator's health verdict (domain/health.py, docs/gpu-health.md) changed: `before`
     -> `after`, with the reasons and the recommended action of the new verdict."""
 
     accelerator_id: str

@@ -36,7 +36,7 @@ from ledger.reading import (
     event_from_row,
     read_log,
 )
-from ledger.settings import default
+from runtime.settings import default
 
 __all__ = ["Checkpoint", "EventStore", "UndecodableEvent", "event_from_row"]
 

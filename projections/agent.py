@@ -1,6 +1,6 @@
 """Read models of the agent plane (docs/NODE_AGENT_PROTOCOL.md).
 
-- `hw_node_credentials` holds rows of the node's folded state (`ledger.node.NodeState.credentials`);
+- `hw_node_credentials` holds rows of the node's folded state (`domain.node.NodeState.credentials`);
   the inventory projection writes them (see `agent_rows`), so no second state is loaded per append.
 - `hw_enrollment_tokens` is its own projection over the enrollment-token streams (one stream per
   token), which the inventory projection does not handle.
@@ -15,6 +15,7 @@ from datetime import datetime
 
 import msgspec
 
+from domain.node import NodeState
 from ledger.events import (
     EnrollmentTokenCreated,
     EnrollmentTokenRevoked,
@@ -22,7 +23,6 @@ from ledger.events import (
     RecordedEvent,
     is_enrollment_token_stream,
 )
-from ledger.node import NodeState
 from projections.framework import Projection, Row, Rows, TableSpec
 
 CREDENTIALS = TableSpec(

@@ -1,6 +1,6 @@
 """The hardware inventory read models: compute nodes, accelerators, node storage, latest host and
 accelerator telemetry, fingerprints, inventory runs and work leases, all from one fold of the node's
-stream (`ledger.node.evolve`)."""
+stream (`domain.node.evolve`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import msgspec
 
+from domain.node import NodeState, evolve
 from ledger.events import RecordedEvent, is_decommission_audit_stream, is_enrollment_token_stream
-from ledger.node import NodeState, evolve
 from projections.agent import CREDENTIALS, ENROLLMENT_TOKEN_PROJECTION, agent_rows
 from projections.framework import Projection, Row, Rows, TableSpec
 

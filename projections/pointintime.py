@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from ledger.node import NodeState
+from domain.node import NodeState
 from ledger.reading import EVENT_COLUMNS, event_from_row
 from projections.inventory import INVENTORY
 

@@ -18,7 +18,7 @@ import httpx
 
 from agent.protocol import PROTOCOL_VERSION, Report, encode_report
 from collectors.observations import HardwareObservation
-from ledger.node import node_id_for
+from domain.node import node_id_for
 from tests.builders import gpu, host, scan
 
 OPERATOR_TOKEN = "test-operator-token-7f3a9c"

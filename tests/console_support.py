@@ -19,8 +19,8 @@ from collectors.facts import UNSUPPORTED, Known, Unavailable
 from collectors.gpu_health import RETIRED_PAGES, XidOccurrence
 from collectors.identity import NodeIdentity
 from collectors.observations import AcceleratorObservation, HardwareObservation
+from domain.node import node_id_for
 from ledger.events import EventMetadata
-from ledger.node import node_id_for
 from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS
 from tests.builders import gpu, host, pending_remap, scan, signals, uncorrected_ecc, with_health

@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from collectors.facts import Known
+from domain.node import node_id_for
 from ledger.db import create_pool
-from ledger.node import node_id_for
 from tests.agent_support import (
     OPERATOR,
     OPERATOR_TOKEN,

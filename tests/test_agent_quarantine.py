@@ -25,8 +25,8 @@ import pytest
 
 from agent.spool import ANSWER_SUFFIX
 from agent.state import CREDENTIAL_FILE, LOCK_FILE, SEQUENCES_FILE, Credential, save_credential
+from domain.node import node_id_for
 from ledger.db import create_pool
-from ledger.node import node_id_for
 from tests.agent_support import (
     ROOT,
     AgentProcess,

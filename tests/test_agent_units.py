@@ -25,7 +25,7 @@ from api.services.agent_plane import EnrollmentService, parse_secret
 from collectors.facts import Known, TemporarilyFailed
 from collectors.nvml import NvidiaNvmlCollector
 from collectors.observations import HostObservation
-from ledger.node import node_id_for
+from domain.node import node_id_for
 from tests.agent_support import observation, wait_for
 from tests.builders import host
 from tests.fakes.fake_pynvml import FakeNvml

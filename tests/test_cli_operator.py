@@ -23,7 +23,7 @@ from api.cli.operator import parse_moment
 from collectors.facts import UNSUPPORTED
 from collectors.gpu_health import RETIRED_PAGES, XidOccurrence
 from collectors.observations import HardwareObservation
-from ledger.node import node_id_for
+from domain.node import node_id_for
 from tests.agent_support import (
     OPERATOR_TOKEN,
     ROOT,

@@ -1,4 +1,4 @@
-"""The one configuration model (ledger/settings.py): one default, one variable, one flag per option;
+"""The one configuration model (runtime/settings.py): one default, one variable, one flag per option;
 a bad value is one line naming the variable and what it accepts; server, CLI and agent agree."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from agent.runner import AgentConfig
 from api.config import ServerConfig
-from ledger.settings import ACCEPTS, SETTINGS, SettingError, parse, setting
+from runtime.settings import ACCEPTS, SETTINGS, SettingError, parse, setting
 from tests.test_cli import cli
 
 
@@ -88,7 +88,7 @@ def test_every_option_has_one_variable_and_a_documented_default() -> None:
 
 @given(st.sampled_from([s for s in SETTINGS if s.kind not in ("text", "path")]), st.text(max_size=12))
 def test_a_value_is_accepted_or_refused_with_its_variable(s: object, text: str) -> None:
-    from ledger.settings import Setting
+    from runtime.settings import Setting
 
     assert isinstance(s, Setting)
     try:

@@ -22,8 +22,8 @@ from api.http.console.views import (
 )
 from collectors.facts import UNSUPPORTED, Known, TemporarilyFailed, Unavailable, Unknown
 from collectors.gpu_health import CLOCK_EVENT_REASONS
-from ledger.events import AcceleratorHealthChanged
-from ledger.health import XID_RULES, HealthReason
+from domain.health import XID_RULES
+from ledger.events import AcceleratorHealthChanged, HealthReason
 from tests.builders import pending_remap
 
 METRICS = [

@@ -23,6 +23,8 @@ from api.services.decommission import preview_of
 from api.services.errors import Conflict, Unauthenticated
 from collectors.identity import NodeIdentity
 from collectors.observations import HardwareObservation
+from domain.node import CredentialState, NodeState, evolve, node_id_for
+from domain.reconcile import reconcile
 from ledger.events import (
     AcceleratorDiscovered,
     AcceleratorMissing,
@@ -31,8 +33,6 @@ from ledger.events import (
     WorkLeaseAcquired,
     WorkLeaseReleased,
 )
-from ledger.node import CredentialState, NodeState, evolve, node_id_for
-from ledger.reconcile import reconcile
 from projections.agent import TokenState
 from tests.agent_support import report_body
 from tests.builders import T0, gpu, host, meta, scan

@@ -19,8 +19,8 @@ import pytest
 
 from api.services.decommission import DecommissionService, preview_of
 from api.services.inventory import HardwareInventoryService
+from domain.node import node_id_for
 from ledger.events import EventMetadata, HostTelemetryObserved, NewEvent, decommission_audit_stream
-from ledger.node import node_id_for
 from ledger.store import EventStore, StreamTombstoned
 from projections.inventory import ALL_PROJECTIONS, INVENTORY
 from projections.rebuild import rebuild

@@ -1,7 +1,7 @@
 """What an operator reads is generated from the code or checked against it, so it cannot drift:
 
 * docs/configuration.md and docs/event-catalog.md equal what api/cli/reference.py renders from
-  `ledger.settings.SETTINGS (re-exported by api.config)` and `ledger.events` (regenerate with `python -m api.cli.reference --write`);
+  `runtime.settings.SETTINGS (re-exported by api.config)` and `ledger.events` (regenerate with `python -m api.cli.reference --write`);
 * every `MODELFORGE_*` variable the product code reads is declared in SETTINGS (and so in the
   reference), every declared one is read somewhere, and every flag SETTINGS names exists;
 * every `modelforge-hw` subcommand is shown in README.md or docs/ (in code);
@@ -25,7 +25,7 @@ from api.cli.reference import CATALOG_PAGE, CONFIG_PAGE, render_config_reference
 from api.config import SETTINGS
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT_PACKAGES = ("ledger", "projections", "collectors", "agent", "api")
+PRODUCT_PACKAGES = ("runtime", "ledger", "domain", "projections", "collectors", "agent", "api")
 VARIABLE = re.compile(r"\bMODELFORGE_[A-Z0-9_]*[A-Z0-9]\b")
 REGENERATE = "run `python -m api.cli.reference --write` and commit the result"
 
@@ -67,7 +67,7 @@ def variables_in_product_code(*, without_declarations: bool = False) -> dict[str
             text = path.read_text(encoding="utf-8")
             if without_declarations and path == ROOT / "ledger" / "settings.py":
                 table = re.search(r"^SETTINGS\b.*?^\)$", text, flags=re.M | re.S)
-                assert table is not None, "ledger/settings.py has no SETTINGS table"
+                assert table is not None, "runtime/settings.py has no SETTINGS table"
                 text = text[: table.start()] + "\n" * table.group().count("\n") + text[table.end() :]
             for number, line in enumerate(text.splitlines(), 1):
                 for name in VARIABLE.findall(line):

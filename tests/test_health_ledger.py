@@ -17,6 +17,9 @@ from collectors.gpu_health import (
 )
 from collectors.identity import NodeIdentity
 from collectors.observations import AcceleratorObservation, HardwareObservation
+from domain.health import XID_WINDOW
+from domain.node import NodeState, evolve, node_id_for
+from domain.reconcile import reconcile
 from ledger.events import (
     AcceleratorHealthChanged,
     AcceleratorXidObserved,
@@ -27,9 +30,6 @@ from ledger.events import (
     event_class_of,
     event_type_of,
 )
-from ledger.health import XID_WINDOW
-from ledger.node import NodeState, evolve, node_id_for
-from ledger.reconcile import reconcile
 from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS, INVENTORY
 from projections.pointintime import accelerator_records, inventory_as_of

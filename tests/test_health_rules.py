@@ -1,4 +1,4 @@
-"""The GPU health rule table (ledger/health.py): pure, property-tested."""
+"""The GPU health rule table (domain/health.py): pure, property-tested."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from collectors.gpu_health import (
     AcceleratorHealthSignals,
     XidOccurrence,
 )
-from ledger.health import HEALTHY, XID_RULES, XID_WINDOW, judge, recent_xids
+from domain.health import HEALTHY, XID_RULES, XID_WINDOW, judge, recent_xids
 from tests.builders import T0
 
 RANK = {"healthy": 0, "degraded": 1, "failed": 2}

@@ -15,7 +15,7 @@ import pytest
 import structlog
 
 from api.services.agent_plane import EnrollmentService
-from ledger.node import node_id_for
+from domain.node import node_id_for
 from tests.agent_support import report_body
 
 OP = "op-token-hostile"

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import structlog
 
-from ledger.logs import QUIET_LOGGERS, configure_logging
+from runtime.logs import QUIET_LOGGERS, configure_logging
 from tests.test_serve import free_port, stop, wait_healthy
 
 

@@ -1,4 +1,4 @@
-"""The garbage collector's settings around a bulk job (ledger/process.py)."""
+"""The garbage collector's settings around a bulk job (runtime/process.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ledger.process import older_collections_deferred
+from runtime.process import older_collections_deferred
 
 
 @pytest.fixture

@@ -19,6 +19,8 @@ import asyncpg
 import msgspec
 
 from collectors.identity import NodeIdentity
+from domain.node import NodeState, node_id_for
+from domain.reconcile import reconcile
 from ledger.events import (
     EnrollmentTokenCreated,
     EnrollmentTokenRevoked,
@@ -28,8 +30,6 @@ from ledger.events import (
     WorkLeaseAcquired,
     enrollment_token_stream,
 )
-from ledger.node import NodeState, node_id_for
-from ledger.reconcile import reconcile
 from ledger.store import EventStore
 from projections.agent import ENROLLMENT_TOKEN_PROJECTION
 from projections.framework import STATE_TABLE, Projection

@@ -24,8 +24,8 @@ from collectors.gpu_health import (
 )
 from collectors.identity import NodeIdentity
 from collectors.observations import HardwareObservation
-from ledger.node import node_id_for
-from ledger.reconcile import reconcile
+from domain.node import node_id_for
+from domain.reconcile import reconcile
 from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS, INVENTORY
 from projections.rebuild import rebuild

@@ -15,10 +15,10 @@ from api.services.rendered import Loaded, Rendered, RenderedReads, render
 from api.services.repository import HardwareRepository, LivenessPolicy
 from collectors.facts import Known
 from collectors.identity import NodeIdentity
+from domain.node import NodeState, node_id_for
+from domain.reconcile import reconcile
 from ledger.changes import DEFAULT_LIMIT, ChangeMark, read_changes
 from ledger.events import HostTelemetryObserved, NewEvent
-from ledger.node import NodeState, node_id_for
-from ledger.reconcile import reconcile
 from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS
 from projections.rebuild import rebuild

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from ledger.node import NodeState, node_id_for
-from ledger.reconcile import NodeIdentity, reconcile
+from domain.node import NodeState, node_id_for
+from domain.reconcile import NodeIdentity, reconcile
 from ledger.store import EventStore
 from projections.inventory import INVENTORY
 from projections.rebuild import rebuild

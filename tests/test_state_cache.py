@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collectors.identity import NodeIdentity
+from domain.node import NodeState, node_id_for
+from domain.reconcile import reconcile
 from ledger.events import NewEvent
-from ledger.node import NodeState, node_id_for
-from ledger.reconcile import reconcile
 from ledger.store import EventStore
 from ledger.unit_of_work import UnitOfWork
 from projections.inventory import ALL_PROJECTIONS, INVENTORY

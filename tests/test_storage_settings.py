@@ -15,8 +15,8 @@ import asyncpg
 
 from bench.fleet import node_key
 from bench.ledger import Node, discovery_events, report_events
+from domain.node import node_id_for
 from ledger.db import create_pool
-from ledger.node import node_id_for
 from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS
 from projections.rebuild import rebuild

@@ -17,7 +17,7 @@ import msgspec
 from api.config import ServerConfig
 from api.services.errors import Conflict, DomainError, Gone, NotFound
 from ledger.db import Database
-from ledger.settings import add_flag
+from runtime.settings import add_flag
 
 
 class CliError(Exception):
@@ -115,7 +115,7 @@ async def resolve_node(pool: Any, ref: str | None) -> str | None:
     so that the service answers with its own "no node" refusal."""
     if ref is None:
         return None
-    from ledger.node import node_id_for
+    from domain.node import node_id_for
 
     async with pool.acquire() as conn:
         rows = await conn.fetch(

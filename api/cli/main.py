@@ -27,8 +27,8 @@ from api.cli.common import (
     table,
 )
 from api.services.errors import DomainError
-from ledger.logs import configure_logging
-from ledger.settings import SettingError, from_env
+from runtime.logs import configure_logging
+from runtime.settings import SettingError, from_env
 
 VERSION = "0.1.0"
 OPERATOR_COMMANDS = ("node", "gpu", "events")

@@ -34,7 +34,7 @@ from api.services.views import (
     NodePage,
 )
 from collectors.facts import Fact, Known
-from ledger.settings import setting
+from runtime.settings import setting
 
 COMMANDS = ("node", "gpu", "events")
 # The change feed's hold per request: well under the server's limit, long enough to be cheap.
@@ -213,7 +213,7 @@ def _fact_text(fact: Fact) -> str:
 
 
 def _bound(name: str) -> Any:
-    """A Typer option bound to the model's flag and variable (ledger/settings.py)."""
+    """A Typer option bound to the model's flag and variable (runtime/settings.py)."""
     s = setting(name)
     return typer.Option(s.flag, envvar=s.env, help=s.help.removeprefix("Operator CLI: "), show_default=False)
 

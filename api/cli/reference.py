@@ -34,7 +34,7 @@ def render_config_reference() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from the one configuration model, `ledger/settings.py`, shared by the server, the",
+        "Generated from the one configuration model, `runtime/settings.py`, shared by the server, the",
         "operator CLI and the agent (`python -m api.cli.reference --write`); a test fails when this page",
         "differs from the code. Flags win over environment variables, which win over defaults. A bad",
         "value is refused with one line naming the variable (or flag) and what it accepts; exit 2.",

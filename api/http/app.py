@@ -43,7 +43,7 @@ from api.services.views import (
     RefreshBody,
 )
 from api.wiring import Services
-from ledger.process import older_collections_deferred
+from runtime.process import older_collections_deferred
 
 log = structlog.get_logger(__name__)
 
@@ -379,7 +379,7 @@ def create_app(
         ),
         dependencies=DEPENDENCIES,
         lifespan=[lifespan] if lifespan else [],
-        # Logging is ledger.logs' (one structlog stream); Litestar's default would install a
+        # Logging is runtime.logs' (one structlog stream); Litestar's default would install a
         # plain-text root handler of its own.
         logging_config=None,
         request_max_body_size=1024 * 1024,

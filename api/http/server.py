@@ -21,9 +21,9 @@ from api.http.app import create_app
 from api.http.context import AppContext
 from api.wiring import build_services, prepare_database
 from ledger.db import Database, create_pool
-from ledger.process import settle_garbage_collector
 from ledger.retention import prune_observations
-from ledger.supervisor import EmbeddedSupervisor, run_with_supervisor
+from runtime.process import settle_garbage_collector
+from runtime.supervisor import EmbeddedSupervisor, run_with_supervisor
 
 log = structlog.get_logger(__name__)
 

@@ -53,6 +53,7 @@ from api.services.errors import (
 )
 from api.services.inventory import HardwareInventoryService, open_node, reconcile_decision
 from collectors.identity import IdentityError, NodeIdentity, validate_identity_key
+from domain.node import CredentialState, NodeState, node_id_for
 from ledger.events import (
     CredentialIssued,
     CredentialRevoked,
@@ -66,11 +67,10 @@ from ledger.events import (
     enrollment_token_stream,
 )
 from ledger.group_commit import GroupCommit, TryAgain
-from ledger.node import CredentialState, NodeState, node_id_for
-from ledger.settings import default
 from ledger.store import StreamTombstoned
 from ledger.unit_of_work import Committed, KeptStreams, OpenStream, UnitOfWork
 from projections.agent import ENROLLMENT_TOKEN_PROJECTION, TokenState
+from runtime.settings import default
 
 log = structlog.get_logger(__name__)
 

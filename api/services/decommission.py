@@ -35,6 +35,7 @@ import structlog
 
 from api.services.errors import Conflict, InvalidRequest, NodeIsDecommissioned, NotFound
 from api.services.inventory import EventSummary, HardwareInventoryService, open_node
+from domain.node import NodeState, node_id_for
 from ledger.events import (
     CredentialRevoked,
     EventMetadata,
@@ -44,7 +45,6 @@ from ledger.events import (
     WorkLeaseAcquired,
     WorkLeaseReleased,
 )
-from ledger.node import NodeState, node_id_for
 from ledger.store import EventStore
 from ledger.unit_of_work import OpenStream
 from projections.inventory import INVENTORY

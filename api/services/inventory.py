@@ -22,6 +22,8 @@ import structlog
 from api.services.errors import NodeIsDecommissioned
 from collectors.identity import NodeIdentity
 from collectors.observations import HardwareObservation, HostCollectionError, HostObservation, NvmlScan
+from domain.node import NodeState, node_id_for
+from domain.reconcile import reconcile
 from ledger.events import (
     EventMetadata,
     InventoryFailed,
@@ -31,8 +33,6 @@ from ledger.events import (
     Source,
     decommission_audit_stream,
 )
-from ledger.node import NodeState, node_id_for
-from ledger.reconcile import reconcile
 from ledger.store import EventStore, StreamTombstoned, StreamVersionConflict, deterministic_event_id
 from ledger.unit_of_work import Committed, OpenStream, UnitOfWork
 from projections.inventory import INVENTORY

@@ -27,7 +27,7 @@ from prometheus_client.utils import floatToGoString
 from api.services.repository import LivenessPolicy, _fact
 from collectors.facts import Known
 from collectors.gpu_health import CLOCK_EVENT_REASONS
-from ledger.process import older_collections_deferred
+from runtime.process import older_collections_deferred
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 VERSION = "0.1.0"

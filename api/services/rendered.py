@@ -38,7 +38,7 @@ import msgspec
 import structlog
 
 from ledger.changes import DEFAULT_LIMIT, ChangeMark, read_changes
-from ledger.settings import default
+from runtime.settings import default
 
 log = structlog.get_logger(__name__)
 

@@ -26,9 +26,8 @@ from api.services.views import (
 )
 from collectors.facts import Fact, Known, TemporarilyFailed, Unavailable, Unknown, Unsupported
 from collectors.gpu_health import XidOccurrence
-from ledger.events import EventClass, RecordedEvent
+from ledger.events import EventClass, HealthAction, HealthReason, HealthStatus, RecordedEvent
 from ledger.feed import LogFeed
-from ledger.health import HealthAction, HealthReason, HealthStatus
 from ledger.reading import (
     MAX_POSITION,
     MAX_TX_ID,

@@ -10,8 +10,7 @@ import msgspec
 from api.services.inventory import EventSummary
 from collectors.facts import Fact
 from collectors.gpu_health import XidOccurrence
-from ledger.events import EventMetadata, EventPayload
-from ledger.health import HealthAction, HealthReason, HealthStatus
+from ledger.events import EventMetadata, EventPayload, HealthAction, HealthReason, HealthStatus
 
 
 class Problem(msgspec.Struct, omit_defaults=True):

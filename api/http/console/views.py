@@ -13,7 +13,7 @@ import msgspec
 from api.services.views import HealthSignalsBody
 from collectors.facts import Fact, Known, TemporarilyFailed, Unavailable, Unknown, Unsupported
 from collectors.gpu_health import CLOCK_EVENT_REASONS, ECC_COUNTERS, REMAPPED_ROWS, RETIRED_PAGES
-from ledger.health import XID_RULES
+from domain.health import XID_RULES
 
 
 class FactView(msgspec.Struct, frozen=True):

@@ -20,6 +20,8 @@ from collectors.facts import Fact, TemporarilyFailed, Unavailable, Unknown
 from collectors.gpu_health import AcceleratorHealthSignals, XidOccurrence
 from collectors.identity import NodeIdentity
 from collectors.observations import ACCELERATOR_INVENTORY_FACTS, AcceleratorObservation, HardwareObservation
+from domain.health import HEALTHY, HealthVerdict, judge, recent_xids
+from domain.node import AcceleratorState, NodeState, accelerator_id_for
 from ledger.events import (
     AcceleratorDiscovered,
     AcceleratorHealthChanged,
@@ -34,8 +36,6 @@ from ledger.events import (
     NodeMetadataChanged,
     NodeTelemetryObserved,
 )
-from ledger.health import HEALTHY, HealthVerdict, judge, recent_xids
-from ledger.node import AcceleratorState, NodeState, accelerator_id_for
 
 _TRANSIENT = (TemporarilyFailed, Unknown, Unavailable)
 
@@ -212,7 +212,7 @@ def reconcile(
 
 
 def _health_events(observation: HardwareObservation, state: NodeState) -> list[EventPayload]:
-    """Each new XID once, and a verdict change (ledger/health.py) of each observed GPU.
+    """Each new XID once, and a verdict change (domain/health.py) of each observed GPU.
 
     Follows the inventory events of the same refresh, whose fold judges a (re)discovered GPU
     afresh, so `before` is `healthy` for it. A GPU the scan could not list (XID 79: fallen off

@@ -25,6 +25,7 @@ from collectors.observations import (
     OsInfo,
     StorageObservation,
 )
+from domain.health import HEALTHY, XID_WINDOW, HealthVerdict
 from ledger.events import (
     AcceleratorDiscovered,
     AcceleratorHealthChanged,
@@ -45,7 +46,6 @@ from ledger.events import (
     WorkLeaseAcquired,
     WorkLeaseReleased,
 )
-from ledger.health import HEALTHY, XID_WINDOW, HealthVerdict
 
 # Fixed namespaces: the same identity key gives the same node id on any machine, in any process.
 NODE_ID_NAMESPACE = uuid.UUID("6f1d7c1e-3b0a-5a8e-9f61-4d2b8c0e7a10")

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Literal, TypeAlias
 
 import msgspec
 
 from collectors.facts import Fact, Known
 from collectors.gpu_health import AcceleratorHealthSignals, XidOccurrence
-
-HealthStatus: TypeAlias = Literal["healthy", "degraded", "failed"]
-HealthAction: TypeAlias = Literal["none", "monitor", "inspect_host", "reset_gpu", "service"]
+from ledger.events import HealthAction, HealthReason, HealthStatus
 
 _STATUS_RANK: dict[str, int] = {"healthy": 0, "degraded": 1, "failed": 2}
 _ACTION_RANK: dict[str, int] = {"none": 0, "monitor": 1, "inspect_host": 2, "reset_gpu": 3, "service": 4}
@@ -28,13 +25,6 @@ _ACTION_RANK: dict[str, int] = {"none": 0, "monitor": 1, "inspect_host": 2, "res
 XID_WINDOW = timedelta(hours=24)
 # NVIDIA retires at most 64 pages per GPU before Ampere; a GPU that reached it needs service.
 RETIRED_PAGES_LIMIT = 64
-
-
-class HealthReason(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    code: str
-    status: HealthStatus
-    action: HealthAction
-    detail: str
 
 
 class HealthVerdict(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
