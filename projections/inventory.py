@@ -103,7 +103,7 @@ WORK_LEASES = TableSpec(
 
 class InventoryProjection(Projection[NodeState]):
     name = "inventory"
-    # 2: GPU health verdicts, recent XIDs and health signals (issue 16).
+    # 2: GPU health verdicts, recent XIDs and health signals.
     # 3: the recent XIDs on the accelerator row (hw_accelerators.health_xids), for the API and /metrics.
     # 4: a GPU's telemetry row points at the event holding its sample instead of copying it.
     version = 4

@@ -1,4 +1,4 @@
-"""Issue 4 acceptance: the outbound agent, enrollment and the report protocol, end to end.
+"""The outbound agent, enrollment and the report protocol, end to end.
 
 Real PostgreSQL, real `modelforge-hw serve` processes on 127.0.0.1 and real agent processes (with
 the fake NVML, tests/agent_wrapper.py), each with its own state directory and MODELFORGE_NODE_ID.
@@ -537,7 +537,7 @@ async def test_bad_input_is_400_or_413_problem_json_and_nothing_is_appended(
         ("negative literal", template.replace(str(marker).encode(), b"-1.5"), 400, "validation-failed"),
         ("over the size limit", b'{"pad": "' + b"x" * (1024 * 1024) + b'"}', 413, "payload-too-large"),
     ]
-    # Issue 15: what PostgreSQL would refuse (a 500 before) and garbage that would become history.
+    # What PostgreSQL would refuse (never a 500) and garbage that would become history.
     host_ = ("observation", "host")
     gpu0 = ("observation", "nvml", "accelerators", 0)
     outside_the_contract: list[tuple[str, tuple[Any, ...], Any]] = [

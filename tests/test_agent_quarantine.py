@@ -1,5 +1,5 @@
-"""Issue 15 (agent side) and issue 13 item 7: a report the server refuses for good is quarantined
-and the spool keeps flowing in order; `agent status` shows it; one agent per state directory.
+"""Hostile input on the agent side: a report the server refuses for good is quarantined and
+the spool keeps flowing in order; `agent status` shows it; one agent per state directory.
 
 Real agent processes throughout: against a stub HTTP server that refuses one report
 deterministically (500 forever, or 422), and against the real server with a poisoned report in
@@ -314,7 +314,7 @@ async def _async(value: Any) -> Any:
     return value
 
 
-# --- one agent per state directory (issue 13 item 7) ---------------------------------------------------
+# --- one agent per state directory --------------------------------------------------------------------
 
 
 async def test_a_second_agent_on_the_same_state_directory_exits_at_once_naming_the_holder(

@@ -1,4 +1,4 @@
-"""API conventions (issue 13 item 5) against the real app and a real PostgreSQL: filters that page
+"""API conventions against the real app and a real PostgreSQL: filters that page
 (every filter crosses page boundaries with the keyset cursor), unknown query parameters refused
 with 400 problem+json, ETag / If-None-Match on single resources, readable OpenAPI, and a docs page
 that loads nothing from outside this server."""

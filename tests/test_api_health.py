@@ -1,4 +1,4 @@
-"""GPU health in the API bodies (issue 16): each accelerator's verdict, action, reasons, remembered
+"""GPU health in the API bodies: each accelerator's verdict, action, reasons, remembered
 XIDs and latest signals; each node's GPUs by verdict; both lists filtered by verdict, live and as
 of a moment (paging with the filter on: tests/test_api_conventions.py)."""
 

@@ -1,4 +1,4 @@
-"""Issue 3 acceptance: local inventory through the HTTP API, real PostgreSQL, fake NVML."""
+"""Local inventory through the HTTP API, real PostgreSQL, fake NVML."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 6 acceptance: point in time, tamper evidence, bounded telemetry, /metrics."""
+"""Audit: point in time, tamper evidence, bounded telemetry, /metrics."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 13 item 4: the change feed. `GET /events?cursor=...&wait=N` holds an empty page until an
+"""The change feed. `GET /events?cursor=...&wait=N` holds an empty page until an
 event commits (LISTEN/NOTIFY wakes it; the gap-safe read decides what it gets)."""
 
 from __future__ import annotations

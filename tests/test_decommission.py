@@ -1,4 +1,4 @@
-"""Issue 5 acceptance: work leases and permanent node decommission (docs/NODE_DECOMMISSION.md).
+"""Work leases and permanent node decommission (docs/NODE_DECOMMISSION.md).
 
 Real PostgreSQL throughout. Most tests drive the in-process app of `make_api` (local refreshes with
 the fake NVML, agent enrollment and reports through the same app); one runs a real server and a
@@ -100,7 +100,7 @@ async def all_events(api: Any, node_id: str) -> list[dict[str, Any]]:
             page = (await api.get("/api/v1/hardware/events", params=params)).json()
             out += page["items"]
             cursor = page["next_cursor"]
-            if not page["has_more"]:  # every page carries a cursor to resume from (issue 10)
+            if not page["has_more"]:  # every page carries a cursor to resume from
                 return out if len(out) == await stream_count(api.pool, node_id) else None
 
     result: list[dict[str, Any]] = await wait_for(read, 60, f"the audit log of {node_id}", every=0.2)

@@ -1,5 +1,5 @@
-"""Hostile input against the real app (in-process, real PostgreSQL): every case of issue 15 that a
-server route can reject gets a 4xx application/problem+json, nothing is written, and nothing is
+"""Hostile input against the real app (in-process, real PostgreSQL): every hostile request that a server
+route can reject gets a 4xx application/problem+json, nothing is written, and nothing is
 logged as an unexpected error. Also: revocation on every authentication, readiness vs liveness."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 2 acceptance: the event store on a real PostgreSQL."""
+"""The event store on a real PostgreSQL."""
 
 from __future__ import annotations
 

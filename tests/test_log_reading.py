@@ -1,4 +1,4 @@
-"""Issue 10: the one gap-safe read of the log, where transaction ids gain a digit.
+"""The one gap-safe read of the log, where transaction ids gain a digit.
 
 Rows are written with chosen `tx_id` values (the column default is overridden) around 999/1,000,
 99,999/100,000 and 999,999/1,000,000, in a shuffled order so that global positions disagree with

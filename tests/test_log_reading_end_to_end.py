@@ -1,4 +1,4 @@
-"""Issue 10 end to end: a fresh embedded PostgreSQL whose transaction ids cross 10,000 while real
+"""The gap-safe read end to end: a fresh embedded PostgreSQL whose transaction ids cross 10,000 while real
 refreshes run, then `GET /events` and `replay` followed page by page with small limits; a resumed
 cursor; an undecodable event through `/events`, `verify` and `rebuild`; bad cursors."""
 

@@ -1,4 +1,4 @@
-"""One log stream (issue 13, item 6): with logs going to a file (not a TTY), every line the server
+"""One log stream: with logs going to a file (not a TTY), every line the server
 writes is one JSON object: our events, uvicorn's, pgserver's. No `pg_ctl`
 command lines, no XDG_RUNTIME_DIR warning on a CLI command."""
 

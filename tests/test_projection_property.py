@@ -43,7 +43,7 @@ steps = st.fixed_dictionaries(
         "swap_pci": st.booleans(),
         "flicker": st.booleans(),
         "fan_zero": st.booleans(),
-        # GPU health (issue 16): what the GPUs' signals say at this step.
+        # GPU health: what the GPUs' signals say at this step.
         "health": st.sampled_from(["none", "clean", "clean", "pending_remap", "thermal", "xid79", "xid13"]),
     }
 )

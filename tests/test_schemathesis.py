@@ -1,4 +1,4 @@
-"""The OpenAPI document is the contract (issue 15): schemathesis generates requests from
+"""The OpenAPI document is the contract: schemathesis generates requests from
 /schema/openapi.json against a real `modelforge-hw serve` on a real PostgreSQL, with the operator
 token, an enrollment token for enrolment and a node credential for reports, runs every check and
 must find nothing. Bounded: a fixed seed and few examples per operation, so it stays a test."""

@@ -1,4 +1,4 @@
-"""No select-list alias may shadow the column it was cast from (issue 10).
+"""No select-list alias may shadow the column it was cast from.
 
 `tx_id::text AS tx_id` made PostgreSQL bind `ORDER BY tx_id` to the text alias, so the log sorted
 '100000' before '99999' and the cursor repeated and skipped events. The rule (docs/architecture.md):

@@ -1,5 +1,5 @@
 """The storage of the rows every agent report rewrites (schema.sql, "Storage of the rows every
-agent report rewrites"; docs/performance.md, issue 12, eighth step): their pages keep room for the
+agent report rewrites"; docs/performance.md): their pages keep room for the
 rows' next versions, so a report updates them in place (HOT updates: no index entry, no row moved),
 and a node's folded state stays in its row instead of two TOAST chunks rewritten per report. What
 an operator would notice without it: more WAL per report and read-model tables and indexes that

@@ -1,4 +1,4 @@
-"""Upgrades (issue 13, item 8): a database created and filled by 0.1.0 is migrated forward by
+"""Upgrades: a database created and filled by 0.1.0 is migrated forward by
 `modelforge-hw migrate`, keeps every event, and passes `verify` and `rebuild --verify`.
 
 tests/fixtures/schema-0.1.0.sql is schema.sql as released in 0.1.0 (commit 1d2b71f);

@@ -1,4 +1,4 @@
-"""The read-only operator scope (issue 13, item 3): a viewer token reads metrics, the inventory
+"""The read-only operator scope: a viewer token reads metrics, the inventory
 and the audit log, and gets 403 problem+json on every write; the matrix is every route the app
 has, so a new route cannot slip past it."""
 
