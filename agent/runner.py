@@ -1,8 +1,9 @@
 """The compute-node agent: enrollment, and the publish loop (collect -> spool -> send).
 
-Outbound only: the agent opens no port; it calls the central API over HTTP(S). It runs the same
-typed collectors as the local refresh and sends what they observed; the server reconciles it
-through the same service. See docs/NODE_AGENT_PROTOCOL.md for the protocol and the rules below.
+Outbound only: the agent opens no port; it calls the central API over HTTP(S). It observes the
+host through the same collectors as the local refresh (`collectors.collector.observe`) and sends
+what they observed; the server reconciles it through the same service. See
+docs/NODE_AGENT_PROTOCOL.md for the protocol and the rules below.
 
 - Collection runs every `interval` seconds whether or not the server answers; each report gets
   the next sequence of its stream and is written to the durable spool before any send.
@@ -30,7 +31,7 @@ import ssl
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import httpx
 import msgspec
@@ -65,16 +66,10 @@ from agent.state import (
     save_credential,
     save_status,
 )
+from collectors.collector import HostCollector, NvmlCollector, observe
 from collectors.identity import IdentityError, NodeIdentity, resolve_identity
 from collectors.nvml import NvidiaNvmlCollector
-from collectors.observations import (
-    ACCELERATOR_INVENTORY_FACTS,
-    CollectorRun,
-    HardwareObservation,
-    HostCollectionError,
-    HostObservation,
-    NvmlScan,
-)
+from collectors.observations import ACCELERATOR_INVENTORY_FACTS, HardwareObservation, HostCollectionError
 from collectors.system import SystemHostCollector
 from runtime import settings
 
@@ -93,14 +88,6 @@ class AgentError(Exception):
     def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
         super().__init__(message)
         self.exit_code = exit_code
-
-
-class HostSource(Protocol):
-    async def collect_async(self) -> HostObservation: ...
-
-
-class NvmlSource(Protocol):
-    async def collect_async(self) -> NvmlScan: ...
 
 
 # The defaults come from the one configuration model (runtime/settings.py), shared with the server.
@@ -347,8 +334,8 @@ class Agent:
         self,
         config: AgentConfig,
         *,
-        host_collector: HostSource | None = None,
-        nvml_collector: NvmlSource | None = None,
+        host_collector: HostCollector | None = None,
+        nvml_collector: NvmlCollector | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.config = config
@@ -467,30 +454,10 @@ class Agent:
     # -- collection ----------------------------------------------------------------------------
 
     async def observe(self) -> HardwareObservation:
-        observed_at = clock.now()
         t0 = time.perf_counter()
-
-        async def timed(name: str, work: Any) -> tuple[Any, CollectorRun]:
-            started = time.perf_counter()
-            try:
-                value = await work
-            except Exception as exc:
-                run = CollectorRun(name, False, time.perf_counter() - started, f"{type(exc).__name__}: {exc}")
-                return exc, run
-            return value, CollectorRun(name, True, time.perf_counter() - started)
-
-        (host, host_run), (nvml, nvml_run) = await asyncio.gather(
-            timed("system", self.host_collector.collect_async()),
-            timed("nvml", self.nvml_collector.collect_async()),
-        )
-        if isinstance(host, BaseException):
-            raise host
-        if isinstance(nvml, BaseException):
-            raise nvml
+        obs = await observe(self.host_collector, self.nvml_collector, clock.now())
         log.debug("agent.collected", seconds=round(time.perf_counter() - t0, 3))
-        return HardwareObservation(
-            observed_at=observed_at, host=host, nvml=nvml, collectors=[host_run, nvml_run]
-        )
+        return obs
 
     @staticmethod
     def inventory_signature(obs: HardwareObservation) -> str:
@@ -723,8 +690,8 @@ class Agent:
 async def run_agent(
     config: AgentConfig,
     *,
-    host_collector: HostSource | None = None,
-    nvml_collector: NvmlSource | None = None,
+    host_collector: HostCollector | None = None,
+    nvml_collector: NvmlCollector | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> int:
     agent = Agent(config, host_collector=host_collector, nvml_collector=nvml_collector, transport=transport)

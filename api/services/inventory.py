@@ -13,15 +13,16 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Literal, Protocol
+from typing import Literal
 
 import asyncpg
 import msgspec
 import structlog
 
 from api.services.errors import NodeIsDecommissioned
+from collectors.collector import HostCollector, NvmlCollector, observe
 from collectors.identity import NodeIdentity
-from collectors.observations import HardwareObservation, HostCollectionError, HostObservation, NvmlScan
+from collectors.observations import HardwareObservation, HostCollectionError
 from domain.node import NodeState, node_id_for
 from domain.reconcile import reconcile
 from ledger.events import (
@@ -38,14 +39,6 @@ from ledger.unit_of_work import Committed, OpenStream, UnitOfWork
 from projections.inventory import INVENTORY
 
 log = structlog.get_logger(__name__)
-
-
-class HostCollector(Protocol):
-    async def collect_async(self) -> HostObservation: ...
-
-
-class NvmlCollector(Protocol):
-    async def collect_async(self) -> NvmlScan: ...
 
 
 class EventSummary(msgspec.Struct, frozen=True):
@@ -140,14 +133,11 @@ class HardwareInventoryService:
             node_id = node_id_for(self.identity.key)
             try:
                 try:
-                    host, nvml = await asyncio.gather(
-                        self.host_collector.collect_async(), self.nvml_collector.collect_async()
-                    )
+                    observation = await observe(self.host_collector, self.nvml_collector, received_at)
                 except HostCollectionError as exc:
                     return await self.record_failure(
                         node_id, "host", str(exc), received_at, source="local", started=started
                     )
-                observation = HardwareObservation(observed_at=received_at, host=host, nvml=nvml)
                 metadata = EventMetadata(received_at=received_at, source="local", observed_at=received_at)
                 return await self.reconcile_observation(self.identity, observation, metadata, started=started)
             except NodeIsDecommissioned as exc:
