@@ -21,7 +21,10 @@ from typing import Any
 
 import msgspec
 
-from agent.runner import AgentConfig, AgentError, enroll, parse_servers, run_agent
+from agent.config import AgentConfig, parse_servers
+from agent.enrollment import enroll
+from agent.errors import AgentError
+from agent.runner import run_agent
 from agent.spool import Quarantine, Spool
 from agent.state import (
     QUARANTINE_DIR,

@@ -26,9 +26,8 @@ from agent.protocol import (
     decode_report,
     encode_report,
     observation_problems_after_decode,
-    sanitize_observation,
-    validate_observation,
 )
+from agent.sanitize import sanitize_observation, validate_observation
 from collectors.facts import Known, TemporarilyFailed
 from collectors.nvml import NvidiaNvmlCollector
 from collectors.observations import CollectorRun, HardwareObservation

@@ -17,8 +17,12 @@ import msgspec
 import pytest
 import structlog
 
-from agent.protocol import sanitize_observation, validate_observation
-from agent.runner import EXIT_STOPPED, Agent, AgentConfig, AgentError, classify, enroll, held_against_report
+from agent.config import AgentConfig
+from agent.enrollment import enroll
+from agent.errors import EXIT_STOPPED, AgentError
+from agent.runner import Agent
+from agent.sanitize import sanitize_observation, validate_observation
+from agent.sending import backoff_delay, classify, held_against_report
 from agent.spool import Spool
 from agent.state import CREDENTIAL_FILE, SEQUENCES_FILE, Credential, Sequences, load_credential
 from api.services.agent_plane import EnrollmentService, parse_secret
@@ -326,14 +330,12 @@ def test_responses_are_classified_by_what_a_retry_can_change() -> None:
     assert classify(r(503, headers={"Retry-After": "7"})).retry_after == 7.0
 
 
-def test_backoff_is_exponential_jittered_and_capped(tmp_path: Path) -> None:
-    agent = Agent(
-        AgentConfig(state_dir=tmp_path, backoff_initial=1.0, backoff_max=8.0), host_collector=FakeHost()
-    )
+def test_backoff_is_exponential_jittered_and_capped() -> None:
     for attempt, top in ((1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (10, 8.0)):
-        delays = [agent.backoff(attempt) for _ in range(50)]
+        delays = [backoff_delay(attempt, 1.0, 8.0) for _ in range(50)]
         assert all(top / 2 <= d <= top for d in delays) and len(set(delays)) > 1
-    assert agent.backoff(1, retry_after=5.0) >= 5.0 and agent.backoff(1, retry_after=500.0) <= 8.0
+    assert backoff_delay(1, 1.0, 8.0, retry_after=5.0) >= 5.0
+    assert backoff_delay(1, 1.0, 8.0, retry_after=500.0) <= 8.0
 
 
 def test_secrets_parse_only_in_their_own_shape() -> None:
@@ -348,7 +350,7 @@ def test_collector_timeout_help_and_behaviour_agree(
 ) -> None:
     import argparse
 
-    from agent import runner
+    from agent import config as agent_config
     from agent.cli import config_from_args, register
 
     for name in list(os.environ):
@@ -357,7 +359,7 @@ def test_collector_timeout_help_and_behaviour_agree(
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
     config = config_from_args(parser.parse_args(["agent", "run"]))
-    assert config.collector_timeout == runner.DEFAULT_COLLECTOR_TIMEOUT
+    assert config.collector_timeout == agent_config.DEFAULT_COLLECTOR_TIMEOUT
     assert AgentConfig(state_dir=tmp_path).collector_timeout == config.collector_timeout
     with pytest.raises(SystemExit):
         parser.parse_args(["agent", "run", "--help"])
@@ -375,18 +377,18 @@ def test_collector_timeout_help_and_behaviour_agree(
 
 
 def test_the_configuration_reference_states_the_agent_s_real_defaults() -> None:
-    from agent import runner
+    from agent import config as agent_config
     from api.config import SETTINGS
 
     defaults = {s.env: s.default for s in SETTINGS}
     for env, value in (
-        ("MODELFORGE_COLLECTOR_TIMEOUT", runner.DEFAULT_COLLECTOR_TIMEOUT),
-        ("MODELFORGE_AGENT_INTERVAL", runner.DEFAULT_INTERVAL),
-        ("MODELFORGE_AGENT_INVENTORY_EVERY", runner.DEFAULT_INVENTORY_EVERY),
-        ("MODELFORGE_AGENT_SPOOL_MAX", runner.DEFAULT_SPOOL_MAX),
-        ("MODELFORGE_AGENT_BACKOFF_INITIAL", runner.DEFAULT_BACKOFF_INITIAL),
-        ("MODELFORGE_AGENT_BACKOFF_MAX", runner.DEFAULT_BACKOFF_MAX),
-        ("MODELFORGE_AGENT_REQUEST_TIMEOUT", runner.DEFAULT_REQUEST_TIMEOUT),
-        ("MODELFORGE_AGENT_QUARANTINE_AFTER", runner.DEFAULT_QUARANTINE_AFTER),
+        ("MODELFORGE_COLLECTOR_TIMEOUT", agent_config.DEFAULT_COLLECTOR_TIMEOUT),
+        ("MODELFORGE_AGENT_INTERVAL", agent_config.DEFAULT_INTERVAL),
+        ("MODELFORGE_AGENT_INVENTORY_EVERY", agent_config.DEFAULT_INVENTORY_EVERY),
+        ("MODELFORGE_AGENT_SPOOL_MAX", agent_config.DEFAULT_SPOOL_MAX),
+        ("MODELFORGE_AGENT_BACKOFF_INITIAL", agent_config.DEFAULT_BACKOFF_INITIAL),
+        ("MODELFORGE_AGENT_BACKOFF_MAX", agent_config.DEFAULT_BACKOFF_MAX),
+        ("MODELFORGE_AGENT_REQUEST_TIMEOUT", agent_config.DEFAULT_REQUEST_TIMEOUT),
+        ("MODELFORGE_AGENT_QUARANTINE_AFTER", agent_config.DEFAULT_QUARANTINE_AFTER),
     ):
         assert float(defaults[env]) == value, env

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.runner import AgentConfig
+from agent.config import AgentConfig
 from api.config import ServerConfig
 from runtime.settings import ACCEPTS, SETTINGS, SettingError, parse, setting
 from tests.test_cli import cli
