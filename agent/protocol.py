@@ -242,12 +242,16 @@ class _Host(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 # GPU health signals (collectors/gpu_health.py, docs/gpu-health.md); optional, so reports of agents
 # that do not collect them stay valid.
 MAX_XIDS = 256  # per GPU per report: the collector drains at most this many per collection
+MAX_CLOCK_EVENT_REASONS = 32
+MAX_HEALTH_COUNTERS = 8  # per group: ECC counters, remapped rows, retired pages
 ErrorCount: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]  # int64: msgspec bounds
 CountOrFlag: TypeAlias = ErrorCount | bool
+EccMode: TypeAlias = Literal["enabled", "disabled"]
+XidCode: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
 
 
 class _XidOccurrence(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    code: Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
+    code: XidCode
     at: AwareDatetime
 
 
@@ -255,11 +259,23 @@ Xids: TypeAlias = Annotated[list[_XidOccurrence], msgspec.Meta(max_length=MAX_XI
 
 
 class _HealthSignals(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    clock_event_reasons: Annotated[dict[ShortText, _fact_of(bool)], msgspec.Meta(max_length=32)]  # type: ignore[valid-type]
-    ecc_mode: _fact_of(Literal["enabled", "disabled"])  # type: ignore[valid-type]
-    ecc_errors: Annotated[dict[ShortText, _fact_of(ErrorCount)], msgspec.Meta(max_length=8)]  # type: ignore[valid-type]
-    remapped_rows: Annotated[dict[ShortText, _fact_of(CountOrFlag)], msgspec.Meta(max_length=8)]  # type: ignore[valid-type]
-    retired_pages: Annotated[dict[ShortText, _fact_of(CountOrFlag)], msgspec.Meta(max_length=8)]  # type: ignore[valid-type]
+    clock_event_reasons: Annotated[
+        dict[ShortText, _fact_of(bool)],  # type: ignore[valid-type]
+        msgspec.Meta(max_length=MAX_CLOCK_EVENT_REASONS),
+    ]
+    ecc_mode: _fact_of(EccMode)  # type: ignore[valid-type]
+    ecc_errors: Annotated[
+        dict[ShortText, _fact_of(ErrorCount)],  # type: ignore[valid-type]
+        msgspec.Meta(max_length=MAX_HEALTH_COUNTERS),
+    ]
+    remapped_rows: Annotated[
+        dict[ShortText, _fact_of(CountOrFlag)],  # type: ignore[valid-type]
+        msgspec.Meta(max_length=MAX_HEALTH_COUNTERS),
+    ]
+    retired_pages: Annotated[
+        dict[ShortText, _fact_of(CountOrFlag)],  # type: ignore[valid-type]
+        msgspec.Meta(max_length=MAX_HEALTH_COUNTERS),
+    ]
     pcie_replay_count: _fact_of(ErrorCount)  # type: ignore[valid-type]
     xid_events: _fact_of(bool)  # type: ignore[valid-type]
     xids: Xids = []

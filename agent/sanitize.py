@@ -7,6 +7,7 @@ report, the agent here, so that what it spools is what the server accepts.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -17,14 +18,20 @@ from agent.protocol import (
     ACCELERATOR_METRIC_TYPES,
     HOST_METRIC_TYPES,
     MAX_ACCELERATORS,
+    MAX_CLOCK_EVENT_REASONS,
     MAX_COLLECTORS,
     MAX_DURATION_SECONDS,
+    MAX_HEALTH_COUNTERS,
     MAX_HOSTNAME,
     MAX_MOUNTS,
     MAX_SHORT,
     MAX_STRING,
+    MAX_XIDS,
     WIRE_OBSERVATION,
     Count,
+    CountOrFlag,
+    EccMode,
+    ErrorCount,
     GpuIndex,
     GpuUuid,
     Hostname,
@@ -33,10 +40,12 @@ from agent.protocol import (
     ShortText,
     StorageBytes,
     Text,
+    XidCode,
     observation_problems_after_decode,
     time_problem,
 )
 from collectors.facts import Fact, Known, TemporarilyFailed, Unavailable
+from collectors.gpu_health import AcceleratorHealthSignals, XidOccurrence
 from collectors.observations import (
     ACCELERATOR_INVENTORY_FACTS,
     AcceleratorObservation,
@@ -59,6 +68,24 @@ ACCELERATOR_FACT_TYPES: dict[str, Any] = {
     "mig_mode": MigMode,
 }
 assert set(ACCELERATOR_FACT_TYPES) == set(ACCELERATOR_INVENTORY_FACTS)
+
+# A GPU's single health facts and its groups of them (collectors.gpu_health), with the type a known
+# value must have and, for a group, how many facts it may hold.
+HEALTH_FACT_TYPES: dict[str, Any] = {"ecc_mode": EccMode, "pcie_replay_count": ErrorCount, "xid_events": bool}
+HEALTH_GROUP_TYPES: dict[str, tuple[Any, int]] = {
+    "clock_event_reasons": (bool, MAX_CLOCK_EVENT_REASONS),
+    "ecc_errors": (ErrorCount, MAX_HEALTH_COUNTERS),
+    "remapped_rows": (CountOrFlag, MAX_HEALTH_COUNTERS),
+    "retired_pages": (CountOrFlag, MAX_HEALTH_COUNTERS),
+}
+
+
+def _health_facts(prefix: str, health: AcceleratorHealthSignals) -> Iterator[tuple[str, Fact, Any]]:
+    for name, value_type in HEALTH_FACT_TYPES.items():
+        yield f"{prefix}.{name}", getattr(health, name), value_type
+    for group, (value_type, _) in HEALTH_GROUP_TYPES.items():
+        for key, fact in getattr(health, group).items():
+            yield f"{prefix}.{group}.{key[:64]!r}", fact, value_type
 
 
 def _named_facts(obs: HardwareObservation) -> Iterator[tuple[str, Fact, Any]]:
@@ -85,6 +112,8 @@ def _named_facts(obs: HardwareObservation) -> Iterator[tuple[str, Fact, Any]]:
         for metric, fact in a.telemetry.items():
             if metric in ACCELERATOR_METRIC_TYPES:
                 yield f"{prefix}.telemetry.{metric}", fact, ACCELERATOR_METRIC_TYPES[metric]
+        if a.health is not None:
+            yield from _health_facts(f"{prefix}.health", a.health)
 
 
 def _convert_problem(value: Any, value_type: Any) -> str | None:
@@ -106,6 +135,27 @@ def fact_problem(fact: Fact, value_type: Any = None) -> str | None:
         return None if value_type is None else _convert_problem(fact.value, value_type)
     reason = getattr(fact, "reason", None)
     return None if reason is None else _convert_problem(reason, Text)
+
+
+def _xid_problem(xid: XidOccurrence) -> str | None:
+    return _convert_problem(xid.code, XidCode) or time_problem(xid.at)
+
+
+def _xids_problems(where: str, xids: list[XidOccurrence]) -> list[str]:
+    errors = [f"{where}: more than {MAX_XIDS}"] if len(xids) > MAX_XIDS else []
+    return errors + [f"{where}: {problem}" for problem in filter(None, map(_xid_problem, xids))]
+
+
+def _health_problems(where: str, health: AcceleratorHealthSignals) -> list[str]:
+    """What the fact walk cannot say about a GPU's health signals: group sizes, keys and XIDs."""
+    errors: list[str] = []
+    for group, (_, limit) in HEALTH_GROUP_TYPES.items():
+        facts: dict[str, Fact] = getattr(health, group)
+        if len(facts) > limit:
+            errors.append(f"{where}.{group}: more than {limit}")
+        if any(_convert_problem(key, ShortText) for key in facts):
+            errors.append(f"{where}.{group}: a name is longer than {MAX_SHORT} characters or has a NUL")
+    return errors + _xids_problems(f"{where}.xids", health.xids)
 
 
 def _metric_names(where: str, telemetry: dict[str, Fact], known: dict[str, Any]) -> list[str]:
@@ -146,6 +196,14 @@ def validate_observation(obs: HardwareObservation) -> list[str]:
         errors += _metric_names(
             f"nvml.accelerators[{a.uuid[:64]!r}].telemetry", a.telemetry, ACCELERATOR_METRIC_TYPES
         )
+        if a.health is not None:
+            errors += _health_problems(f"nvml.accelerators[{a.uuid[:64]!r}].health", a.health)
+    if len(nvml.unlisted_xids) > MAX_ACCELERATORS:
+        errors.append(f"nvml.unlisted_xids: more than {MAX_ACCELERATORS} GPUs")
+    for uuid, xids in nvml.unlisted_xids.items():
+        if _convert_problem(uuid, GpuUuid):
+            errors.append("nvml.unlisted_xids: a uuid must be 1 to 128 characters without NUL")
+        errors += _xids_problems(f"nvml.unlisted_xids[{uuid[:64]!r}]", xids)
     if len(obs.collectors) > MAX_COLLECTORS:
         errors.append(f"collectors: more than {MAX_COLLECTORS}")
     for run in obs.collectors:
@@ -185,6 +243,37 @@ def _clean_metrics(telemetry: dict[str, Fact], known: dict[str, Any]) -> dict[st
     return {name: _clean(fact, known[name]) for name, fact in telemetry.items() if name in known}
 
 
+def _clean_group(facts: dict[str, Fact], value_type: Any, limit: int) -> dict[str, Fact]:
+    return {
+        _without_nul(key)[:MAX_SHORT]: _clean(fact, value_type) for key, fact in list(facts.items())[:limit]
+    }
+
+
+def _clean_xids(xids: list[XidOccurrence]) -> list[XidOccurrence]:
+    # An occurrence the contract refuses (a code beyond 32 bits, a time from a broken clock) is
+    # left out rather than costing the report with every other signal in it.
+    return [x for x in xids if _xid_problem(x) is None][:MAX_XIDS]
+
+
+def _clean_health(health: AcceleratorHealthSignals) -> AcceleratorHealthSignals:
+    groups = {
+        group: _clean_group(getattr(health, group), value_type, limit)
+        for group, (value_type, limit) in HEALTH_GROUP_TYPES.items()
+    }
+    return AcceleratorHealthSignals(
+        ecc_mode=_clean(health.ecc_mode, EccMode),
+        pcie_replay_count=_clean(health.pcie_replay_count, ErrorCount),
+        xid_events=_clean(health.xid_events, bool),
+        xids=_clean_xids(health.xids),
+        **groups,
+    )
+
+
+def _clean_unlisted_xids(unlisted: dict[str, list[XidOccurrence]]) -> dict[str, list[XidOccurrence]]:
+    cleaned = ((_without_nul(uuid)[:128], _clean_xids(xids)) for uuid, xids in unlisted.items())
+    return dict(itertools.islice(((uuid, xids) for uuid, xids in cleaned if uuid), MAX_ACCELERATORS))
+
+
 def sanitize_observation(obs: HardwareObservation) -> HardwareObservation:
     """The agent's side: a reading the server would refuse (a negative, non-finite or impossible
     number from a confused sensor, a value of the wrong type) becomes `temporarily_failed` with
@@ -222,6 +311,7 @@ def sanitize_observation(obs: HardwareObservation) -> HardwareObservation:
             compute_capability=_clean(a.compute_capability, ShortText),
             mig_mode=_clean(a.mig_mode, MigMode),
             telemetry=_clean_metrics(a.telemetry, ACCELERATOR_METRIC_TYPES),
+            health=None if a.health is None else _clean_health(a.health),
         )
         for a in obs.nvml.accelerators
     ]
@@ -232,6 +322,7 @@ def sanitize_observation(obs: HardwareObservation) -> HardwareObservation:
         driver_version=_clean(obs.nvml.driver_version, ShortText),
         cuda_driver_version=_clean(obs.nvml.cuda_driver_version, ShortText),
         accelerators=accelerators,
+        unlisted_xids=_clean_unlisted_xids(obs.nvml.unlisted_xids),
     )
     collectors = [
         CollectorRun(
