@@ -7,9 +7,6 @@ page drifts from the model).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +15,7 @@ import msgspec
 
 from collectors.statefiles import write_private
 from ledger.db import default_state_dir
+from runtime.secrets import digest, mint_unnamed
 from runtime.settings import SETTINGS, Setting, SettingError, default, from_env
 
 # The one configuration model: declared in runtime/settings.py (the agent reads it too).
@@ -57,23 +55,14 @@ class ServerConfig(msgspec.Struct, kw_only=True):
         return cls(**values)
 
 
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
-
-
-def tokens_match(presented: str, expected_hash: str) -> bool:
-    """Constant-time comparison of a presented token with a stored hash."""
-    return hmac.compare_digest(token_hash(presented), expected_hash)
-
-
 def load_or_create_admin_token(config: ServerConfig) -> tuple[str, Path | None]:
     """The operator token: configured, else read from (or created once in) the state directory
     with mode 0600. Returns the token's hash and the file path when one is used."""
     if config.admin_token:
-        return token_hash(config.admin_token), None
+        return digest(config.admin_token), None
     path = config.state_dir / "admin-token"
     if path.exists():
-        return token_hash(path.read_text(encoding="utf-8").strip()), path
-    token = "mfop_" + secrets.token_urlsafe(32)
+        return digest(path.read_text(encoding="utf-8").strip()), path
+    token = mint_unnamed("mfop")
     write_private(path, (token + "\n").encode("utf-8"))
-    return token_hash(token), path
+    return digest(token), path

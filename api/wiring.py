@@ -8,11 +8,13 @@ from pathlib import Path
 import asyncpg
 
 from api.config import ServerConfig
-from api.services.agent_plane import REPORT_TRANSACTIONS, EnrollmentService
+from api.services.credentials import CredentialService
 from api.services.decommission import DecommissionService
+from api.services.enrollment import EnrollmentService
 from api.services.hardware_reads import HardwareReads
 from api.services.inventory import HardwareInventoryService
 from api.services.rendered import DEFAULT_MAX_BYTES, RenderedReads
+from api.services.reports import REPORT_TRANSACTIONS, ReportService
 from api.services.repository import (
     AuditRepository,
     HardwareRepository,
@@ -41,7 +43,11 @@ class Services:
         pool = inventory.pool
         self.pool = pool
         self.inventory = inventory
-        self.agent_plane = EnrollmentService(inventory, report_transactions=report_transactions)
+        # The agent plane: credentials are what enrollment issues and what every report is
+        # checked against, so both are given the one instance.
+        self.credentials = CredentialService(inventory)
+        self.enrollment = EnrollmentService(inventory, self.credentials)
+        self.reports = ReportService(inventory, self.credentials, report_transactions=report_transactions)
         self.decommission = DecommissionService(inventory)
         self.repository = repository
         self.audit = AuditRepository(pool, repository)

@@ -162,11 +162,12 @@ class ApiHarness:
 def make_api(pool: asyncpg.Pool, tmp_path: Path):  # type: ignore[no-untyped-def]
     import httpx
 
-    from api.config import ServerConfig, token_hash
+    from api.config import ServerConfig
     from api.http.app import create_app
     from api.http.context import AppContext
     from api.services.repository import HardwareRepository
     from api.wiring import build_service
+    from runtime.secrets import digest
     from tests.fakes.fake_pynvml import FakeNvml
     from tests.fixtures_nvml import multi_gpu_scenario
 
@@ -181,7 +182,7 @@ def make_api(pool: asyncpg.Pool, tmp_path: Path):  # type: ignore[no-untyped-def
             pool=pool,
             service=service,
             repository=HardwareRepository(pool),
-            admin_token_hash=token_hash(OPERATOR_TOKEN),
+            admin_token_hash=digest(OPERATOR_TOKEN),
         )
         app = create_app(context)
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")

@@ -25,7 +25,7 @@ from agent.sanitize import sanitize_observation, validate_observation
 from agent.sending import backoff_delay, classify, held_against_report
 from agent.spool import Spool
 from agent.state import CREDENTIAL_FILE, SEQUENCES_FILE, Credential, Sequences, load_credential
-from api.services.agent_plane import EnrollmentService, parse_secret
+from api.wiring import Services
 from collectors.facts import Known, TemporarilyFailed
 from collectors.nvml import NvidiaNvmlCollector
 from collectors.observations import HostObservation
@@ -47,17 +47,17 @@ class FakeHost:
 
 
 class Plane:
-    def __init__(self, app: Any, pool: asyncpg.Pool, service: EnrollmentService, tmp: Path) -> None:
+    def __init__(self, app: Any, pool: asyncpg.Pool, services: Services, tmp: Path) -> None:
         self.app = app
         self.pool = pool
-        self.service = service
+        self.services = services
         self.tmp = tmp
 
     def transport(self) -> httpx.ASGITransport:
         return httpx.ASGITransport(app=self.app)
 
     async def token(self, uses: int = 1) -> str:
-        return str((await self.service.create_token(600, uses)).token)
+        return str((await self.services.enrollment.create_token(600, uses)).token)
 
     def agent(self, state: Path, node: str, host_obs: HostObservation | None = None, **config: Any) -> Agent:
         return Agent(
@@ -70,21 +70,21 @@ class Plane:
 
 @pytest.fixture
 async def plane(pool: asyncpg.Pool, tmp_path: Path) -> AsyncIterator[Plane]:
-    from api.config import ServerConfig, token_hash
+    from api.config import ServerConfig
     from api.http.app import create_app
     from api.http.context import AppContext
     from api.services.repository import HardwareRepository
     from api.wiring import build_service
+    from runtime.secrets import digest
 
     service = build_service(pool, ServerConfig(state_dir=tmp_path / "server", node_id="server-host"))
     context = AppContext(
         pool=pool,
         service=service,
         repository=HardwareRepository(pool),
-        admin_token_hash=token_hash("op"),
+        admin_token_hash=digest("op"),
     )
-    enrollment = context.services.agent_plane
-    yield Plane(create_app(context), pool, enrollment, tmp_path)
+    yield Plane(create_app(context), pool, context.services, tmp_path)
 
 
 async def test_agent_in_process_enrolls_reports_and_resynchronizes_after_losing_its_sequences(
@@ -101,7 +101,9 @@ async def test_agent_in_process_enrolls_reports_and_resynchronizes_after_losing_
     # Every start of the agent reports on the inventory stream first.
     assert await plane.agent(state, "unit-1").run() == 0
     assert await plane.agent(state, "unit-1").run() == 0
-    positions = {s.stream: s.last_sequence for s in await plane.service.list_streams(credential.node_id)}
+    positions = {
+        s.stream: s.last_sequence for s in await plane.services.credentials.list_streams(credential.node_id)
+    }
     assert positions == {"inventory": 2}
 
     # The state directory is restored from an old backup: the numbers fall behind the server's.
@@ -112,7 +114,9 @@ async def test_agent_in_process_enrolls_reports_and_resynchronizes_after_losing_
     assert "agent.report_quarantined" in events and "agent.sequence_resynchronized" in events
     assert Sequences(state).last("inventory") == 2
     assert await plane.agent(state, "unit-1").run() == 0
-    positions = {s.stream: s.last_sequence for s in await plane.service.list_streams(credential.node_id)}
+    positions = {
+        s.stream: s.last_sequence for s in await plane.services.credentials.list_streams(credential.node_id)
+    }
     assert positions["inventory"] == 3
 
     # Lost entirely: enrolling again continues above the server's sequences.
@@ -121,7 +125,10 @@ async def test_agent_in_process_enrolls_reports_and_resynchronizes_after_losing_
     again = await enroll(SERVER, await plane.token(), state, node_id="unit-1", transport=plane.transport())
     assert again.node_id == credential.node_id and again.credential_id != credential.credential_id
     assert Sequences(state).last("inventory") == 3
-    creds = {c.credential_id: c.status for c in await plane.service.list_credentials(credential.node_id)}
+    creds = {
+        c.credential_id: c.status
+        for c in await plane.services.credentials.list_credentials(credential.node_id)
+    }
     assert creds == {credential.credential_id: "revoked", again.credential_id: "active"}
 
 
@@ -130,7 +137,7 @@ async def test_agent_stops_with_exit_78_when_its_credential_is_revoked(plane: Pl
     credential = await enroll(
         SERVER, await plane.token(), state, node_id="unit-2", transport=plane.transport()
     )
-    await plane.service.revoke_credential(credential.credential_id, "test")
+    await plane.services.credentials.revoke_credential(credential.credential_id, "test")
     with structlog.testing.capture_logs() as logs:
         assert await plane.agent(state, "unit-2").run() == EXIT_STOPPED
     stopped = [e for e in logs if e["event"] == "agent.publishing_stopped"]
@@ -176,7 +183,9 @@ async def test_spooled_reports_survive_an_outage_and_enrolling_as_another_identi
     assert not list((state / "agent-spool").glob("*.json"))
     assert Sequences(state).last("inventory") == 0
     assert await plane.agent(state, "unit-6").run() == 0
-    streams = {s.stream: s.last_sequence for s in await plane.service.list_streams(again.node_id)}
+    streams = {
+        s.stream: s.last_sequence for s in await plane.services.credentials.list_streams(again.node_id)
+    }
     assert streams == {"inventory": 1}
 
 
@@ -209,7 +218,7 @@ async def test_agent_fails_over_to_the_next_server_and_keeps_running(plane: Plan
     running = asyncio.create_task(agent.run())
 
     async def enough() -> bool:
-        streams = await plane.service.list_streams(node_id_for("unit-7"))
+        streams = await plane.services.credentials.list_streams(node_id_for("unit-7"))
         return sum(s.reports for s in streams) >= 3
 
     await wait_for(enough, 10, "reports through the second server")
@@ -336,13 +345,6 @@ def test_backoff_is_exponential_jittered_and_capped() -> None:
         assert all(top / 2 <= d <= top for d in delays) and len(set(delays)) > 1
     assert backoff_delay(1, 1.0, 8.0, retry_after=5.0) >= 5.0
     assert backoff_delay(1, 1.0, 8.0, retry_after=500.0) <= 8.0
-
-
-def test_secrets_parse_only_in_their_own_shape() -> None:
-    ident = "0123456789abcdef0123456789abcdef"
-    assert parse_secret(f"mfc_{ident}_s3cr_et-x", "mfc") == (ident, "s3cr_et-x")
-    for bad in (None, "", "mfc", f"mfe_{ident}_x", f"mfc_{ident}_", "mfc_nothex_x", f"mfc_{ident[:-1]}g_x"):
-        assert parse_secret(bad, "mfc") is None
 
 
 def test_collector_timeout_help_and_behaviour_agree(

@@ -29,17 +29,17 @@ AUTH = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 
 @pytest.fixture
 async def client(pool: asyncpg.Pool, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    from api.config import token_hash
     from api.http.app import create_app
     from api.http.context import AppContext
     from api.services.repository import HardwareRepository
+    from runtime.secrets import digest
 
     service = HardwareInventoryService(EventStore(pool, ALL_PROJECTIONS))
     context = AppContext(
         pool=pool,
         service=service,
         repository=HardwareRepository(pool),
-        admin_token_hash=token_hash(OPERATOR_TOKEN),
+        admin_token_hash=digest(OPERATOR_TOKEN),
         local_refresh_enabled=False,
     )
     app = create_app(context)
@@ -261,15 +261,15 @@ async def test_every_route_resolves_at_most_one_dependency(pool: asyncpg.Pool) -
     route takes one dependency, whose provider reads the app state itself."""
     from litestar.routes import HTTPRoute
 
-    from api.config import token_hash
     from api.http.app import create_app
     from api.http.context import AppContext
     from api.services.repository import HardwareRepository
+    from runtime.secrets import digest
 
     service = HardwareInventoryService(EventStore(pool, ALL_PROJECTIONS))
     app = create_app(
         AppContext(
-            pool=pool, service=service, repository=HardwareRepository(pool), admin_token_hash=token_hash("x")
+            pool=pool, service=service, repository=HardwareRepository(pool), admin_token_hash=digest("x")
         )
     )
     costly: list[str] = []

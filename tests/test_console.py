@@ -11,12 +11,12 @@ import asyncpg
 import httpx
 import pytest
 
-from api.config import token_hash
 from api.http.app import create_app
 from api.http.console.routes import COOKIE
 from api.http.context import AppContext
 from api.services.repository import HardwareRepository
 from ledger.db import init_connection
+from runtime.secrets import digest
 from tests.console_support import (
     FAILED_GPU,
     MISSING_GPU,
@@ -73,7 +73,7 @@ async def console(database_dsn: str) -> AsyncIterator[Console]:
         pool=pool,
         service=HardwareInventoryService(EventStore(pool, ALL_PROJECTIONS)),
         repository=HardwareRepository(pool),
-        admin_token_hash=token_hash(TOKEN),
+        admin_token_hash=digest(TOKEN),
         local_refresh_enabled=False,
     )
     app = create_app(context)

@@ -10,21 +10,22 @@ from datetime import datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.protocol import ReportAck, decode_report
-from api.services.agent_plane import (
-    AcceptedReport,
-    Principal,
-    ReportItem,
-    decide_report,
-    sequence_refusal,
-    token_refusal,
-)
+from agent.protocol import decode_report
 from api.services.decommission import preview_of
-from api.services.errors import Conflict, Unauthenticated
 from collectors.identity import NodeIdentity
 from collectors.observations import HardwareObservation
 from domain.node import CredentialState, NodeState, evolve, node_id_for
 from domain.reconcile import reconcile
+from domain.report_decisions import (
+    AcceptedReport,
+    CredentialRefusal,
+    DuplicateReport,
+    ReportItem,
+    SequenceConflict,
+    decide_report,
+    sequence_refusal,
+    token_refusal,
+)
 from ledger.events import (
     AcceleratorDiscovered,
     AcceleratorMissing,
@@ -167,7 +168,7 @@ def test_a_sequence_is_refused_only_when_reused_with_other_content(seq: int, las
     if seq > last or (seq == last and same):
         assert refusal is None
     else:
-        assert refusal is not None and refusal.extensions["last_sequence"] == last
+        assert refusal is not None and refusal.last_sequence == last and refusal.sequence == seq
 
 
 @given(
@@ -196,30 +197,41 @@ def test_a_report_is_refused_a_duplicate_or_accepted_on_its_nodes_state_alone(
         revoked_at=T0 if revoked else None,
     )
     state = NodeState(node_id=report.node_id, credentials={"c1": credential})
-    item = ReportItem(Principal("c1", report.node_id, key), report, digest, T0, None)
+    item = ReportItem(
+        credential_id="c1",
+        node_id=report.node_id,
+        identity=NodeIdentity(key=key, source="configured"),
+        stream=report.stream,
+        sequence=report.sequence,
+        observed_at=report.observed_at,
+        observation=report.observation,
+        digest=digest,
+        received_at=T0,
+        sent_at=None,
+    )
     recent = {} if last is None else {str(last): digest if same_content else "e" * 64}
     decision = decide_report(state, item, last, recent)
     if revoked:
-        assert isinstance(decision, Unauthenticated) and decision.type == "credential-revoked"
+        assert isinstance(decision, CredentialRefusal) and decision.problem == "credential-revoked"
     elif last is None or seq > last:
         assert isinstance(decision, AcceptedReport)
         assert decision.gap == seq - (last or 0) - 1 and decision.recent[str(seq)] == digest
         assert decision.events and all(e.metadata.agent_sequence == seq for e in decision.events)
     elif seq == last and same_content:
-        assert isinstance(decision, ReportAck) and decision.status == "duplicate" and decision.events == 0
+        assert isinstance(decision, DuplicateReport) and decision.last == last
     else:
-        assert isinstance(decision, Conflict) and decision.type == "sequence-conflict"
+        assert isinstance(decision, SequenceConflict) and decision.last_sequence == last
 
 
 def test_a_token_is_refused_when_revoked_expired_or_used_up() -> None:
     live = TokenState(token_id=uuid.uuid4().hex, created=True, uses=1, expires_at=T0 + timedelta(hours=1))
     assert token_refusal(live, T0) is None
     revoked = token_refusal(TokenState(**{**_fields(live), "revoked_at": T0}), T0)
-    assert revoked is not None and revoked.type == "enrollment-token-revoked"
+    assert revoked is not None and revoked.problem == "enrollment-token-revoked"
     expired = token_refusal(live, T0 + timedelta(hours=2))
-    assert expired is not None and expired.type == "enrollment-token-expired"
+    assert expired is not None and expired.problem == "enrollment-token-expired"
     spent = token_refusal(TokenState(**{**_fields(live), "used": 1}), T0)
-    assert spent is not None and spent.type == "enrollment-token-used-up"
+    assert spent is not None and spent.problem == "enrollment-token-used-up"
 
 
 def _fields(state: TokenState) -> dict[str, object]:

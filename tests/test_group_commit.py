@@ -154,22 +154,24 @@ async def test_concurrent_agent_reports_share_transactions_and_are_each_accepted
     """Eight nodes report at once: every report is accepted and stored once, in fewer
     transactions than reports; the same reports again are recognized as duplicates."""
     services = build_services(pool, ServerConfig(state_dir=tmp_path / "state", collector_timeout=5.0))
-    plane = services.agent_plane
-    token = await plane.create_token(3600, 8)
+    token = await services.enrollment.create_token(3600, 8)
     principals = []
     for i in range(8):
-        enrolled = await plane.enroll(
+        enrolled = await services.enrollment.enroll(
             token.token,
             EnrollRequest(identity_key=f"gc-agent-{i}", identity_source="configured", hostname=f"h{i}"),
         )
-        principals.append(await plane.authenticate(enrolled.credential))
+        principals.append(await services.credentials.authenticate(enrolled.credential))
     bodies = [report_body(f"gc-agent-{i}", 1, mem_avail=i) for i in range(8)]
-    before = (plane.reports.batches, plane.reports.units)
+    before = (services.reports.group_commit.batches, services.reports.group_commit.units)
     acks = await asyncio.gather(
-        *(plane.accept_report(p, b, None) for p, b in zip(principals, bodies, strict=True))
+        *(services.reports.accept_report(p, b, None) for p, b in zip(principals, bodies, strict=True))
     )
     assert [a.status for a in acks] == ["accepted"] * 8
-    batches, units = plane.reports.batches - before[0], plane.reports.units - before[1]
+    batches, units = (
+        services.reports.group_commit.batches - before[0],
+        services.reports.group_commit.units - before[1],
+    )
     assert units == 8 and batches < 8, (batches, units)
     async with pool.acquire() as conn:
         stored = await conn.fetch(
@@ -182,7 +184,7 @@ async def test_concurrent_agent_reports_share_transactions_and_are_each_accepted
         )
     assert sorted(r["n"] for r in stored) == [1] * 8 and sharing > 1
     again = await asyncio.gather(
-        *(plane.accept_report(p, b, None) for p, b in zip(principals, bodies, strict=True))
+        *(services.reports.accept_report(p, b, None) for p, b in zip(principals, bodies, strict=True))
     )
     assert [a.status for a in again] == ["duplicate"] * 8
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import structlog
 
-from api.services.agent_plane import EnrollmentService
+from api.wiring import Services
 from domain.node import node_id_for
 from tests.agent_support import report_body
 
@@ -23,10 +23,10 @@ KEY = "hostile-node-1"
 
 
 class Target:
-    def __init__(self, client: httpx.AsyncClient, pool: asyncpg.Pool, enrollment: EnrollmentService) -> None:
+    def __init__(self, client: httpx.AsyncClient, pool: asyncpg.Pool, services: Services) -> None:
         self.client = client
         self.pool = pool
-        self.enrollment = enrollment
+        self.services = services
         self.credential = ""
         self.other_credential = ""
         self.token = ""
@@ -45,7 +45,7 @@ class Target:
         return h
 
     async def enroll(self, key: str) -> str:
-        token = (await self.enrollment.create_token(600, 1)).token
+        token = (await self.services.enrollment.create_token(600, 1)).token
         r = await self.client.post(
             "/api/v1/agent/enroll",
             json={"identity_key": key, "identity_source": "configured", "hostname": "h"},
@@ -57,28 +57,28 @@ class Target:
 
 @pytest.fixture
 async def target(pool: asyncpg.Pool, tmp_path: Path) -> AsyncIterator[Target]:
-    from api.config import ServerConfig, token_hash
+    from api.config import ServerConfig
     from api.http.app import create_app
     from api.http.context import AppContext
     from api.services.repository import HardwareRepository
     from api.wiring import Services, build_service
+    from runtime.secrets import digest
 
     service = build_service(pool, ServerConfig(state_dir=tmp_path / "server", node_id="server-host"))
     services = Services(service, HardwareRepository(pool))
-    enrollment = services.agent_plane
     context = AppContext(
         pool=pool,
         service=service,
         repository=services.repository,
-        admin_token_hash=token_hash(OP),
+        admin_token_hash=digest(OP),
         services=services,
     )
     app = create_app(context)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
-        t = Target(client, pool, enrollment)
+        t = Target(client, pool, services)
         t.credential = await t.enroll(KEY)
         t.other_credential = await t.enroll("hostile-node-2")
-        t.token = str((await enrollment.create_token(600, 5)).token)
+        t.token = str((await services.enrollment.create_token(600, 5)).token)
         r = await client.post("/api/v1/agent/reports", content=report_body(KEY, 1), headers=t.headers("node"))
         assert r.status_code == 200, r.text
         yield t
@@ -329,8 +329,8 @@ async def test_a_revoked_credential_gets_401_even_once_it_was_used(target: Targe
     """A credential used (and so remembered as verified) and then revoked: 401 for any report,
     including one for another node (it used to get 403 credential-node-mismatch) and a malformed
     one (400 otherwise)."""
-    listed = await target.enrollment.list_credentials(target.node_id)
-    await target.enrollment.revoke_credential(listed[0].credential_id, "test")
+    listed = await target.services.credentials.list_credentials(target.node_id)
+    await target.services.credentials.revoke_credential(listed[0].credential_id, "test")
     before = await target.events()
     for body in (report_body(KEY, 2), report_body("hostile-node-2", 1), b'{"protocol": 1,'):
         r = await target.client.post("/api/v1/agent/reports", content=body, headers=target.headers("node"))
@@ -349,19 +349,20 @@ async def test_a_revoked_credential_gets_401_even_once_it_was_used(target: Targe
 async def test_without_its_database_the_server_is_alive_but_not_ready(tmp_path: Path) -> None:
     """Nothing listens where the database should be: /health and every database route answer 503
     problem+json with Retry-After, liveness stays 200, and no traceback is logged."""
-    from api.config import ServerConfig, token_hash
+    from api.config import ServerConfig
     from api.http.app import create_app
     from api.http.context import AppContext
     from api.services.repository import HardwareRepository
     from api.wiring import build_service
     from ledger.db import create_pool
+    from runtime.secrets import digest
     from tests.agent_support import free_port
 
     pool = await create_pool(f"postgresql://postgres@127.0.0.1:{free_port()}/none", min_size=0, max_size=2)
     try:
         service = build_service(pool, ServerConfig(state_dir=tmp_path / "s", node_id="n"))
         context = AppContext(
-            pool=pool, service=service, repository=HardwareRepository(pool), admin_token_hash=token_hash(OP)
+            pool=pool, service=service, repository=HardwareRepository(pool), admin_token_hash=digest(OP)
         )
         app = create_app(context)
         auth = {"Authorization": f"Bearer {OP}"}

@@ -1,4 +1,4 @@
-"""Agent reports decided on kept copies (api/services/agent_plane.py `_commit_kept`): a server
+"""Agent reports decided on kept copies (api/services/reports.py `_commit_kept`): a server
 that kept a node's folded state and its stream's position from its previous report decides the
 next report before sending anything, and commits it in five statements. The copies are guesses:
 whatever another server (or a rolled-back transaction of its own) did in between, every report
@@ -7,7 +7,6 @@ gets the answer, and leaves the position, it would have had on what PostgreSQL h
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import uuid
 from datetime import UTC, datetime
@@ -18,10 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.protocol import EnrollRequest
+from agent.protocol import EnrollRequest, ReportAck
 from api.config import ServerConfig
-from api.services.agent_plane import EnrollmentService, Principal, ReportAck, ReportItem, decode_report
+from api.services.credentials import Principal
 from api.services.errors import Conflict
+from api.services.reports import report_item
 from api.wiring import Services, build_services
 from projections.inventory import ALL_PROJECTIONS
 from projections.rebuild import rebuild
@@ -36,13 +36,13 @@ def server(pool: asyncpg.Pool, tmp_path: Path, name: str) -> Services:
     return build_services(pool, ServerConfig(state_dir=tmp_path / name, collector_timeout=5.0))
 
 
-async def enrolled(plane: EnrollmentService, key: str) -> tuple[Principal, str]:
-    """The node's principal on `plane`, and its credential (for another server to authenticate)."""
-    token = await plane.create_token(3600, 1)
-    done = await plane.enroll(
+async def enrolled(server: Services, key: str) -> tuple[Principal, str]:
+    """The node's principal on `server`, and its credential (for another server to authenticate)."""
+    token = await server.enrollment.create_token(3600, 1)
+    done = await server.enrollment.enroll(
         token.token, EnrollRequest(identity_key=key, identity_source="configured", hostname=key)
     )
-    return await plane.authenticate(done.credential), done.credential
+    return await server.credentials.authenticate(done.credential), done.credential
 
 
 async def position(pool: asyncpg.Pool, node_id: str, stream: str = "telemetry") -> tuple[int, int, int]:
@@ -65,18 +65,16 @@ async def test_reports_on_kept_copies_take_the_short_way_and_count_right(
     pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
     a = server(pool, tmp_path, "a")
-    principal, _ = await enrolled(a.agent_plane, "kept-agent")
+    principal, _ = await enrolled(a, "kept-agent")
     for seq in (1, 2, 3, 5):
-        ack = await a.agent_plane.accept_report(
-            principal, report_body("kept-agent", seq, mem_avail=seq), None
-        )
+        ack = await a.reports.accept_report(principal, report_body("kept-agent", seq, mem_avail=seq), None)
         assert ack.status == "accepted" and ack.sequence == seq
     assert ack.previous_sequence == 3 and ack.gap == 1
     # Reports 2, 3 and 5 were decided on kept copies; 1 had no position yet.
-    assert a.agent_plane.store.states.kept_appends == 3
+    assert a.reports.store.states.kept_appends == 3
     assert await position(pool, principal.node_id) == (5, 4, 1)
     # A replay of a kept sequence is refused or recognized as the usual way decides it.
-    again = await a.agent_plane.accept_report(principal, report_body("kept-agent", 3, mem_avail=3), None)
+    again = await a.reports.accept_report(principal, report_body("kept-agent", 3, mem_avail=3), None)
     assert again.status == "duplicate"
     await verify(pool)
 
@@ -85,19 +83,19 @@ async def test_a_report_after_another_server_took_the_node_is_decided_on_what_is
     pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
     a, b = server(pool, tmp_path, "a"), server(pool, tmp_path, "b")
-    principal, credential = await enrolled(a.agent_plane, "moved-agent")
-    on_b = await b.agent_plane.authenticate(credential)
-    await a.agent_plane.accept_report(principal, report_body("moved-agent", 1, mem_avail=1), None)
-    await a.agent_plane.accept_report(principal, report_body("moved-agent", 2, mem_avail=2), None)
+    principal, credential = await enrolled(a, "moved-agent")
+    on_b = await b.credentials.authenticate(credential)
+    await a.reports.accept_report(principal, report_body("moved-agent", 1, mem_avail=1), None)
+    await a.reports.accept_report(principal, report_body("moved-agent", 2, mem_avail=2), None)
     # The agent fails over to server b for a report, then comes back to a.
-    ack_b = await b.agent_plane.accept_report(on_b, report_body("moved-agent", 3, mem_avail=3), None)
+    ack_b = await b.reports.accept_report(on_b, report_body("moved-agent", 3, mem_avail=3), None)
     assert ack_b.status == "accepted" and ack_b.previous_sequence == 2
-    ack_a = await a.agent_plane.accept_report(principal, report_body("moved-agent", 4, mem_avail=4), None)
+    ack_a = await a.reports.accept_report(principal, report_body("moved-agent", 4, mem_avail=4), None)
     # a's copies say 2: the node's checkpoint told it otherwise, and it read the stored position.
     assert ack_a.status == "accepted" and ack_a.previous_sequence == 3 and ack_a.gap == 0
-    assert a.agent_plane.store.states.stale == 1
+    assert a.reports.store.states.stale == 1
     # b's copy of sequence 3 is behind too; its replay of 4 is what a stored.
-    replay = await b.agent_plane.accept_report(on_b, report_body("moved-agent", 4, mem_avail=4), None)
+    replay = await b.reports.accept_report(on_b, report_body("moved-agent", 4, mem_avail=4), None)
     assert replay.status == "duplicate"
     assert await position(pool, principal.node_id) == (4, 4, 0)
     await verify(pool)
@@ -110,17 +108,17 @@ async def test_a_kept_position_is_used_only_with_the_node_state_it_was_kept_with
     # report) while its copy of the stream position is from before b's report: the two copies are
     # of different moments, so the report is decided on what a reads.
     a, b = server(pool, tmp_path, "a"), server(pool, tmp_path, "b")
-    principal, credential = await enrolled(a.agent_plane, "lease-agent")
-    await a.agent_plane.accept_report(principal, report_body("lease-agent", 1, mem_avail=1), None)
-    ack_b = await b.agent_plane.accept_report(
-        await b.agent_plane.authenticate(credential), report_body("lease-agent", 2, mem_avail=2), None
+    principal, credential = await enrolled(a, "lease-agent")
+    await a.reports.accept_report(principal, report_body("lease-agent", 1, mem_avail=1), None)
+    ack_b = await b.reports.accept_report(
+        await b.credentials.authenticate(credential), report_body("lease-agent", 2, mem_avail=2), None
     )
     assert ack_b.status == "accepted"
     await a.decommission.acquire_lease(principal.node_id, "scheduler", "job 1")
-    ack = await a.agent_plane.accept_report(principal, report_body("lease-agent", 3, mem_avail=3), None)
+    ack = await a.reports.accept_report(principal, report_body("lease-agent", 3, mem_avail=3), None)
     assert ack.status == "accepted" and ack.previous_sequence == 2 and ack.gap == 0
     # Known before anything was written: no batch rolled back (and no dead rows left) for it.
-    assert a.agent_plane.positions.stale == 0
+    assert a.reports.positions.stale == 0
     assert await position(pool, principal.node_id) == (3, 3, 0)
     await verify(pool)
 
@@ -131,17 +129,17 @@ async def test_a_position_row_written_behind_the_servers_back_is_what_the_report
     # A write of the row that moves no node stream (an operator's repair, a tool of a later
     # release): only the row's xmin tells the kept copy from it. The report runs again on the row.
     a = server(pool, tmp_path, "a")
-    principal, _ = await enrolled(a.agent_plane, "repaired-agent")
+    principal, _ = await enrolled(a, "repaired-agent")
     for seq in (1, 2):
-        await a.agent_plane.accept_report(principal, report_body("repaired-agent", seq, mem_avail=seq), None)
+        await a.reports.accept_report(principal, report_body("repaired-agent", seq, mem_avail=seq), None)
     async with pool.acquire() as conn:
         await conn.execute(
             "UPDATE agent_stream_positions SET last_sequence = 10 WHERE node_id = $1", principal.node_id
         )
     with pytest.raises(Conflict) as refused:
-        await a.agent_plane.accept_report(principal, report_body("repaired-agent", 3, mem_avail=3), None)
+        await a.reports.accept_report(principal, report_body("repaired-agent", 3, mem_avail=3), None)
     assert "older than the last accepted (10)" in refused.value.detail
-    assert a.agent_plane.positions.stale == 1
+    assert a.reports.positions.stale == 1
     assert await position(pool, principal.node_id) == (10, 2, 0)
 
 
@@ -151,26 +149,26 @@ async def test_one_row_written_behind_the_servers_back_sends_its_whole_batch_rou
     # Two reports in one batch on kept copies, one of whose rows was written since: the batch's
     # append and the advance of the other row must not stand (each report is decided alone again).
     a = server(pool, tmp_path, "a")
-    repaired, _ = await enrolled(a.agent_plane, "repaired-in-batch")
-    steady, _ = await enrolled(a.agent_plane, "steady-in-batch")
+    repaired, _ = await enrolled(a, "repaired-in-batch")
+    steady, _ = await enrolled(a, "steady-in-batch")
     for seq in (1, 2):
         for p, key in ((repaired, "repaired-in-batch"), (steady, "steady-in-batch")):
-            await a.agent_plane.accept_report(p, report_body(key, seq, mem_avail=seq), None)
+            await a.reports.accept_report(p, report_body(key, seq, mem_avail=seq), None)
     async with pool.acquire() as conn:
         await conn.execute(
             "UPDATE agent_stream_positions SET last_sequence = 10 WHERE node_id = $1", repaired.node_id
         )
-    batches_before = a.agent_plane.reports.batches
+    batches_before = a.reports.group_commit.batches
     outcomes = await asyncio.gather(
-        a.agent_plane.accept_report(repaired, report_body("repaired-in-batch", 3, mem_avail=3), None),
-        a.agent_plane.accept_report(steady, report_body("steady-in-batch", 3, mem_avail=3), None),
+        a.reports.accept_report(repaired, report_body("repaired-in-batch", 3, mem_avail=3), None),
+        a.reports.accept_report(steady, report_body("steady-in-batch", 3, mem_avail=3), None),
         return_exceptions=True,
     )
     refused, accepted = outcomes
     assert isinstance(refused, Conflict) and "older than the last accepted (10)" in refused.detail
     assert isinstance(accepted, ReportAck) and accepted.status == "accepted"
-    assert a.agent_plane.positions.stale == 1
-    assert a.agent_plane.reports.batches - batches_before == 2  # the batch split: each alone
+    assert a.reports.positions.stale == 1
+    assert a.reports.group_commit.batches - batches_before == 2  # the batch split: each alone
     assert await position(pool, repaired.node_id) == (10, 2, 0)
     assert await position(pool, steady.node_id) == (3, 3, 0)
     await verify(pool)
@@ -182,13 +180,13 @@ async def test_a_server_that_keeps_no_state_decides_every_report_on_what_it_read
     a = build_services(
         pool, ServerConfig(state_dir=tmp_path / "a", collector_timeout=5.0, state_cache_streams=0)
     )
-    principal, _ = await enrolled(a.agent_plane, "uncached-agent")
+    principal, _ = await enrolled(a, "uncached-agent")
     for seq in (1, 2, 3):
-        ack = await a.agent_plane.accept_report(
+        ack = await a.reports.accept_report(
             principal, report_body("uncached-agent", seq, mem_avail=seq), None
         )
         assert ack.status == "accepted"
-    assert a.agent_plane.store.states.kept_appends == 0
+    assert a.reports.store.states.kept_appends == 0
     assert await position(pool, principal.node_id) == (3, 3, 0)
 
 
@@ -230,15 +228,15 @@ async def test_any_interleaving_of_two_servers_answers_and_counts_as_one_would(
             keys = [f"{prefix}-{n}" for n in range(2)]
             principals = []
             for key in keys:
-                principal, credential = await enrolled(servers[0].agent_plane, key)
-                principals.append([principal, await servers[1].agent_plane.authenticate(credential)])
+                principal, credential = await enrolled(servers[0], key)
+                principals.append([principal, await servers[1].credentials.authenticate(credential)])
             # The model: per node and stream, the last accepted sequence, accepted reports, skipped
             # sequences.
             model = {
                 (n, stream): [0, 0, 0] for n in range(len(keys)) for stream in ("telemetry", "inventory")
             }
             for s, n, stream, action in history:
-                plane, principal, key = servers[s].agent_plane, principals[n][s], keys[n]
+                service, principal, key = servers[s].reports, principals[n][s], keys[n]
                 last, reports, skipped = model[n, stream]
                 if action == "lease":
                     if not model[n, "telemetry"][1] and not model[n, "inventory"][1]:
@@ -249,25 +247,23 @@ async def test_any_interleaving_of_two_servers_answers_and_counts_as_one_would(
                     if last == 0:
                         continue
                     retried = report_body(key, last, stream=stream, mem_avail=last)
-                    ack = await plane.accept_report(principal, retried, None)
+                    ack = await service.accept_report(principal, retried, None)
                     assert ack.status == "duplicate", ack
                     continue
                 seq = last + (3 if action == "skip" else 1)
                 body = report_body(key, seq, stream=stream, mem_avail=seq)
                 if action == "rolled_back":
-                    item = ReportItem(
-                        principal, decode_report(body), hashlib.sha256(body).hexdigest(), _now(), None
-                    )
+                    item = report_item(principal, body, _now(), None)
                     async with pool.acquire() as conn:
                         transaction = conn.transaction()
                         await transaction.start()
                         try:
-                            (ack,) = await plane._commit_reports(conn, [item])
+                            (ack,) = await service._commit_reports(conn, [item])
                             assert isinstance(ack, ReportAck) and ack.status == "accepted", ack
                         finally:
                             await transaction.rollback()
                     continue
-                ack = await plane.accept_report(principal, body, None)
+                ack = await service.accept_report(principal, body, None)
                 assert (ack.status, ack.previous_sequence, ack.gap) == (
                     "accepted",
                     last or None,
@@ -286,7 +282,7 @@ async def test_any_interleaving_of_two_servers_answers_and_counts_as_one_would(
 
     await asyncio.to_thread(prop)
     # Both ways were taken: in five statements on kept copies, and refused for what was stored.
-    stores = [s.agent_plane.store.states for s in servers]
+    stores = [s.reports.store.states for s in servers]
     assert sum(x.kept_appends for x in stores) > 0 and sum(x.stale for x in stores) > 0
 
 
@@ -297,15 +293,15 @@ async def test_a_nodes_two_streams_reporting_at_once_to_two_servers_are_each_cou
     # reports of a node take turns on its lock, and whichever comes second finds the first one's
     # writes, whatever its copies said.
     a, b = server(pool, tmp_path, "a"), server(pool, tmp_path, "b")
-    principal, credential = await enrolled(a.agent_plane, "two-streams")
-    on_b = await b.agent_plane.authenticate(credential)
+    principal, credential = await enrolled(a, "two-streams")
+    on_b = await b.credentials.authenticate(credential)
     for seq in range(1, 13):
         telemetry_plane, inventory_plane = (a, b) if seq % 3 else (a, a)
         acks = await asyncio.gather(
-            telemetry_plane.agent_plane.accept_report(
+            telemetry_plane.reports.accept_report(
                 principal, report_body("two-streams", seq, mem_avail=seq), None
             ),
-            inventory_plane.agent_plane.accept_report(
+            inventory_plane.reports.accept_report(
                 on_b if inventory_plane is b else principal,
                 report_body("two-streams", seq, stream="inventory", mem_avail=seq),
                 None,

@@ -62,26 +62,29 @@ async def test_a_steady_state_agent_report_sends_fewer_statements_than_before(
     counted: tuple[Services, Counter],
 ) -> None:
     services, counter = counted
-    plane = services.agent_plane
-    token = await plane.create_token(3600, 2)
+    token = await services.enrollment.create_token(3600, 2)
     principals = []
     for key in ("warm-up-agent", "counted-agent"):
-        enrolled = await plane.enroll(
+        enrolled = await services.enrollment.enroll(
             token.token, EnrollRequest(identity_key=key, identity_source="configured", hostname=key)
         )
-        principals.append(await plane.authenticate(enrolled.credential))
+        principals.append(await services.credentials.authenticate(enrolled.credential))
     # The connection's first report prepares its statements (and asyncpg reads their types).
-    await plane.accept_report(principals[0], report_body("warm-up-agent", 1, mem_avail=1), None)
+    await services.reports.accept_report(principals[0], report_body("warm-up-agent", 1, mem_avail=1), None)
     principal = principals[1]
     counter.queries.clear()
-    first = await plane.accept_report(principal, report_body("counted-agent", 1, mem_avail=1), None)
+    first = await services.reports.accept_report(
+        principal, report_body("counted-agent", 1, mem_avail=1), None
+    )
     assert first.status == "accepted" and first.lifecycle_events
     # The stream's first report: no position to keep yet, so the node is opened and read.
     assert len(counter.queries) == OPENING_STATEMENTS, counter.queries
     # One lock with its state load per report (the unit of work), never two, never apart.
     assert sum("mf_open_streams" in q for q in counter.queries) == 1
     counter.queries.clear()
-    second = await plane.accept_report(principal, report_body("counted-agent", 2, mem_avail=2), None)
+    second = await services.reports.accept_report(
+        principal, report_body("counted-agent", 2, mem_avail=2), None
+    )
     assert second.status == "accepted" and second.lifecycle_events == [] and second.events > 0
     assert len(counter.queries) == REPORT_STATEMENTS, counter.queries
     # The lock, the kept checkpoint's check and the append in one call, nothing opened besides.
@@ -97,14 +100,15 @@ async def test_a_node_reporting_on_its_two_streams_in_turn_sends_five_statements
     # on; the other stream's kept position must follow it, or the next report on either stream
     # (a batch holding it, with every other report of the batch) opens its node again.
     services, counter = counted
-    plane = services.agent_plane
-    token = await plane.create_token(3600, 1)
-    enrolled = await plane.enroll(
+    token = await services.enrollment.create_token(3600, 1)
+    enrolled = await services.enrollment.enroll(
         token.token, EnrollRequest(identity_key="two-streams", identity_source="configured", hostname="h")
     )
-    principal = await plane.authenticate(enrolled.credential)
+    principal = await services.credentials.authenticate(enrolled.credential)
     for stream in ("inventory", "telemetry"):  # each stream's first report: nothing kept yet
-        await plane.accept_report(principal, report_body("two-streams", 1, stream=stream, mem_avail=1), None)
+        await services.reports.accept_report(
+            principal, report_body("two-streams", 1, stream=stream, mem_avail=1), None
+        )
     for seq, stream in (
         (2, "telemetry"),
         (2, "inventory"),
@@ -113,7 +117,7 @@ async def test_a_node_reporting_on_its_two_streams_in_turn_sends_five_statements
         (3, "inventory"),
     ):
         counter.queries.clear()
-        ack = await plane.accept_report(
+        ack = await services.reports.accept_report(
             principal, report_body("two-streams", seq, stream=stream, mem_avail=seq), None
         )
         assert (ack.status, ack.previous_sequence, ack.gap) == ("accepted", seq - 1, 0), (stream, ack)
@@ -125,20 +129,19 @@ async def test_reports_that_arrive_together_share_one_transaction_of_five_statem
     counted: tuple[Services, Counter],
 ) -> None:
     services, counter = counted
-    plane = services.agent_plane
-    token = await plane.create_token(3600, 8)
+    token = await services.enrollment.create_token(3600, 8)
     principals = []
     for i in range(8):
-        enrolled = await plane.enroll(
+        enrolled = await services.enrollment.enroll(
             token.token,
             EnrollRequest(identity_key=f"batch-{i}", identity_source="configured", hostname=f"h{i}"),
         )
-        principals.append(await plane.authenticate(enrolled.credential))
-        await plane.accept_report(principals[-1], report_body(f"batch-{i}", 1, mem_avail=1), None)
+        principals.append(await services.credentials.authenticate(enrolled.credential))
+        await services.reports.accept_report(principals[-1], report_body(f"batch-{i}", 1, mem_avail=1), None)
     counter.queries.clear()
     acks = await asyncio.gather(
         *(
-            plane.accept_report(p, report_body(f"batch-{i}", 2, mem_avail=2), None)
+            services.reports.accept_report(p, report_body(f"batch-{i}", 2, mem_avail=2), None)
             for i, p in enumerate(principals)
         )
     )
@@ -164,18 +167,17 @@ async def test_a_report_keeps_gpu_metrics_in_its_event_not_in_the_nodes_checkpoi
     counted: tuple[Services, Counter],
 ) -> None:
     services, _counter = counted
-    plane = services.agent_plane
-    token = await plane.create_token(3600, 1)
-    enrolled = await plane.enroll(
+    token = await services.enrollment.create_token(3600, 1)
+    enrolled = await services.enrollment.enroll(
         token.token, EnrollRequest(identity_key="slim-agent", identity_source="configured", hostname="h")
     )
-    principal = await plane.authenticate(enrolled.credential)
+    principal = await services.credentials.authenticate(enrolled.credential)
     for sequence in (1, 2):
-        ack = await plane.accept_report(
+        ack = await services.reports.accept_report(
             principal, report_body("slim-agent", sequence, mem_avail=sequence), None
         )
         assert ack.status == "accepted"
-    async with plane.pool.acquire() as conn:
+    async with services.pool.acquire() as conn:
         state = msgspec.json.decode(
             await conn.fetchval(
                 "SELECT state FROM projection_state WHERE projection = 'inventory' AND stream_id = $1",

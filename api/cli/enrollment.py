@@ -31,10 +31,10 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
-def _service(pool: Any) -> Any:
+def _services(pool: Any) -> Any:
     from api.wiring import build_services
 
-    return build_services(pool).agent_plane
+    return build_services(pool)
 
 
 def _run(args: argparse.Namespace, work: Callable[[Any], Any]) -> int:
@@ -45,7 +45,7 @@ def _run(args: argparse.Namespace, work: Callable[[Any], Any]) -> int:
     async def wrapped(pool: Any) -> int:
         if hasattr(args, "node"):
             args.node = await resolve_node(pool, node_ref(args))
-        return int(await work(_service(pool)))
+        return int(await work(_services(pool)))
 
     return _with_database(_config(args), wrapped)
 
@@ -57,8 +57,10 @@ def _print_json(value: Any) -> None:
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:
-    async def work(service: Any) -> int:
-        created = await service.create_token(args.ttl, args.uses, args.description or "", actor="cli")
+    async def work(services: Any) -> int:
+        created = await services.enrollment.create_token(
+            args.ttl, args.uses, args.description or "", actor="cli"
+        )
         if args.json:
             _print_json(created)
         else:
@@ -74,8 +76,8 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 
 
 def cmd_token_list(args: argparse.Namespace) -> int:
-    async def work(service: Any) -> int:
-        tokens = await service.list_tokens()
+    async def work(services: Any) -> int:
+        tokens = await services.enrollment.list_tokens()
         if args.json:
             _print_json(tokens)
         elif not tokens:
@@ -100,8 +102,8 @@ def cmd_token_list(args: argparse.Namespace) -> int:
 
 
 def cmd_token_revoke(args: argparse.Namespace) -> int:
-    async def work(service: Any) -> int:
-        token = await service.revoke_token(args.token_id, args.reason, actor="cli")
+    async def work(services: Any) -> int:
+        token = await services.enrollment.revoke_token(args.token_id, args.reason, actor="cli")
         print(f"enrollment token {token.token_id}: {token.status}")
         return 0
 
@@ -109,8 +111,8 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
 
 
 def cmd_credential_list(args: argparse.Namespace) -> int:
-    async def work(service: Any) -> int:
-        credentials = await service.list_credentials(args.node)
+    async def work(services: Any) -> int:
+        credentials = await services.credentials.list_credentials(args.node)
         if args.json:
             _print_json(credentials)
         elif not credentials:
@@ -136,8 +138,10 @@ def cmd_credential_list(args: argparse.Namespace) -> int:
 
 
 def cmd_credential_revoke(args: argparse.Namespace) -> int:
-    async def work(service: Any) -> int:
-        credential = await service.revoke_credential(args.credential_id, args.reason, actor="cli")
+    async def work(services: Any) -> int:
+        credential = await services.credentials.revoke_credential(
+            args.credential_id, args.reason, actor="cli"
+        )
         print(f"credential {credential.credential_id} of node {credential.node_id}: {credential.status}")
         return 0
 

@@ -11,7 +11,8 @@ Operator (bearer: the operator token):
     POST /agent-credentials/{credential_id}/revoke
     GET  /agent-streams?node_id=                last accepted sequence per (node, stream)
 
-Routes do no SQL: they call the EnrollmentService, given to them as a dependency.
+Routes do no SQL: they call the agent plane's services (enrollment, credentials, reports), given
+to them as dependencies.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import contextlib
 from datetime import datetime
 from typing import Any
 
+import msgspec
 from litestar import Request, Router, get, post
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency
@@ -28,15 +30,13 @@ from litestar.params import FromPath, FromQuery, JSONBody
 
 from agent.protocol import SENT_AT_HEADER, EnrollRequest, EnrollResponse, ReportAck
 from api.http.context import bearer, ctx, operator_guard
-from api.services.agent_plane import (
-    AgentStreamBody,
-    CredentialBody,
-    EnrollmentService,
-    RevokeRequest,
-    TokenBody,
-    TokenCreated,
-    TokenCreateRequest,
-)
+from api.services.credentials import AgentStreamBody, CredentialBody, CredentialService
+from api.services.enrollment import EnrollmentService, TokenBody, TokenCreated, TokenCreateRequest
+from api.wiring import Services
+
+
+class RevokeRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    reason: str = "revoked by an operator"
 
 
 def _sent_at(request: Request[Any, Any, Any]) -> datetime | None:
@@ -55,7 +55,7 @@ def _sent_at(request: Request[Any, Any, Any]) -> datetime | None:
 
 async def enrollment_token_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     # A guard runs before the body is read: no token, no parsing.
-    await ctx(connection).services.agent_plane.check_enrollment_token(bearer(connection))
+    await ctx(connection).services.enrollment.check_enrollment_token(bearer(connection))
 
 
 @post(
@@ -66,20 +66,17 @@ async def enrollment_token_guard(connection: ASGIConnection[Any, Any, Any, Any],
 )
 async def enroll(
     request: Request[Any, Any, Any],
-    agent_plane: NamedDependency[EnrollmentService],
+    enrollment: NamedDependency[EnrollmentService],
     data: JSONBody[EnrollRequest],
 ) -> EnrollResponse:
-    return await agent_plane.enroll(bearer(request), data)
+    return await enrollment.enroll(bearer(request), data)
 
 
 @post("/agent/reports", status_code=200, summary="Publish one report (the node credential as bearer)")
-async def report(
-    request: Request[Any, Any, Any], agent_plane: NamedDependency[EnrollmentService]
-) -> ReportAck:
-    service = agent_plane
-    principal = await service.authenticate(bearer(request))
+async def report(request: Request[Any, Any, Any], services: NamedDependency[Services]) -> ReportAck:
+    principal = await services.credentials.authenticate(bearer(request))
     raw = await request.body()  # over the size limit: 413 problem+json (api.http.problems.handle_http)
-    return await service.accept_report(principal, raw, _sent_at(request))
+    return await services.reports.accept_report(principal, raw, _sent_at(request))
 
 
 # --- operator --------------------------------------------------------------------------------------
@@ -87,48 +84,48 @@ async def report(
 
 @post("/enrollment-tokens", status_code=201, summary="Create an enrollment token (shown once)")
 async def create_token(
-    agent_plane: NamedDependency[EnrollmentService], data: JSONBody[TokenCreateRequest]
+    enrollment: NamedDependency[EnrollmentService], data: JSONBody[TokenCreateRequest]
 ) -> TokenCreated:
-    return await agent_plane.create_token(data.ttl_seconds, data.uses, data.description)
+    return await enrollment.create_token(data.ttl_seconds, data.uses, data.description)
 
 
 @get("/enrollment-tokens", summary="Enrollment tokens (never their secrets)")
-async def list_tokens(agent_plane: NamedDependency[EnrollmentService]) -> dict[str, list[TokenBody]]:
-    return {"items": await agent_plane.list_tokens()}
+async def list_tokens(enrollment: NamedDependency[EnrollmentService]) -> dict[str, list[TokenBody]]:
+    return {"items": await enrollment.list_tokens()}
 
 
 @post("/enrollment-tokens/{token_id:str}/revoke", status_code=200, summary="Revoke an enrollment token")
 async def revoke_token(
-    agent_plane: NamedDependency[EnrollmentService],
+    enrollment: NamedDependency[EnrollmentService],
     token_id: FromPath[str],
     data: JSONBody[RevokeRequest | None] = None,
 ) -> TokenBody:
     reason = (data or RevokeRequest()).reason
-    return await agent_plane.revoke_token(token_id, reason)
+    return await enrollment.revoke_token(token_id, reason)
 
 
 @get("/agent-credentials", summary="Node credentials (never their secrets)")
 async def list_credentials(
-    agent_plane: NamedDependency[EnrollmentService], node_id: FromQuery[str | None] = None
+    credentials: NamedDependency[CredentialService], node_id: FromQuery[str | None] = None
 ) -> dict[str, list[CredentialBody]]:
-    return {"items": await agent_plane.list_credentials(node_id)}
+    return {"items": await credentials.list_credentials(node_id)}
 
 
 @post("/agent-credentials/{credential_id:str}/revoke", status_code=200, summary="Revoke a node credential")
 async def revoke_credential(
-    agent_plane: NamedDependency[EnrollmentService],
+    credentials: NamedDependency[CredentialService],
     credential_id: FromPath[str],
     data: JSONBody[RevokeRequest | None] = None,
 ) -> CredentialBody:
     reason = (data or RevokeRequest()).reason
-    return await agent_plane.revoke_credential(credential_id, reason)
+    return await credentials.revoke_credential(credential_id, reason)
 
 
 @get("/agent-streams", summary="Last accepted sequence per (node, agent stream)")
 async def list_streams(
-    agent_plane: NamedDependency[EnrollmentService], node_id: FromQuery[str | None] = None
+    credentials: NamedDependency[CredentialService], node_id: FromQuery[str | None] = None
 ) -> dict[str, list[AgentStreamBody]]:
-    return {"items": await agent_plane.list_streams(node_id)}
+    return {"items": await credentials.list_streams(node_id)}
 
 
 def agent_routers() -> list[Router]:

@@ -13,14 +13,16 @@ from litestar.di import Provide
 from litestar.exceptions import NotAuthorizedException
 from litestar.handlers.base import BaseRouteHandler
 
-from api.config import tokens_match
-from api.services.agent_plane import EnrollmentService
+from api.services.credentials import CredentialService
 from api.services.decommission import DecommissionService
+from api.services.enrollment import EnrollmentService
 from api.services.errors import Forbidden
 from api.services.inventory import HardwareInventoryService
+from api.services.reports import ReportService
 from api.services.repository import AuditRepository, HardwareRepository
 from api.services.scopes import OperatorTokens, viewer_may
 from api.wiring import Services
+from runtime.secrets import matches
 
 
 class AppContext:
@@ -70,8 +72,16 @@ def _inventory(state: State) -> HardwareInventoryService:
     return _context(state).services.inventory
 
 
-def _agent_plane(state: State) -> EnrollmentService:
-    return _context(state).services.agent_plane
+def _enrollment(state: State) -> EnrollmentService:
+    return _context(state).services.enrollment
+
+
+def _credentials(state: State) -> CredentialService:
+    return _context(state).services.credentials
+
+
+def _reports(state: State) -> ReportService:
+    return _context(state).services.reports
 
 
 def _decommission(state: State) -> DecommissionService:
@@ -91,7 +101,9 @@ DEPENDENCIES = {
     "context": Provide(_context, sync_to_thread=False),
     "services": Provide(_services, sync_to_thread=False),
     "inventory": Provide(_inventory, sync_to_thread=False),
-    "agent_plane": Provide(_agent_plane, sync_to_thread=False),
+    "enrollment": Provide(_enrollment, sync_to_thread=False),
+    "credentials": Provide(_credentials, sync_to_thread=False),
+    "reports": Provide(_reports, sync_to_thread=False),
     "decommission": Provide(_decommission, sync_to_thread=False),
     "repository": Provide(_repository, sync_to_thread=False),
     "audit": Provide(_audit, sync_to_thread=False),
@@ -115,7 +127,7 @@ async def operator_guard(connection: ASGIConnection[Any, Any, Any, Any], _: Base
     token = bearer(connection)
     if token is None:
         raise NotAuthorizedException("an operator bearer token is required (Authorization: Bearer ...)")
-    if tokens_match(token, ctx(connection).admin_token_hash):
+    if matches(token, ctx(connection).admin_token_hash):
         return
     # A read-only (viewer) token: reads pass, anything else is refused as out of its scope.
     if await OperatorTokens(ctx(connection).pool).scope_of(token) == "viewer":

@@ -30,11 +30,11 @@ from urllib.parse import parse_qsl
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from api.config import tokens_match
 from api.http.context import AppContext, bearer_token
 from api.services.hardware_reads import AcceleratorQuery, AcceleratorStatus, HealthStatus, not_modified
 from api.services.rendered import Rendered
 from api.services.views import MAX_LIMIT
+from runtime.secrets import matches
 
 _STATUSES: frozenset[str] = frozenset(get_args(AcceleratorStatus))
 _VERDICTS: frozenset[str] = frozenset(get_args(HealthStatus))
@@ -60,7 +60,7 @@ def _admin(scope: Scope, context: AppContext) -> tuple[bool, str | None]:
                 return False, None
             if_none_match = value.decode("latin-1")
     token = bearer_token(authorization or "")
-    return token is not None and tokens_match(token, context.admin_token_hash), if_none_match
+    return token is not None and matches(token, context.admin_token_hash), if_none_match
 
 
 def accelerator_query(query_string: bytes) -> AcceleratorQuery | None:

@@ -62,3 +62,12 @@ class NodeIsDecommissioned(Gone):
         )
         self.node_id = node_id
         self.decommissioned_at = decommissioned_at
+
+
+def unauthenticated(type_: str, detail: str) -> Unauthenticated:
+    """A presented secret refused: every such refusal has the same title."""
+    return Unauthenticated(type_, "Authentication failed", detail)
+
+
+def invalid_parameter(detail: str) -> InvalidRequest:
+    return InvalidRequest("invalid-parameter", "Invalid parameter", detail)

@@ -12,14 +12,12 @@ checked on every request, nothing is cached.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import secrets
-import uuid
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import msgspec
+
+from runtime.secrets import matches, mint, parse
 
 PREFIX = "mfv"
 READ_METHODS = frozenset({"GET", "HEAD"})
@@ -47,23 +45,6 @@ class UnknownToken(LookupError):
     pass
 
 
-def _digest(secret: str) -> str:
-    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
-
-
-def parse(presented: str) -> tuple[str, str] | None:
-    """(id, secret) of a viewer token, or None when the text cannot be one."""
-    kind, _, rest = presented.partition("_")
-    ident, _, secret = rest.partition("_")
-    if kind != PREFIX or len(ident) != 32 or not secret or len(secret) > 128:
-        return None
-    try:
-        int(ident, 16)
-    except ValueError:
-        return None
-    return ident, secret
-
-
 def viewer_may(method: str, path: str) -> bool:
     """What a viewer token may do: read metrics and the hardware inventory and audit log."""
     return method.upper() in READ_METHODS and (path == "/metrics" or path.startswith(READ_PATHS[1]))
@@ -84,32 +65,31 @@ class OperatorTokens:
     async def create(self, *, ttl_seconds: float | None, description: str = "") -> ViewerTokenCreated:
         if ttl_seconds is not None and ttl_seconds <= 0:
             raise ValueError("the lifetime must be positive")
-        ident, secret = uuid.uuid4().hex, secrets.token_urlsafe(32)
+        minted = mint(PREFIX)
         expires = None if ttl_seconds is None else datetime.now(UTC) + timedelta(seconds=ttl_seconds)
         async with self.pool.acquire() as conn:
             await conn.execute(
                 "INSERT INTO operator_tokens (token_id, scope, secret_sha256, description, expires_at) "
                 "VALUES ($1, 'viewer', $2, $3, $4)",
-                ident,
-                _digest(secret),
+                minted.ident,
+                minted.sha256,
                 description,
                 expires,
             )
-        return ViewerTokenCreated(f"{PREFIX}_{ident}_{secret}", ident, "viewer", expires)
+        return ViewerTokenCreated(minted.token, minted.ident, "viewer", expires)
 
     async def scope_of(self, presented: str) -> str | None:
         """The scope of a live viewer token, or None (unknown, wrong secret, revoked, expired)."""
-        parsed = parse(presented)
+        parsed = parse(presented, PREFIX)
         if parsed is None:
             return None
-        ident, secret = parsed
         async with self.pool.acquire() as conn:
             row = await conn.fetchrow(
                 "SELECT scope, secret_sha256 FROM operator_tokens WHERE token_id = $1 "
                 "AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())",
-                ident,
+                parsed.ident,
             )
-        if row is None or not hmac.compare_digest(_digest(secret), row["secret_sha256"]):
+        if row is None or not matches(parsed.secret, row["secret_sha256"]):
             return None
         scope: str = row["scope"]
         return scope

@@ -22,11 +22,11 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.params import Body, FromPath, FromQuery, QueryParameter
 from litestar.response import Redirect, Template
 
-from api.config import tokens_match
 from api.http.console import views
 from api.services.repository import BadCursor, FleetQuery
 from api.services.scopes import OperatorTokens
 from api.services.views import AcceleratorBody, EventBody, NodeBody
+from runtime.secrets import matches
 
 log = structlog.get_logger(__name__)
 
@@ -54,7 +54,7 @@ async def token_accepted(connection: ASGIConnection[Any, Any, Any, Any], token: 
     token (every console page is a read)."""
     if not token:
         return False
-    if tokens_match(token, _ctx(connection).admin_token_hash):
+    if matches(token, _ctx(connection).admin_token_hash):
         return True
     return await OperatorTokens(_ctx(connection).pool).scope_of(token) == "viewer"
 
