@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.protocol import decode_report
-from api.services.decommission import preview_of
 from collectors.identity import NodeIdentity
 from collectors.observations import HardwareObservation
+from domain.decommission import preview_of
 from domain.node import CredentialState, NodeState, evolve, node_id_for
 from domain.reconcile import reconcile
 from domain.report_decisions import (

@@ -17,8 +17,9 @@ import asyncpg
 import httpx
 import pytest
 
-from api.services.decommission import DecommissionService, preview_of
+from api.services.decommission import DecommissionService
 from api.services.inventory import HardwareInventoryService
+from domain.decommission import preview_of
 from domain.node import node_id_for
 from ledger.events import EventMetadata, HostTelemetryObserved, NewEvent, decommission_audit_stream
 from ledger.store import EventStore, StreamTombstoned

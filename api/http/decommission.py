@@ -21,11 +21,10 @@ from api.services.decommission import (
     DecommissionBody,
     DecommissionService,
     ExecuteRequest,
-    LeaseBody,
     LeaseReleaseRequest,
     LeaseRequest,
-    PreviewBody,
 )
+from domain.decommission import LeaseBody, PreviewBody
 
 
 def _actor(given: str | None) -> str:

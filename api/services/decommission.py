@@ -14,37 +14,41 @@
   `NODE_DECOMMISSIONED` tombstone. The inline projection clears the node's current truth in the
   same transaction. The stream takes no event after it (`mf_append`: SQLSTATE MF410).
 
+What these mean given the node's state (dependencies, blockers, the digest, staleness, the events
+to append) is decided in domain/decommission.py, without I/O; this service reads and writes.
 Nothing here runs SQL on behalf of a route except through this service; the routes
 (api/http/decommission.py) and the CLI (api/cli/decommission.py) both call it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import asyncpg
 import msgspec
 import structlog
 
-from api.services.errors import Conflict, InvalidRequest, NodeIsDecommissioned, NotFound
+from api.services.errors import Conflict, NodeIsDecommissioned, NotFound, invalid_parameter
 from api.services.inventory import EventSummary, HardwareInventoryService, open_node
-from domain.node import NodeState, node_id_for
-from ledger.events import (
-    CredentialRevoked,
-    EventMetadata,
-    EventPayload,
-    NewEvent,
-    NodeDecommissioned,
-    WorkLeaseAcquired,
-    WorkLeaseReleased,
+from domain.decommission import (
+    LeaseBody,
+    LifecycleChange,
+    PreviewBody,
+    TelemetryDependency,
+    blocked_detail,
+    decommission_events,
+    lease_status,
+    preview_is_stale,
+    preview_of,
+    stale_detail,
 )
+from domain.node import NodeState, node_id_for
+from ledger.events import EventMetadata, NewEvent, WorkLeaseAcquired, WorkLeaseReleased
 from ledger.store import EventStore
 from ledger.unit_of_work import OpenStream
 from projections.inventory import INVENTORY
@@ -54,12 +58,7 @@ log = structlog.get_logger(__name__)
 MAX_LEASE_TTL = timedelta(days=365)
 MAX_OWNER = 200
 MAX_REASON = 500
-REVOKED_REASON = "decommissioned"
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
-
-
-def _invalid(detail: str) -> InvalidRequest:
-    return InvalidRequest("invalid-parameter", "Invalid parameter", detail)
 
 
 def _not_found(node_id: str) -> NotFound:
@@ -93,75 +92,6 @@ class LeaseReleaseRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=Tru
     actor: str | None = None
 
 
-LeaseStatus = Literal["active", "expired", "released"]
-
-
-class LeaseBody(msgspec.Struct, frozen=True):
-    lease_id: str
-    node_id: str
-    owner: str
-    reason: str
-    status: LeaseStatus
-    acquired_at: datetime
-    expires_at: datetime | None
-    actor: str | None
-    released_at: datetime | None = None
-
-
-class CredentialDependency(msgspec.Struct, frozen=True):
-    credential_id: str
-    hostname: str
-    enrollment_token_id: str
-    issued_at: datetime
-
-
-class AcceleratorDependency(msgspec.Struct, frozen=True):
-    accelerator_id: str
-    uuid: str
-    status: str
-    index: Any
-    name: Any
-
-
-class TelemetryDependency(msgspec.Struct, frozen=True):
-    """A row of current telemetry that the decommission clears. `received_at` is shown, but not
-    bound by the digest: it changes with every report."""
-
-    table: str
-    key: str
-    accelerator_uuid: str | None = None
-    received_at: datetime | None = None
-
-
-class Dependencies(msgspec.Struct, frozen=True):
-    leases: list[LeaseBody]
-    credentials: list[CredentialDependency]
-    accelerators: list[AcceleratorDependency]
-    telemetry: list[TelemetryDependency]
-
-
-class Blocker(msgspec.Struct, frozen=True):
-    kind: Literal["lease"]
-    lease_id: str
-    owner: str
-    reason: str
-    expires_at: datetime | None
-    detail: str
-
-
-class PreviewBody(msgspec.Struct, frozen=True):
-    node_id: str
-    identity_key: str | None
-    hostname: str | None
-    status: str
-    generation: int
-    dependencies: Dependencies
-    blockers: list[Blocker]
-    can_execute: bool
-    digest: str
-    previewed_at: datetime
-
-
 class ExecuteRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     generation: Annotated[int, msgspec.Meta(ge=0)]
     # The preview's digest; upper case and surrounding blanks are forgiven by `execute`.
@@ -185,124 +115,12 @@ class DecommissionBody(msgspec.Struct, frozen=True):
     events: list[EventSummary]
 
 
-# --- the pure part ---------------------------------------------------------------------------------
-
-
-def _plain(fact: Any) -> Any:
-    return getattr(fact, "value", None)
-
-
-def active_leases(state: NodeState, now: datetime) -> list[LeaseBody]:
-    return sorted(
-        (
-            LeaseBody(
-                lease_id=x.lease_id,
-                node_id=state.node_id,
-                owner=x.owner,
-                reason=x.reason,
-                status="active",
-                acquired_at=x.acquired_at,
-                expires_at=x.expires_at,
-                actor=x.actor,
-            )
-            for x in state.leases.values()
-            if x.active_at(now)
-        ),
-        key=lambda b: (b.acquired_at, b.lease_id),
-    )
-
-
-def dependencies_of(state: NodeState, now: datetime) -> Dependencies:
-    telemetry: list[TelemetryDependency] = []
-    if state.host_telemetry is not None:
-        telemetry.append(
-            TelemetryDependency("hw_host_telemetry", state.node_id, None, state.host_telemetry.received_at)
-        )
-    for mount in sorted(m.mount for m in state.storage):
-        telemetry.append(TelemetryDependency("hw_node_storage", f"{state.node_id}:{mount}"))
-    accelerators = sorted(state.accelerators.values(), key=lambda a: a.uuid)
-    for a in accelerators:
-        if a.telemetry is not None:
-            telemetry.append(
-                TelemetryDependency(
-                    "hw_accelerator_telemetry", a.accelerator_id, a.uuid, a.telemetry.received_at
-                )
-            )
-    return Dependencies(
-        leases=active_leases(state, now),
-        credentials=[
-            CredentialDependency(c.credential_id, c.hostname, c.enrollment_token_id, c.issued_at)
-            for c in sorted(state.credentials.values(), key=lambda c: c.credential_id)
-            if c.revoked_at is None
-        ],
-        accelerators=[
-            AcceleratorDependency(a.accelerator_id, a.uuid, a.status, _plain(a.index), _plain(a.name))
-            for a in accelerators
-        ],
-        telemetry=telemetry,
-    )
-
-
-def blockers_of(dependencies: Dependencies) -> list[Blocker]:
-    out = []
-    for x in dependencies.leases:
-        until = f", expires {x.expires_at.isoformat()}" if x.expires_at else ""
-        out.append(
-            Blocker(
-                kind="lease",
-                lease_id=x.lease_id,
-                owner=x.owner,
-                reason=x.reason,
-                expires_at=x.expires_at,
-                detail=f"active work lease {x.lease_id} (owner {x.owner!r}: {x.reason!r}{until})",
-            )
-        )
-    return out
-
-
-def digest_of(
-    node_id: str, status: str, generation: int, dependencies: Dependencies, blockers: list[Blocker]
-) -> str:
-    """SHA-256 (hex) of the canonical JSON (sorted keys, no whitespace, UTF-8) of what a preview
-    binds: the node, its status and generation, every dependency and every blocker, without the
-    receive times of telemetry rows (they move with every report; the rows themselves are bound)."""
-    deps = msgspec.to_builtins(dependencies)
-    for row in deps["telemetry"]:
-        row.pop("received_at", None)
-    doc = {
-        "node_id": node_id,
-        "status": status,
-        "generation": generation,
-        "dependencies": deps,
-        "blockers": msgspec.to_builtins(blockers),
-    }
-    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
-def preview_of(state: NodeState, now: datetime) -> PreviewBody:
-    dependencies = dependencies_of(state, now)
-    blockers = blockers_of(dependencies)
-    return PreviewBody(
-        node_id=state.node_id,
-        identity_key=state.identity_key,
-        hostname=state.hostname,
-        status=state.status,
-        generation=state.lifecycle_version,
-        dependencies=dependencies,
-        blockers=blockers,
-        can_execute=state.status == "active" and not blockers,
-        digest=digest_of(state.node_id, state.status, state.lifecycle_version, dependencies, blockers),
-        previewed_at=now,
-    )
-
-
 def _text(value: str, what: str, limit: int) -> str:
     text = value.strip()
     if not text:
-        raise _invalid(f"{what} is empty")
+        raise invalid_parameter(f"{what} is empty")
     if len(text) > limit:
-        raise _invalid(f"{what} is longer than {limit} characters")
+        raise invalid_parameter(f"{what} is longer than {limit} characters")
     return text
 
 
@@ -362,7 +180,7 @@ class DecommissionService:
         owner = _text(owner, "owner", MAX_OWNER)
         reason = _text(reason, "reason", MAX_REASON)
         if ttl_seconds is not None and not 1 <= ttl_seconds <= MAX_LEASE_TTL.total_seconds():
-            raise _invalid(f"ttl must be between 1 second and {MAX_LEASE_TTL.days} days")
+            raise invalid_parameter(f"ttl must be between 1 second and {MAX_LEASE_TTL.days} days")
         lease_id = uuid.uuid4().hex
         async with self._node(node_id) as node:
             now = self.clock()
@@ -432,7 +250,7 @@ class DecommissionService:
                 node_id=r["node_id"],
                 owner=r["owner"],
                 reason=r["reason"],
-                status="active" if r["expires_at"] is None or r["expires_at"] > now else "expired",
+                status=lease_status(r["expires_at"], now),
                 acquired_at=r["acquired_at"],
                 expires_at=r["expires_at"],
                 actor=r["actor"],
@@ -453,7 +271,7 @@ class DecommissionService:
 
     async def _changes_since(
         self, conn: asyncpg.Connection, node_id: str, generation: int
-    ) -> list[dict[str, Any]]:
+    ) -> list[LifecycleChange]:
         """The node's lifecycle events after its first `generation` ones (what moved it)."""
         rows = await conn.fetch(
             "SELECT stream_version, event_type, recorded_at, metadata->>'actor' AS actor FROM events "
@@ -462,12 +280,12 @@ class DecommissionService:
             max(0, generation),
         )
         return [
-            {
-                "stream_version": r["stream_version"],
-                "event_type": r["event_type"],
-                "recorded_at": r["recorded_at"],
-                "actor": r["actor"],
-            }
+            LifecycleChange(
+                stream_version=r["stream_version"],
+                event_type=r["event_type"],
+                recorded_at=r["recorded_at"],
+                actor=r["actor"],
+            )
             for r in rows
         ]
 
@@ -480,33 +298,22 @@ class DecommissionService:
         reason = _text(reason, "reason", MAX_REASON)
         digest = digest.strip().lower()
         if not _DIGEST.match(digest):
-            raise _invalid("digest must be the 64 hex digits of the preview's digest")
+            raise invalid_parameter("digest must be the 64 hex digits of the preview's digest")
         if generation < 0:
-            raise _invalid("generation must be a non-negative integer")
+            raise invalid_parameter("generation must be a non-negative integer")
         async with self._node(node_id) as node:
             now = self.clock()
             current = preview_of(node.state, now)
-            if current.generation != generation or current.digest != digest:
+            if preview_is_stale(current, generation, digest):
                 changes = (
                     await self._changes_since(node.conn, node_id, generation)
                     if generation < current.generation
                     else []
                 )
-                if current.generation != generation:
-                    named = ", ".join(f"{c['event_type']} (v{c['stream_version']})" for c in changes[:10])
-                    detail = (
-                        f"node {node_id} changed since the preview: generation {generation} -> "
-                        f"{current.generation}" + (f" ({named})" if named else "")
-                    )
-                else:
-                    detail = (
-                        f"the dependencies of node {node_id} changed since the preview (generation "
-                        f"{generation} unchanged, digest {digest[:12]}… -> {current.digest[:12]}…)"
-                    )
                 raise Conflict(
                     "decommission-preview-stale",
                     "Node changed since the preview",
-                    detail + "; nothing was changed: preview again",
+                    stale_detail(node_id, generation, digest, current, changes),
                     previewed_generation=generation,
                     current_generation=current.generation,
                     previewed_digest=digest,
@@ -515,30 +322,15 @@ class DecommissionService:
                     blockers=current.blockers,
                 )
             if current.blockers:
-                names = "; ".join(b.detail for b in current.blockers)
                 raise Conflict(
                     "decommission-blocked",
                     "Active work blocks the decommission",
-                    f"node {node_id} has {len(current.blockers)} active work lease(s): {names}; "
-                    "release them (or let them expire), then preview again",
+                    blocked_detail(node_id, current.blockers),
                     leases=current.dependencies.leases,
                     blockers=current.blockers,
                 )
             revoked = [c.credential_id for c in current.dependencies.credentials]
-            payloads: list[EventPayload] = [
-                CredentialRevoked(credential_id=c, reason=REVOKED_REASON) for c in revoked
-            ]
-            payloads.append(
-                NodeDecommissioned(
-                    node_id=node_id,
-                    actor=actor,
-                    reason=reason,
-                    decommissioned_at=now,
-                    generation=generation,
-                    digest=digest,
-                    revoked_credentials=revoked,
-                )
-            )
+            payloads = decommission_events(current, generation, digest, reason, actor, now)
             meta = self._meta(actor, now)
             committed = await node.append([NewEvent(payload=p, metadata=meta) for p in payloads])
         log.warning(
