@@ -17,6 +17,7 @@ from domain.decommission import preview_of
 from domain.node import CredentialState, NodeState, evolve, node_id_for
 from domain.reconcile import reconcile
 from domain.report_decisions import (
+    RECENT_REPORT_DIGESTS,
     AcceptedReport,
     CredentialRefusal,
     DuplicateReport,
@@ -171,6 +172,40 @@ def test_a_sequence_is_refused_only_when_reused_with_other_content(seq: int, las
         assert refusal is not None and refusal.last_sequence == last and refusal.sequence == seq
 
 
+AGENT_KEY = "decided-agent"
+
+
+def agent_node(*, revoked: bool = False) -> NodeState:
+    """A node with one credential, `c1`, of the reporting agent."""
+    credential = CredentialState(
+        credential_id="c1",
+        identity_key=AGENT_KEY,
+        hostname="h",
+        secret_sha256="0" * 64,
+        enrollment_token_id="t",
+        issued_at=T0,
+        position=1,
+        revoked_at=T0 if revoked else None,
+    )
+    return NodeState(node_id=node_id_for(AGENT_KEY), credentials={"c1": credential})
+
+
+def report_item(seq: int, digest: str) -> ReportItem:
+    report = decode_report(report_body(AGENT_KEY, seq))
+    return ReportItem(
+        credential_id="c1",
+        node_id=report.node_id,
+        identity=NodeIdentity(key=AGENT_KEY, source="configured"),
+        stream=report.stream,
+        sequence=report.sequence,
+        observed_at=report.observed_at,
+        observation=report.observation,
+        digest=digest,
+        received_at=T0,
+        sent_at=None,
+    )
+
+
 @given(
     st.integers(1, 40),
     st.one_of(st.none(), st.integers(1, 40)),
@@ -182,33 +217,9 @@ def test_a_report_is_refused_a_duplicate_or_accepted_on_its_nodes_state_alone(
 ) -> None:
     """decide_report (the batch's per-report decision): a revoked credential first, then the
     sequence against the stream's position, and an accepted report's events and gap."""
-    key = "decided-agent"
-    raw = report_body(key, seq)
     digest = "d" * 64
-    report = decode_report(raw)
-    credential = CredentialState(
-        credential_id="c1",
-        identity_key=key,
-        hostname="h",
-        secret_sha256="0" * 64,
-        enrollment_token_id="t",
-        issued_at=T0,
-        position=1,
-        revoked_at=T0 if revoked else None,
-    )
-    state = NodeState(node_id=report.node_id, credentials={"c1": credential})
-    item = ReportItem(
-        credential_id="c1",
-        node_id=report.node_id,
-        identity=NodeIdentity(key=key, source="configured"),
-        stream=report.stream,
-        sequence=report.sequence,
-        observed_at=report.observed_at,
-        observation=report.observation,
-        digest=digest,
-        received_at=T0,
-        sent_at=None,
-    )
+    state = agent_node(revoked=revoked)
+    item = report_item(seq, digest)
     recent = {} if last is None else {str(last): digest if same_content else "e" * 64}
     decision = decide_report(state, item, last, recent)
     if revoked:
@@ -221,6 +232,37 @@ def test_a_report_is_refused_a_duplicate_or_accepted_on_its_nodes_state_alone(
         assert isinstance(decision, DuplicateReport) and decision.last == last
     else:
         assert isinstance(decision, SequenceConflict) and decision.last_sequence == last
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=60), st.data())
+def test_a_stream_keeps_the_digests_of_its_last_sequences_to_answer_retries(
+    steps: list[int], data: st.DataObject
+) -> None:
+    """Reports accepted one after another, each decision's kept digests given to the next: the
+    kept digests are those of the accepted sequences within RECENT_REPORT_DIGESTS of the last;
+    a retry of one of them is a duplicate with the same bytes and a conflict with others."""
+    state = agent_node()
+    last: int | None = None
+    recent: dict[str, str] = {}
+    accepted: list[int] = []
+    for step in steps:
+        seq = (last or 0) + step
+        decision = decide_report(state, report_item(seq, f"{seq:064x}"), last, recent)
+        assert isinstance(decision, AcceptedReport) and decision.last == last and decision.gap == step - 1
+        gaps = {e.metadata.agent_sequence_gap for e in decision.events}
+        assert gaps == {step - 1 if step > 1 else None}
+        accepted.append(seq)
+        last, recent = seq, decision.recent
+    assert sorted(map(int, recent)) == [s for s in accepted if s > accepted[-1] - RECENT_REPORT_DIGESTS]
+    retried = data.draw(st.sampled_from(accepted))
+    again = decide_report(state, report_item(retried, f"{retried:064x}"), last, recent)
+    if str(retried) in recent:
+        assert again == DuplicateReport(last)
+    else:
+        assert isinstance(again, SequenceConflict) and "older than the last accepted" in again.detail
+    other = decide_report(state, report_item(retried, "f" * 64), last, recent)
+    assert isinstance(other, SequenceConflict) and other.sequence == retried
 
 
 def test_a_token_is_refused_when_revoked_expired_or_used_up() -> None:
