@@ -327,8 +327,8 @@ async def test_a_valid_report_still_passes_the_guards(target: Target) -> None:
 
 async def test_a_revoked_credential_gets_401_even_once_it_was_used(target: Target) -> None:
     """A credential used (and so remembered as verified) and then revoked: 401 for any report,
-    including one for another node (it used to get 403 credential-node-mismatch) and a malformed
-    one (400 otherwise)."""
+    including one for another node (403 credential-node-mismatch otherwise) and a malformed one
+    (400 otherwise)."""
     listed = await target.services.credentials.list_credentials(target.node_id)
     await target.services.credentials.revoke_credential(listed[0].credential_id, "test")
     before = await target.events()

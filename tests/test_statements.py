@@ -1,12 +1,12 @@
 """How many SQL statements one steady-state agent report and one steady-state local refresh send
-(asyncpg's query logger sees every statement a connection sends, BEGIN and COMMIT included). The
-figures are in docs/performance.md: counted this way, a report sent 11 before the unit of work
-(two stream locks), 10 with it, 8 since a projection writes all its changed rows and its state
-in one statement, 7 since the lock and the state load are one call (`mf_open_streams`), and 5
-where the server kept the node's state and stream position from its previous report (the lock,
-the check of the kept checkpoint and the append are one call, `mf_append_kept`, and the position
-is read from the kept copy, checked by its advance); a refresh sent 9, then 6, and sends 5.
-Reports that arrive together (group commit) send the same statements for the whole batch."""
+(asyncpg's query logger sees every statement a connection sends, BEGIN and COMMIT included;
+docs/performance.md has the figures). A report sends 7 statements where its node is opened (the
+lock and the state load are one call, `mf_open_streams`; a projection writes all its changed rows
+and its state in one statement), and 5 where the server kept the node's state and stream position
+from its previous report (the lock, the check of the kept checkpoint and the append are one call,
+`mf_append_kept`, and the position is read from the kept copy, checked by its advance); a refresh
+sends 5. Reports that arrive together (group commit) send the same statements for the whole
+batch."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ async def counted(database_dsn: str, tmp_path: Path) -> AsyncIterator[tuple[Serv
         await pool.close()
 
 
-async def test_a_steady_state_agent_report_sends_fewer_statements_than_before(
+async def test_a_steady_state_agent_report_sends_five_statements_and_a_first_one_seven(
     counted: tuple[Services, Counter],
 ) -> None:
     services, counter = counted
