@@ -222,10 +222,6 @@ class ReportService:
             inventory.store.pool, self._commit_reports, concurrency=report_transactions
         )
 
-    @property
-    def pool(self) -> asyncpg.Pool:
-        return self.store.pool
-
     async def accept_report(self, principal: Principal, raw: bytes, sent_at: datetime | None) -> ReportAck:
         """Validate, check the sequence, and reconcile one report: one unit of work on the node's
         stream (one lock, one state load, one append, one fold). Nothing is appended unless the
