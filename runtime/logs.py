@@ -18,6 +18,8 @@ from typing import Any, TextIO
 
 import structlog
 
+from runtime.settings import from_env
+
 # Standard-library loggers too chatty at INFO for an operator's log.
 QUIET_LOGGERS = ("pgserver", "httpx", "httpcore", "asyncio")
 _SECRET_KEYS = ("token", "secret", "password", "credential", "authorization")
@@ -79,3 +81,12 @@ def configure_logging(*, level: str = "INFO", json: bool | None = None, stream: 
         uvicorn_logger.handlers.clear()
         uvicorn_logger.propagate = True
     logging.captureWarnings(True)
+
+
+def configure_logging_from_settings(level: str | None = None) -> None:
+    """At `level` (a --log-level flag), else MODELFORGE_LOG_LEVEL; JSON or console lines as
+    MODELFORGE_LOG_JSON says (a bad value raises SettingError, before any command runs)."""
+    as_json = from_env("log_json")
+    configure_logging(
+        level=level or str(from_env("log_level")), json=None if as_json is None else bool(as_json)
+    )

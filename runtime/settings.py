@@ -2,9 +2,10 @@
 
 Every option is declared once in `SETTINGS`: its attribute name, its `MODELFORGE_*` variable, its
 flag, its default, what it accepts and one line of help. Everything else is derived from it: the
-server's `ServerConfig` defaults and environment reading (api/config.py), the argparse flags and
-their help, the agent's defaults (agent/runner.py), the Typer options' variables and
-docs/configuration.md. It lives here, in the lowest layer both the server and the agent import.
+server's `ServerConfig` defaults and environment reading (api/config.py), the command-line options
+of the server, the operator CLI and the agent (runtime/options.py), the agent's defaults
+(agent/runner.py) and docs/configuration.md. It lives here, in the lowest layer both the server
+and the agent import.
 
 Precedence: a flag wins over the variable, which wins over the default. A bad value is refused
 with one line naming the variable (or flag) and what it accepts.
@@ -12,7 +13,6 @@ with one line naming the variable (or flag) and what it accepts.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -393,32 +393,3 @@ def from_env(name: str, env: Mapping[str, str] | None = None) -> Value:
     if text is None or text == "":
         return s.value  # type: ignore[no-any-return]
     return parse(s, text)
-
-
-def add_flag(p: argparse.ArgumentParser, name: str, *, dest: str | None = None, **extra: Any) -> None:
-    """The option's flag on an argparse parser: its type checked by the model, its variable and
-    default in the help. Left unset (None) when not given, so the variable can apply."""
-    s = BY_NAME[name]
-    assert s.flag is not None, f"{name} has no flag"
-    shown = f"env {s.env}, default {s.default}"
-    help_text = extra.pop("help", s.help)
-    if s.kind == "bool":
-        p.add_argument(
-            s.flag.split("/")[0],
-            dest=dest or name,
-            action=argparse.BooleanOptionalAction,
-            default=None,
-            help=f"{help_text} ({shown})",
-        )
-        return
-
-    def convert(text: str) -> Value:
-        try:
-            return parse(s, text, source=s.flag)
-        except SettingError:
-            # argparse prints it as one usage error naming the flag.
-            raise argparse.ArgumentTypeError(f"is not {s.accepts}") from None
-
-    p.add_argument(
-        s.flag, dest=dest or name, type=convert, default=None, help=f"{help_text} ({shown})", **extra
-    )

@@ -350,32 +350,42 @@ def test_backoff_is_exponential_jittered_and_capped() -> None:
 def test_collector_timeout_help_and_behaviour_agree(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import argparse
-
     from agent import config as agent_config
-    from agent.cli import config_from_args, register
+    from agent import runner
+    from agent.cli import run_config
+    from api.cli.main import main
 
     for name in list(os.environ):
         if name.startswith("MODELFORGE_"):
             monkeypatch.delenv(name)
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers(dest="command"))
-    config = config_from_args(parser.parse_args(["agent", "run"]))
+    config = run_config()
     assert config.collector_timeout == agent_config.DEFAULT_COLLECTOR_TIMEOUT
     assert AgentConfig(state_dir=tmp_path).collector_timeout == config.collector_timeout
-    with pytest.raises(SystemExit):
-        parser.parse_args(["agent", "run", "--help"])
-    text = " ".join(capsys.readouterr().out.split())
-    expected = f"(env MODELFORGE_COLLECTOR_TIMEOUT, default {config.collector_timeout:g})"
-    assert expected in text, text
+    saved = structlog.get_config()
+    seen: list[AgentConfig] = []
+
+    async def started(config: AgentConfig) -> int:
+        seen.append(config)
+        return 0
+
+    monkeypatch.setattr(runner, "run_agent", started)
+    try:
+        assert main(["agent", "run", "--help"]) == 0
+        text = " ".join(capsys.readouterr().out.split())
+        expected = f"(env MODELFORGE_COLLECTOR_TIMEOUT, default {config.collector_timeout:g})"
+        assert expected in text, text
+        # The variable, then the flag over it, reach the agent's configuration.
+        monkeypatch.setenv("MODELFORGE_COLLECTOR_TIMEOUT", "2.5")
+        assert main(["agent", "run", "--state-dir", str(tmp_path)]) == 0
+        assert main(["agent", "run", "--state-dir", str(tmp_path), "--collector-timeout", "3"]) == 0
+    finally:
+        structlog.configure(**saved)
+    assert [c.collector_timeout for c in seen] == [2.5, 3]
+    assert run_config().collector_timeout == 2.5
     # ...and that is the timeout the collectors get.
     agent = Agent(config, host_collector=FakeHost())
     assert isinstance(agent.nvml_collector, NvidiaNvmlCollector)
     assert agent.nvml_collector.timeout_seconds == config.collector_timeout
-    monkeypatch.setenv("MODELFORGE_COLLECTOR_TIMEOUT", "2.5")
-    assert config_from_args(parser.parse_args(["agent", "run"])).collector_timeout == 2.5
-    args = parser.parse_args(["agent", "run", "--collector-timeout", "3"])
-    assert config_from_args(args).collector_timeout == 3
 
 
 def test_the_configuration_reference_states_the_agent_s_real_defaults() -> None:

@@ -19,7 +19,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.cli.operator import parse_moment
+from api.cli.moments import parse_moment
 from collectors.facts import UNSUPPORTED
 from collectors.gpu_health import RETIRED_PAGES, XidOccurrence
 from collectors.observations import HardwareObservation
@@ -299,7 +299,7 @@ def test_iso_times_without_an_offset_are_utc() -> None:
 def test_column_widths_fit_and_keep_the_ids_whole(
     natural: list[int], available: int, data: st.DataObject
 ) -> None:
-    from api.cli.common import fit_widths
+    from api.cli.rendering import fit_widths
 
     fixed = set(data.draw(st.sets(st.integers(min_value=0, max_value=len(natural) - 1))))
     widths = fit_widths(natural, fixed, available)

@@ -5,7 +5,7 @@ What runs where:
 * Static checks (always): the Dockerfile (base, non-root user, state volume, entrypoints, every
   package copied), the compose files as YAML (no top-level `name:`, nothing privileged, no Docker
   socket, no host path mounted, only named volumes), the units' hardening, and that every command
-  line they start parses with the real `modelforge-hw` parser.
+  line they start parses as the real `modelforge-hw` parses it.
 * `docker-compose config` on `compose.yaml` and on `compose.yaml` + `compose.gpu.yaml` (and the
   overlay alone): Debian's `docker-compose` 1.29 validates and interpolates compose files without
   a Docker engine. When it is missing, a session fixture installs it with apt-get (updating the
@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
-from api.cli.main import build_parser
+from tests.cli_support import parse
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -130,8 +130,8 @@ def test_image_has_the_state_volume_and_both_entrypoints() -> None:
     (cmd,) = [yaml.safe_load(args) for word, args in instructions if word == "CMD"]
     assert cmd[:3] == ["serve", "--host", "0.0.0.0"]
     # Both entrypoints are real command lines of this CLI.
-    assert build_parser().parse_args(cmd).command == "serve"
-    assert build_parser().parse_args(["agent", "run"]).agent_command == "run"
+    assert parse(cmd) == ("serve",)
+    assert parse(["agent", "run"]) == ("agent", "run")
 
 
 def test_image_copies_every_package_of_the_distribution() -> None:
@@ -206,7 +206,7 @@ def test_compose_commands_parse_with_the_cli() -> None:
             if "command" in service:
                 command = service["command"]
                 argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
-                assert build_parser().parse_args(argv).func, f"{path.name}: {name}: {argv}"
+                assert parse(argv), f"{path.name}: {name}: {argv}"
 
 
 # --- compose: docker-compose config -------------------------------------------------------------
@@ -327,7 +327,7 @@ def test_unit_is_hardened_and_starts_a_real_command(unit: Path) -> None:
     )
     argv = shlex.split(service["ExecStart"])
     assert Path(argv[0]).name == "modelforge-hw", argv
-    build_parser().parse_args(argv[1:])  # exits (fails) on an unknown subcommand or flag
+    assert parse(argv[1:])  # raises on an unknown subcommand or flag
 
 
 def test_server_unit_serves_without_observing_the_api_host() -> None:

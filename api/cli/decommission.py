@@ -10,36 +10,48 @@ docs/operations/RUNBOOK_NODE_DECOMMISSION.md is the on-call procedure.
     modelforge-hw decommission execute NODE --generation G --digest D --reason R [--json]
 
 NODE (or `--node NODE`) is a node id, an id prefix, a hostname or the node's identity key.
-Exit codes (`api.cli.main.EXIT_CODES`): 0 done;
-3 refused because the node changed since the preview or active work blocks it; 4 the node is
-decommissioned; 5 unknown node or lease; 2 anything else refused (one line on stderr says why).
+Exit codes (`api.cli.errors.EXIT_CODES`): 0 done; 3 refused because the node changed since the
+preview or active work blocks it; 4 the node is decommissioned; 5 unknown node or lease; 2 anything
+else refused (one line on stderr says why).
 """
 
 from __future__ import annotations
 
-import argparse
 import getpass
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any
 
-from api.cli.common import add_node_argument
+import typer
+
+from api.cli.common import (
+    DatabaseUrl,
+    LogLevel,
+    NodeArgument,
+    NodeOption,
+    StateDir,
+    json_flag,
+    required_node,
+    resolve_node,
+    server_config,
+    with_database,
+)
+from api.cli.errors import exit_code_of, say
+from api.cli.moments import parse_duration
+from api.cli.rendering import print_json
+
+lease_app = typer.Typer(
+    no_args_is_help=True, help="work leases: work that depends on a node blocks its decommission"
+)
+decommission_app = typer.Typer(no_args_is_help=True, help="retire a node for good (a tombstone; no revival)")
+
+Actor = Annotated[
+    str | None, typer.Option("--actor", help="who you are, for the audit log (default: your login name)")
+]
 
 
-def _service(pool: Any) -> Any:
-    from api.wiring import build_services
-
-    return build_services(pool).decommission
-
-
-def _print_json(value: Any) -> None:
-    import msgspec
-
-    sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
-
-
-def _actor(args: argparse.Namespace) -> str:
-    name = getattr(args, "actor", None)
+def _actor(name: str | None) -> str:
     if not name:
         try:
             name = getpass.getuser()
@@ -48,23 +60,36 @@ def _actor(args: argparse.Namespace) -> str:
     return f"cli:{name}"
 
 
-def _run(args: argparse.Namespace, work: Callable[[Any], Any]) -> int:
-    from api.cli.common import _config, _with_database, exit_code_of, node_ref, resolve_node
+def _run(
+    node: str,
+    database_url: str | None,
+    state_dir: Path | None,
+    log_level: str | None,
+    as_json: bool,
+    work: Callable[[Any, str], Awaitable[int]],
+) -> int:
+    """`work(service, node_id)` against the database; a refusal is one line (and, with `--json`,
+    the problem document on stdout) and the exit code of its kind."""
     from api.http.problems import problem_of
     from api.services.errors import DomainError
+    from api.wiring import build_services
+
+    config = server_config(database_url=database_url, state_dir=state_dir, log_level=log_level)
 
     async def wrapped(pool: Any) -> int:
         # What the operator typed (id, prefix, hostname, identity key) -> the node's id.
-        args.node = await resolve_node(pool, node_ref(args))
+        ref = await resolve_node(pool, node)
+        assert ref is not None
+        service = build_services(pool).decommission
         try:
-            return int(await work(_service(pool)))
+            return await work(service, await service.resolve_node(ref))
         except DomainError as exc:
-            if getattr(args, "json", False):
-                _print_json(problem_of(exc))
-            print(f"modelforge-hw: {exc.detail}", file=sys.stderr)
+            if as_json:
+                print_json(problem_of(exc))
+            say(exc.detail)
             return exit_code_of(exc)
 
-    return _with_database(_config(args), wrapped)
+    return with_database(config, wrapped)
 
 
 def _lease_line(x: Any) -> str:
@@ -72,39 +97,87 @@ def _lease_line(x: Any) -> str:
     return f"{x.lease_id}  {x.status:8}  owner {x.owner}  expires {expires}  {x.reason}"
 
 
-def cmd_lease_acquire(args: argparse.Namespace) -> int:
-    async def work(service: Any) -> int:
-        node_id = await service.resolve_node(args.node)
-        lease = await service.acquire_lease(node_id, args.owner, args.reason, args.ttl, actor=_actor(args))
-        if args.json:
-            _print_json(lease)
+@lease_app.command("acquire")
+def lease_acquire(
+    owner: Annotated[
+        str,
+        typer.Option("--owner", help="who holds the lease (a team, a job, a component)", show_default=False),
+    ],
+    reason: Annotated[str, typer.Option("--reason", help="what the work is", show_default=False)],
+    node_ref: NodeArgument = None,
+    node: NodeOption = None,
+    database_url: DatabaseUrl = None,
+    state_dir: StateDir = None,
+    log_level: LogLevel = None,
+    ttl: Annotated[
+        float | None,
+        typer.Option(
+            "--ttl", parser=parse_duration, help="expire after 90s, 15m, 2h, 7d (default: until released)"
+        ),
+    ] = None,
+    actor: Actor = None,
+    as_json: Annotated[bool, json_flag("print the lease as JSON")] = False,
+) -> int:
+    """record work that depends on a node (prints the lease id)"""
+
+    async def work(service: Any, node_id: str) -> int:
+        lease = await service.acquire_lease(node_id, owner, reason, ttl, actor=_actor(actor))
+        if as_json:
+            print_json(lease)
         else:
             print(lease.lease_id)
             print(f"lease {lease.lease_id} on node {node_id}: active", file=sys.stderr)
         return 0
 
-    return _run(args, work)
+    return _run(required_node(node_ref, node), database_url, state_dir, log_level, as_json, work)
 
 
-def cmd_lease_release(args: argparse.Namespace) -> int:
-    async def work(service: Any) -> int:
-        node_id = await service.resolve_node(args.node)
-        lease = await service.release_lease(node_id, args.lease_id, args.reason, actor=_actor(args))
-        if args.json:
-            _print_json(lease)
+@lease_app.command("release")
+def lease_release(
+    node_ref: NodeArgument = None,
+    lease_id: Annotated[str | None, typer.Argument(metavar="LEASE_ID", show_default=False)] = None,
+    node: NodeOption = None,
+    database_url: DatabaseUrl = None,
+    state_dir: StateDir = None,
+    log_level: LogLevel = None,
+    reason: Annotated[str, typer.Option("--reason", help="why (for the audit log)")] = "released",
+    actor: Actor = None,
+    as_json: Annotated[bool, json_flag()] = False,
+) -> int:
+    """release a work lease"""
+    if lease_id is None and node is not None:
+        # `lease release --node NODE LEASE_ID`: the one word is the lease.
+        node_ref, lease_id = None, node_ref
+    if lease_id is None:
+        raise typer.BadParameter("name the lease to release", param_hint="'LEASE_ID'")
+    released = lease_id
+
+    async def work(service: Any, node_id: str) -> int:
+        lease = await service.release_lease(node_id, released, reason, actor=_actor(actor))
+        if as_json:
+            print_json(lease)
         else:
             print(f"lease {lease.lease_id} on node {node_id}: released")
         return 0
 
-    return _run(args, work)
+    return _run(required_node(node_ref, node), database_url, state_dir, log_level, as_json, work)
 
 
-def cmd_lease_list(args: argparse.Namespace) -> int:
-    async def work(service: Any) -> int:
-        node_id = await service.resolve_node(args.node)
+@lease_app.command("list")
+def lease_list(
+    node_ref: NodeArgument = None,
+    node: NodeOption = None,
+    database_url: DatabaseUrl = None,
+    state_dir: StateDir = None,
+    log_level: LogLevel = None,
+    as_json: Annotated[bool, json_flag()] = False,
+) -> int:
+    """a node's unreleased work leases (active or expired)"""
+
+    async def work(service: Any, node_id: str) -> int:
         leases = await service.list_leases(node_id)
-        if args.json:
-            _print_json({"items": leases})
+        if as_json:
+            print_json({"items": leases})
         else:
             if not leases:
                 print(f"node {node_id} holds no work lease")
@@ -112,15 +185,24 @@ def cmd_lease_list(args: argparse.Namespace) -> int:
                 print(_lease_line(x))
         return 0
 
-    return _run(args, work)
+    return _run(required_node(node_ref, node), database_url, state_dir, log_level, as_json, work)
 
 
-def cmd_decommission_preview(args: argparse.Namespace) -> int:
-    async def work(service: Any) -> int:
-        node_id = await service.resolve_node(args.node)
+@decommission_app.command("preview")
+def decommission_preview(
+    node_ref: NodeArgument = None,
+    node: NodeOption = None,
+    database_url: DatabaseUrl = None,
+    state_dir: StateDir = None,
+    log_level: LogLevel = None,
+    as_json: Annotated[bool, json_flag("print the preview as JSON")] = False,
+) -> int:
+    """generation, dependencies, blockers and digest of a node's decommission"""
+
+    async def work(service: Any, node_id: str) -> int:
         p = await service.preview(node_id)
-        if args.json:
-            _print_json(p)
+        if as_json:
+            print_json(p)
             return 0
         d = p.dependencies
         print(f"node        {p.node_id}  ({p.hostname or '-'}, identity {p.identity_key})")
@@ -149,15 +231,33 @@ def cmd_decommission_preview(args: argparse.Namespace) -> int:
         )
         return 0
 
-    return _run(args, work)
+    return _run(required_node(node_ref, node), database_url, state_dir, log_level, as_json, work)
 
 
-def cmd_decommission_execute(args: argparse.Namespace) -> int:
-    async def work(service: Any) -> int:
-        node_id = await service.resolve_node(args.node)
-        done = await service.execute(node_id, args.generation, args.digest, args.reason, actor=_actor(args))
-        if args.json:
-            _print_json(done)
+@decommission_app.command("execute")
+def decommission_execute(
+    generation: Annotated[
+        int, typer.Option("--generation", help="the preview's generation", show_default=False)
+    ],
+    digest: Annotated[str, typer.Option("--digest", help="the preview's digest", show_default=False)],
+    reason: Annotated[
+        str,
+        typer.Option("--reason", help="why the node is retired (kept in the tombstone)", show_default=False),
+    ],
+    node_ref: NodeArgument = None,
+    node: NodeOption = None,
+    database_url: DatabaseUrl = None,
+    state_dir: StateDir = None,
+    log_level: LogLevel = None,
+    actor: Actor = None,
+    as_json: Annotated[bool, json_flag("print the result (or the refusal) as JSON")] = False,
+) -> int:
+    """decommission a node as previewed (irreversible)"""
+
+    async def work(service: Any, node_id: str) -> int:
+        done = await service.execute(node_id, generation, digest, reason, actor=_actor(actor))
+        if as_json:
+            print_json(done)
         else:
             print(
                 f"node {done.node_id}: decommissioned at {done.decommissioned_at.isoformat()} by "
@@ -167,55 +267,4 @@ def cmd_decommission_execute(args: argparse.Namespace) -> int:
             )
         return 0
 
-    return _run(args, work)
-
-
-def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Add `lease ...` and `decommission ...` to the `modelforge-hw` parser."""
-    from api.cli.enrollment import parse_duration
-
-    lease = sub.add_parser("lease", help="work leases: work that depends on a node blocks its decommission")
-    lease_sub = lease.add_subparsers(dest="lease_command", required=True)
-    p = lease_sub.add_parser("acquire", help="record work that depends on a node (prints the lease id)")
-    common(p)
-    add_node_argument(p, positional=True)
-    p.add_argument("--owner", required=True, help="who holds the lease (a team, a job, a component)")
-    p.add_argument("--reason", required=True, help="what the work is")
-    p.add_argument(
-        "--ttl", type=parse_duration, help="expire after 90s, 15m, 2h, 7d (default: until released)"
-    )
-    p.add_argument("--actor", help="who you are, for the audit log (default: your login name)")
-    p.add_argument("--json", action="store_true", help="print the lease as JSON")
-    p.set_defaults(func=cmd_lease_acquire)
-    p = lease_sub.add_parser("release", help="release a work lease")
-    common(p)
-    add_node_argument(p, positional=True)
-    p.add_argument("lease_id")
-    p.add_argument("--reason", default="released", help="why (for the audit log)")
-    p.add_argument("--actor", help="who you are, for the audit log (default: your login name)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_lease_release)
-    p = lease_sub.add_parser("list", help="a node's unreleased work leases (active or expired)")
-    common(p)
-    add_node_argument(p, positional=True)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_lease_list)
-
-    decom = sub.add_parser("decommission", help="retire a node for good (a tombstone; no revival)")
-    decom_sub = decom.add_subparsers(dest="decommission_command", required=True)
-    p = decom_sub.add_parser(
-        "preview", help="generation, dependencies, blockers and digest of a node's decommission"
-    )
-    common(p)
-    add_node_argument(p, positional=True)
-    p.add_argument("--json", action="store_true", help="print the preview as JSON")
-    p.set_defaults(func=cmd_decommission_preview)
-    p = decom_sub.add_parser("execute", help="decommission a node as previewed (irreversible)")
-    common(p)
-    add_node_argument(p, positional=True)
-    p.add_argument("--generation", type=int, required=True, help="the preview's generation")
-    p.add_argument("--digest", required=True, help="the preview's digest")
-    p.add_argument("--reason", required=True, help="why the node is retired (kept in the tombstone)")
-    p.add_argument("--actor", help="who you are, for the audit log (default: your login name)")
-    p.add_argument("--json", action="store_true", help="print the result (or the refusal) as JSON")
-    p.set_defaults(func=cmd_decommission_execute)
+    return _run(required_node(node_ref, node), database_url, state_dir, log_level, as_json, work)

@@ -7,62 +7,76 @@ The same operations are operator routes of the HTTP API (api/http/agent.py).
     modelforge-hw token revoke TOKEN_ID [--reason TEXT]
     modelforge-hw credential list [--node NODE] [--json]
     modelforge-hw credential revoke CREDENTIAL_ID [--reason TEXT]
+
+A refusal (`api.services.errors`) reaches `api.cli.main`, which prints it as one line and exits
+with the code of its kind.
 """
 
 from __future__ import annotations
 
-import argparse
-import re
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any
 
-from api.cli.common import add_node_argument, table
+import typer
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+from api.cli.common import (
+    DatabaseUrl,
+    LogLevel,
+    NodeOption,
+    StateDir,
+    json_flag,
+    resolve_node,
+    server_config,
+    with_database,
+)
+from api.cli.moments import parse_duration
+from api.cli.rendering import print_json, table
+
+token_app = typer.Typer(no_args_is_help=True, help="enrollment tokens for agents")
+credential_app = typer.Typer(no_args_is_help=True, help="node credentials of enrolled agents")
+
+Reason = Annotated[str, typer.Option("--reason")]
 
 
-def parse_duration(text: str) -> float:
-    """'90', '90s', '15m', '1h', '7d' -> seconds."""
-    m = _DURATION.match(text.lower())
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (examples: 90s, 15m, 1h, 7d)")
-    return float(m.group(1)) * _UNITS[m.group(2)]
-
-
-def _services(pool: Any) -> Any:
+def _run(
+    database_url: str | None,
+    state_dir: Path | None,
+    log_level: str | None,
+    work: Callable[[Any, Any], Awaitable[int]],
+) -> int:
+    """`work(services, pool)` against the database."""
     from api.wiring import build_services
 
-    return build_services(pool)
-
-
-def _run(args: argparse.Namespace, work: Callable[[Any], Any]) -> int:
-    """A refusal (`api.services.errors`) reaches `api.cli.main`, which prints it as one line and
-    exits with the code of its kind."""
-    from api.cli.common import _config, _with_database, node_ref, resolve_node
+    config = server_config(database_url=database_url, state_dir=state_dir, log_level=log_level)
 
     async def wrapped(pool: Any) -> int:
-        if hasattr(args, "node"):
-            args.node = await resolve_node(pool, node_ref(args))
-        return int(await work(_services(pool)))
+        return await work(build_services(pool), pool)
 
-    return _with_database(_config(args), wrapped)
+    return with_database(config, wrapped)
 
 
-def _print_json(value: Any) -> None:
-    import msgspec
+@token_app.command("create")
+def token_create(
+    database_url: DatabaseUrl = None,
+    state_dir: StateDir = None,
+    log_level: LogLevel = None,
+    ttl: Annotated[
+        float, typer.Option("--ttl", parser=parse_duration, help="lifetime: 90s, 15m, 1h, 7d (default 1h)")
+    ] = 3600.0,
+    uses: Annotated[int, typer.Option("--uses", help="how many agents may enroll with it (default 1)")] = 1,
+    description: Annotated[
+        str | None, typer.Option("--description", help="what the token is for (shown in `token list`)")
+    ] = None,
+    as_json: Annotated[bool, json_flag("print the token and its details as JSON")] = False,
+) -> int:
+    """create an enrollment token (printed once)"""
 
-    sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
-
-
-def cmd_token_create(args: argparse.Namespace) -> int:
-    async def work(services: Any) -> int:
-        created = await services.enrollment.create_token(
-            args.ttl, args.uses, args.description or "", actor="cli"
-        )
-        if args.json:
-            _print_json(created)
+    async def work(services: Any, _pool: Any) -> int:
+        created = await services.enrollment.create_token(ttl, uses, description or "", actor="cli")
+        if as_json:
+            print_json(created)
         else:
             print(created.token)
             print(
@@ -72,14 +86,22 @@ def cmd_token_create(args: argparse.Namespace) -> int:
             )
         return 0
 
-    return _run(args, work)
+    return _run(database_url, state_dir, log_level, work)
 
 
-def cmd_token_list(args: argparse.Namespace) -> int:
-    async def work(services: Any) -> int:
+@token_app.command("list")
+def token_list(
+    database_url: DatabaseUrl = None,
+    state_dir: StateDir = None,
+    log_level: LogLevel = None,
+    as_json: Annotated[bool, json_flag()] = False,
+) -> int:
+    """enrollment tokens (never their secrets)"""
+
+    async def work(services: Any, _pool: Any) -> int:
         tokens = await services.enrollment.list_tokens()
-        if args.json:
-            _print_json(tokens)
+        if as_json:
+            print_json(tokens)
         elif not tokens:
             print("no enrollment tokens (create one with `modelforge-hw token create`)")
         else:
@@ -98,25 +120,44 @@ def cmd_token_list(args: argparse.Namespace) -> int:
             )
         return 0
 
-    return _run(args, work)
+    return _run(database_url, state_dir, log_level, work)
 
 
-def cmd_token_revoke(args: argparse.Namespace) -> int:
-    async def work(services: Any) -> int:
-        token = await services.enrollment.revoke_token(args.token_id, args.reason, actor="cli")
+@token_app.command("revoke")
+def token_revoke(
+    token_id: Annotated[str, typer.Argument(metavar="TOKEN_ID", show_default=False)],
+    database_url: DatabaseUrl = None,
+    state_dir: StateDir = None,
+    log_level: LogLevel = None,
+    reason: Reason = "revoked by an operator",
+) -> int:
+    """revoke an enrollment token"""
+
+    async def work(services: Any, _pool: Any) -> int:
+        token = await services.enrollment.revoke_token(token_id, reason, actor="cli")
         print(f"enrollment token {token.token_id}: {token.status}")
         return 0
 
-    return _run(args, work)
+    return _run(database_url, state_dir, log_level, work)
 
 
-def cmd_credential_list(args: argparse.Namespace) -> int:
-    async def work(services: Any) -> int:
-        credentials = await services.credentials.list_credentials(args.node)
-        if args.json:
-            _print_json(credentials)
+@credential_app.command("list")
+def credential_list(
+    database_url: DatabaseUrl = None,
+    state_dir: StateDir = None,
+    log_level: LogLevel = None,
+    node: NodeOption = None,
+    as_json: Annotated[bool, json_flag()] = False,
+) -> int:
+    """node credentials (never their secrets)"""
+
+    async def work(services: Any, pool: Any) -> int:
+        node_id = await resolve_node(pool, node)
+        credentials = await services.credentials.list_credentials(node_id)
+        if as_json:
+            print_json(credentials)
         elif not credentials:
-            print("no node credentials" + (f" for node {args.node}" if args.node else ""))
+            print("no node credentials" + (f" for node {node_id}" if node_id else ""))
         else:
             table(
                 ["CREDENTIAL ID", "STATUS", "NODE", "HOSTNAME", "ISSUED"],
@@ -134,52 +175,22 @@ def cmd_credential_list(args: argparse.Namespace) -> int:
             )
         return 0
 
-    return _run(args, work)
+    return _run(database_url, state_dir, log_level, work)
 
 
-def cmd_credential_revoke(args: argparse.Namespace) -> int:
-    async def work(services: Any) -> int:
-        credential = await services.credentials.revoke_credential(
-            args.credential_id, args.reason, actor="cli"
-        )
+@credential_app.command("revoke")
+def credential_revoke(
+    credential_id: Annotated[str, typer.Argument(metavar="CREDENTIAL_ID", show_default=False)],
+    database_url: DatabaseUrl = None,
+    state_dir: StateDir = None,
+    log_level: LogLevel = None,
+    reason: Reason = "revoked by an operator",
+) -> int:
+    """revoke a node credential (its agent gets 401 and stops)"""
+
+    async def work(services: Any, _pool: Any) -> int:
+        credential = await services.credentials.revoke_credential(credential_id, reason, actor="cli")
         print(f"credential {credential.credential_id} of node {credential.node_id}: {credential.status}")
         return 0
 
-    return _run(args, work)
-
-
-def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Add `token ...` and `credential ...` to the `modelforge-hw` parser."""
-    token = sub.add_parser("token", help="enrollment tokens for agents")
-    token_sub = token.add_subparsers(dest="token_command", required=True)
-    p = token_sub.add_parser("create", help="create an enrollment token (printed once)")
-    common(p)
-    p.add_argument(
-        "--ttl", type=parse_duration, default=3600.0, help="lifetime: 90s, 15m, 1h, 7d (default 1h)"
-    )
-    p.add_argument("--uses", type=int, default=1, help="how many agents may enroll with it (default 1)")
-    p.add_argument("--description", help="what the token is for (shown in `token list`)")
-    p.add_argument("--json", action="store_true", help="print the token and its details as JSON")
-    p.set_defaults(func=cmd_token_create)
-    p = token_sub.add_parser("list", help="enrollment tokens (never their secrets)")
-    common(p)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_token_list)
-    p = token_sub.add_parser("revoke", help="revoke an enrollment token")
-    common(p)
-    p.add_argument("token_id")
-    p.add_argument("--reason", default="revoked by an operator")
-    p.set_defaults(func=cmd_token_revoke)
-
-    cred = sub.add_parser("credential", help="node credentials of enrolled agents")
-    cred_sub = cred.add_subparsers(dest="credential_command", required=True)
-    p = cred_sub.add_parser("list", help="node credentials (never their secrets)")
-    common(p)
-    add_node_argument(p, required=False)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_credential_list)
-    p = cred_sub.add_parser("revoke", help="revoke a node credential (its agent gets 401 and stops)")
-    common(p)
-    p.add_argument("credential_id")
-    p.add_argument("--reason", default="revoked by an operator")
-    p.set_defaults(func=cmd_credential_revoke)
+    return _run(database_url, state_dir, log_level, work)

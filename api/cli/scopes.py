@@ -8,37 +8,63 @@ host straight against the database (as `token create` is).
 
 from __future__ import annotations
 
-import argparse
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
-import msgspec
+import typer
 
-from api.cli.common import CliError, _config, _with_database
-from api.cli.enrollment import parse_duration
-from api.services.scopes import OperatorTokens, UnknownToken
+from api.cli.common import DatabaseUrl, LogLevel, StateDir, json_flag, server_config, with_database
+from api.cli.errors import CliError
+from api.cli.moments import parse_duration
+from api.cli.rendering import print_json
+
+if TYPE_CHECKING:
+    from api.services.scopes import OperatorTokens
+
+viewer_app = typer.Typer(no_args_is_help=True, help="read-only operator tokens (metrics, inventory, events)")
 
 
-def _run(args: argparse.Namespace, work: Callable[[Any], Any]) -> int:
+def _run(
+    database_url: str | None,
+    state_dir: Path | None,
+    log_level: str | None,
+    work: Callable[[OperatorTokens], Awaitable[int]],
+) -> int:
+    from api.services.scopes import OperatorTokens, UnknownToken
+
+    config = server_config(database_url=database_url, state_dir=state_dir, log_level=log_level)
+
     async def wrapped(pool: Any) -> int:
         try:
-            return int(await work(OperatorTokens(pool)))
+            return await work(OperatorTokens(pool))
         except (UnknownToken, ValueError) as exc:
             raise CliError(str(exc)) from exc
 
-    return _with_database(_config(args), wrapped)
+    return with_database(config, wrapped)
 
 
-def _print_json(value: Any) -> None:
-    sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
+@viewer_app.command("create")
+def create(
+    database_url: DatabaseUrl = None,
+    state_dir: StateDir = None,
+    log_level: LogLevel = None,
+    ttl: Annotated[
+        float | None,
+        typer.Option("--ttl", parser=parse_duration, help="lifetime: 90s, 15m, 1h, 7d (default: no expiry)"),
+    ] = None,
+    description: Annotated[
+        str | None, typer.Option("--description", help="what the token is for (shown in `viewer-token list`)")
+    ] = None,
+    as_json: Annotated[bool, json_flag("print the token and its details as JSON")] = False,
+) -> int:
+    """mint a viewer token (printed once)"""
 
-
-def cmd_create(args: argparse.Namespace) -> int:
-    async def work(tokens: Any) -> int:
-        created = await tokens.create(ttl_seconds=args.ttl, description=args.description or "")
-        if args.json:
-            _print_json(created)
+    async def work(tokens: OperatorTokens) -> int:
+        created = await tokens.create(ttl_seconds=ttl, description=description or "")
+        if as_json:
+            print_json(created)
         else:
             print(created.token)
             expires = created.expires_at.isoformat() if created.expires_at else "never"
@@ -48,14 +74,22 @@ def cmd_create(args: argparse.Namespace) -> int:
             )
         return 0
 
-    return _run(args, work)
+    return _run(database_url, state_dir, log_level, work)
 
 
-def cmd_list(args: argparse.Namespace) -> int:
-    async def work(tokens: Any) -> int:
+@viewer_app.command("list")
+def list_tokens(
+    database_url: DatabaseUrl = None,
+    state_dir: StateDir = None,
+    log_level: LogLevel = None,
+    as_json: Annotated[bool, json_flag()] = False,
+) -> int:
+    """viewer tokens (never their secrets)"""
+
+    async def work(tokens: OperatorTokens) -> int:
         items = await tokens.list()
-        if args.json:
-            _print_json(items)
+        if as_json:
+            print_json(items)
             return 0
         if not items:
             print("no viewer tokens")
@@ -66,32 +100,21 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(f"{t.token_id:32}  {t.status:8}  {expires:25}  {t.description}")
         return 0
 
-    return _run(args, work)
+    return _run(database_url, state_dir, log_level, work)
 
 
-def cmd_revoke(args: argparse.Namespace) -> int:
-    async def work(tokens: Any) -> int:
-        token = await tokens.revoke(args.token_id)
+@viewer_app.command("revoke")
+def revoke(
+    token_id: Annotated[str, typer.Argument(metavar="TOKEN_ID", show_default=False)],
+    database_url: DatabaseUrl = None,
+    state_dir: StateDir = None,
+    log_level: LogLevel = None,
+) -> int:
+    """revoke a viewer token (it gets 401 from then on)"""
+
+    async def work(tokens: OperatorTokens) -> int:
+        token = await tokens.revoke(token_id)
         print(f"viewer token {token.token_id}: {token.status}")
         return 0
 
-    return _run(args, work)
-
-
-def register(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    viewer = sub.add_parser("viewer-token", help="read-only operator tokens (metrics, inventory, events)")
-    viewer_sub = viewer.add_subparsers(dest="viewer_token_command", required=True)
-    p = viewer_sub.add_parser("create", help="mint a viewer token (printed once)")
-    common(p)
-    p.add_argument("--ttl", type=parse_duration, help="lifetime: 90s, 15m, 1h, 7d (default: no expiry)")
-    p.add_argument("--description", help="what the token is for (shown in `viewer-token list`)")
-    p.add_argument("--json", action="store_true", help="print the token and its details as JSON")
-    p.set_defaults(func=cmd_create)
-    p = viewer_sub.add_parser("list", help="viewer tokens (never their secrets)")
-    common(p)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_list)
-    p = viewer_sub.add_parser("revoke", help="revoke a viewer token (it gets 401 from then on)")
-    common(p)
-    p.add_argument("token_id")
-    p.set_defaults(func=cmd_revoke)
+    return _run(database_url, state_dir, log_level, work)

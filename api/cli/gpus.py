@@ -1,0 +1,166 @@
+"""`modelforge-hw gpu list|show`: GPUs over the HTTP API, with their health verdict."""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from api.cli.remote import Server, Token, TokenFile, connect, resolve_gpu, resolve_node
+from api.cli.rendering import Output, emit, gib, nothing, table, when
+
+if TYPE_CHECKING:
+    from api.services.views import AcceleratorBody, HealthSignalsBody, NodeBody
+    from collectors.facts import Fact
+
+gpu_app = typer.Typer(no_args_is_help=True, help="GPUs over the HTTP API: list, show")
+
+OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table, wide, json or yaml.")]
+NodeOpt = Annotated[
+    str | None, typer.Option("--node", help="Node: id, id prefix or hostname.", show_default=False)
+]
+
+
+class GpuState(enum.StrEnum):
+    active = "active"
+    missing = "missing"
+    decommissioned = "decommissioned"
+
+
+class Health(enum.StrEnum):
+    healthy = "healthy"
+    degraded = "degraded"
+    failed = "failed"
+
+
+def fact_text(fact: Fact) -> str:
+    """A known value as it is; any other state named in brackets, so it never reads as a value."""
+    from collectors.facts import Known
+
+    if isinstance(fact, Known):
+        return ("yes" if fact.value else "no") if isinstance(fact.value, bool) else str(fact.value)
+    reason = getattr(fact, "reason", None)
+    return f"({fact.__struct_config__.tag}{f': {reason}' if reason else ''})"
+
+
+def gpu_table(gpus: list[AcceleratorBody], nodes: dict[str, NodeBody], output: Output) -> None:
+    header = ["UUID", "NODE", "INDEX", "NAME", "MEMORY", "STATE", "HEALTH"]
+    rows = [
+        [
+            g.uuid,
+            (nodes[g.node_id].hostname or g.node_id[:8]) if g.node_id in nodes else g.node_id[:8],
+            "" if g.index is None else str(g.index),
+            g.name or "",
+            gib(g.memory_total_bytes),
+            g.status,
+            g.health.status,
+        ]
+        for g in gpus
+    ]
+    if output is Output.wide:
+        header += ["ACTION", "REASONS", "PCI", "CC", "DRIVER", "LAST SEEN"]
+        for r, g in zip(rows, gpus, strict=True):
+            r += [
+                g.health.action,
+                ",".join(x.code for x in g.health.reasons),
+                g.pci_bus_id or "",
+                g.compute_capability or "",
+                g.driver_version or "",
+                when(g.last_seen_at),
+            ]
+    table(header, rows)
+
+
+@gpu_app.command("list")
+def gpu_list(
+    server: Server,
+    token: Token = None,
+    token_file: TokenFile = None,
+    node: NodeOpt = None,
+    state: Annotated[GpuState | None, typer.Option("--state", help="Only GPUs in this state.")] = None,
+    health: Annotated[
+        Health | None, typer.Option("--health", help="Only GPUs with this health verdict.")
+    ] = None,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Every GPU, or those of one node, in one state or with one health verdict."""
+    api = connect(server, token, token_file)
+    nodes = api.nodes()
+    node_id = resolve_node(nodes, node).id if node else None
+    gpus = api.accelerators(
+        node_id=node_id, state=state.value if state else None, health=health.value if health else None
+    )
+    if output in (Output.json, Output.yaml):
+        emit(gpus, output)
+        return
+    if not gpus:
+        nothing(
+            "GPUs"
+            + (f" on node {node}" if node else "")
+            + (f" in state {state.value}" if state else "")
+            + (f" with health {health.value}" if health else "")
+        )
+        return
+    gpu_table(gpus, {n.id: n for n in nodes}, output)
+
+
+@gpu_app.command("show")
+def gpu_show(
+    gpu: Annotated[str, typer.Argument(help="GPU UUID, UUID prefix or id prefix.", show_default=False)],
+    server: Server,
+    token: Token = None,
+    token_file: TokenFile = None,
+    output: OutputOpt = Output.table,
+) -> None:
+    """One GPU by UUID (or a prefix of its UUID or id)."""
+    from collectors.facts import Known
+
+    api = connect(server, token, token_file)
+    found = resolve_gpu(api.accelerators(), gpu)
+    if output in (Output.json, Output.yaml):
+        emit(found, output)
+        return
+    # Only known values: unsupported or failed readings are not numbers to show.
+    telemetry = {k: v.value for k, v in found.telemetry.items() if isinstance(v, Known)}
+    h = found.health
+    health = [
+        ["health", h.status],
+        ["action", h.action],
+        *[["reason", f"{r.code} ({r.status}, {r.action}): {r.detail}"] for r in h.reasons],
+        *[["xid", f"{x.code} at {when(x.at)}"] for x in reversed(h.recent_xids)],
+    ]
+    # Every signal, its state named when it is not a value (an unsupported ECC count is not 0).
+    signals = [] if h.signals is None else _signal_rows(h.signals)
+    rows = [
+        ["uuid", found.uuid],
+        ["id", found.id],
+        ["node", found.node_id],
+        ["index", "" if found.index is None else str(found.index)],
+        ["name", found.name or ""],
+        ["state", found.status + (f" since {when(found.missing_since)}" if found.missing_since else "")],
+        ["pci", found.pci_bus_id or ""],
+        ["memory", gib(found.memory_total_bytes)],
+        ["compute capability", found.compute_capability or ""],
+        ["driver", f"{found.driver_version or ''} (CUDA {found.cuda_driver_version or '?'})"],
+        ["first seen", when(found.first_seen_at)],
+        ["last seen", when(found.last_seen_at)],
+        *health,
+        *[[f"signal {k}", fact_text(v)] for k, v in signals],
+    ] + [[f"telemetry {k}", str(v)] for k, v in sorted(telemetry.items())]
+    table(["FIELD", "VALUE"], rows, wrap=(1,))
+
+
+def _signal_rows(signals: HealthSignalsBody) -> list[tuple[str, Fact]]:
+    from collectors.facts import Known
+
+    out: list[tuple[str, Fact]] = [("ecc_mode", signals.ecc_mode)]
+    for group in ("ecc_errors", "remapped_rows", "retired_pages"):
+        out += [(f"{group}.{k}", v) for k, v in sorted(getattr(signals, group).items())]
+    out.append(("pcie_replay_count", signals.pcie_replay_count))
+    # Only the reasons in effect: the others are the normal case and would be most of the list.
+    active = [k for k, v in signals.clock_event_reasons.items() if isinstance(v, Known) and v.value is True]
+    unknown = [v for v in signals.clock_event_reasons.values() if not isinstance(v, Known)]
+    reasons: Fact = unknown[0] if unknown else Known(", ".join(active) or "none")
+    out += [("clock_event_reasons", reasons), ("xid_events", signals.xid_events)]
+    return out

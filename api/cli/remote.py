@@ -1,0 +1,138 @@
+"""The HTTP API as the read commands (`node`, `gpu`, `events`) use it: the server's URL
+(`MODELFORGE_SERVER`) and a token (`MODELFORGE_TOKEN`, or a file named by `--token-file` /
+`MODELFORGE_TOKEN_FILE`), no database credentials, so they run from any workstation.
+
+A refusal is a `RemoteError` with its HTTP status; `api.cli.errors` turns it into the exit code
+of its kind (404 -> 5, 409 -> 3, 410 -> 4, any other 2; the server unreachable 1).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import msgspec
+
+from api.cli.errors import CliError, RemoteError
+from runtime.options import variable_option
+
+if TYPE_CHECKING:
+    from api.services.views import AcceleratorBody, NodeBody
+
+# The change feed's hold per request: well under the server's limit, long enough to be cheap.
+FOLLOW_WAIT_SECONDS = 30
+
+Server = Annotated[str, variable_option("server")]
+Token = Annotated[str | None, variable_option("token")]
+TokenFile = Annotated[Path | None, variable_option("token_file")]
+
+
+class Api:
+    def __init__(self, server: str, token: str) -> None:
+        import httpx
+
+        self.base = server.rstrip("/")
+        self.client = httpx.Client(
+            base_url=self.base + "/api/v1",
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+            timeout=httpx.Timeout(10.0, read=FOLLOW_WAIT_SECONDS + 15.0),
+        )
+
+    def get(self, path: str, params: list[tuple[str, str]] | None = None) -> bytes:
+        import httpx
+
+        try:
+            r = self.client.get(path, params=tuple(params or ()))
+        except httpx.HTTPError as exc:
+            raise RemoteError(
+                0, f"cannot reach {self.base}: {exc} (check MODELFORGE_SERVER and that the server runs)"
+            ) from exc
+        if r.status_code >= 400:
+            try:
+                problem = msgspec.json.decode(r.content, type=dict[str, Any])
+                text = str(problem.get("detail") or problem.get("title") or r.reason_phrase)
+            except msgspec.DecodeError:
+                text = r.reason_phrase
+            hint = " (check MODELFORGE_TOKEN or --token-file)" if r.status_code in (401, 403) else ""
+            raise RemoteError(r.status_code, f"HTTP {r.status_code}: {text}{hint}")
+        return r.content
+
+    def nodes(self) -> list[NodeBody]:
+        from api.services.views import NodePage
+
+        items: list[NodeBody] = []
+        cursor: str | None = None
+        while True:
+            params = [("limit", "500")] + ([("cursor", cursor)] if cursor else [])
+            page = msgspec.json.decode(self.get("/hardware/nodes", params), type=NodePage)
+            items += page.items
+            if not page.next_cursor:
+                return items
+            cursor = page.next_cursor
+
+    def accelerators(
+        self, node_id: str | None = None, state: str | None = None, health: str | None = None
+    ) -> list[AcceleratorBody]:
+        from api.services.views import AcceleratorPage
+
+        items: list[AcceleratorBody] = []
+        cursor: str | None = None
+        while True:
+            params = [("limit", "500")]
+            params += [("node_id", node_id)] if node_id else []
+            params += [("status", state)] if state else []
+            params += [("health", health)] if health else []
+            params += [("cursor", cursor)] if cursor else []
+            page = msgspec.json.decode(self.get("/hardware/accelerators", params), type=AcceleratorPage)
+            items += page.items
+            if not page.next_cursor:
+                return items
+            cursor = page.next_cursor
+
+
+def connect(server: str, token: str | None, token_file: Path | None) -> Api:
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise CliError(f"cannot read the token file {token_file}: {exc.strerror}") from exc
+    if not token:
+        raise CliError(
+            "a token is required: MODELFORGE_TOKEN, --token, --token-file or MODELFORGE_TOKEN_FILE"
+        )
+    return Api(server, token)
+
+
+def resolve_node(nodes: list[NodeBody], ref: str) -> NodeBody:
+    """One node by its full id, an id prefix, or its hostname; ambiguous refs name the candidates."""
+    exact = [n for n in nodes if n.id == ref]
+    if exact:
+        return exact[0]
+    candidates = [n for n in nodes if n.id.startswith(ref.lower()) or n.hostname == ref]
+    if len(candidates) == 1:
+        return candidates[0]
+    if not candidates:
+        raise RemoteError(404, f"no node with an id starting with {ref!r} or hostname {ref!r}")
+    listed = ", ".join(f"{n.id[:12]} ({n.hostname or 'no hostname'})" for n in candidates[:10])
+    raise CliError(f"{ref!r} matches {len(candidates)} nodes: {listed}; give more of the id")
+
+
+def resolve_gpu(gpus: list[AcceleratorBody], ref: str) -> AcceleratorBody:
+    """One GPU by its UUID, a UUID prefix (with or without `GPU-`), or an id prefix."""
+    low = ref.lower()
+    exact = [g for g in gpus if g.id == ref or g.uuid.lower() == low]
+    if exact:
+        return exact[0]
+    candidates = [
+        g
+        for g in gpus
+        if g.id.startswith(low)
+        or g.uuid.lower().startswith(low)
+        or g.uuid.lower().removeprefix("gpu-").startswith(low)
+    ]
+    if len(candidates) == 1:
+        return candidates[0]
+    if not candidates:
+        raise RemoteError(404, f"no GPU with a UUID or id starting with {ref!r}")
+    listed = ", ".join(f"{g.uuid} (index {g.index})" for g in candidates[:10])
+    raise CliError(f"{ref!r} matches {len(candidates)} GPUs: {listed}; give more of the UUID")
