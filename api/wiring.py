@@ -23,7 +23,7 @@ from api.services.repository import (
 from collectors.identity import NodeIdentity, resolve_identity
 from collectors.nvml import NvidiaNvmlCollector
 from collectors.system import SystemHostCollector
-from ledger.db import migrate
+from ledger.schema import migrate
 from ledger.store import STATE_CACHE_STREAMS, EventStore
 from projections.inventory import ALL_PROJECTIONS
 from projections.rebuild import rebuild_outdated

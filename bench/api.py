@@ -259,7 +259,8 @@ async def scrape_metrics(report: h.Report, server: h.Process, meter: h.Meter) ->
 
 
 async def run(args: argparse.Namespace) -> int:
-    from ledger.db import create_pool, migrate
+    from ledger.db import create_pool
+    from ledger.schema import migrate
     from projections.inventory import ALL_PROJECTIONS
     from projections.rebuild import rebuild_outdated
 

@@ -36,7 +36,8 @@ async def run(nodes: int, requests: int) -> int:
 
     import httpx
 
-    from ledger.db import create_pool, migrate
+    from ledger.db import create_pool
+    from ledger.schema import migrate
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request would drown the figures
     async with throwaway_database("console") as db, workdir("console", keep=False) as wd:

@@ -62,7 +62,7 @@ from bench.fleet import model_of, node_key, node_observation
 from collectors.identity import NodeIdentity
 from domain.node import NodeState, accelerator_id_for, node_id_for
 from domain.reconcile import reconcile
-from ledger.db import create_pool, migrate
+from ledger.db import create_pool
 from ledger.events import (
     SCHEMA_VERSION,
     AcceleratorSample,
@@ -74,6 +74,7 @@ from ledger.events import (
     decode_metadata,
     decode_payload,
 )
+from ledger.schema import migrate
 from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS
 from projections.rebuild import rebuild

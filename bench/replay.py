@@ -474,7 +474,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 async def open_log(args: argparse.Namespace, pool: asyncpg.Pool) -> tuple[LogBuilder, dict[str, float]]:
     """Build the log (or adopt a kept one); returns the builder (node ids, times) and build phases."""
-    from ledger.db import migrate
+    from ledger.schema import migrate
 
     builder = LogBuilder(args.nodes, args.reports, hot_history=timedelta(hours=args.hot_hours))
     if args.reuse:

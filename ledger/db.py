@@ -1,12 +1,10 @@
-"""Connections: the asyncpg pool (msgspec-backed jsonb codecs), migrations, and the embedded
-PostgreSQL used when no `MODELFORGE_DATABASE_URL` is configured."""
+"""Connections: the asyncpg pool (msgspec-backed jsonb codecs) and the embedded PostgreSQL used
+when no `MODELFORGE_DATABASE_URL` is configured. The schema and `migrate`: ledger/schema.py."""
 
 from __future__ import annotations
 
 import os
-import re
 import warnings
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +13,6 @@ import msgspec
 import structlog
 
 log = structlog.get_logger(__name__)
-
-SCHEMA_VERSION = 1
-_MIGRATE_LOCK_KEY = 7305820112
 
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
@@ -53,72 +48,6 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asy
     )
     assert pool is not None
     return pool
-
-
-def schema_sql() -> str:
-    return resources.files("ledger").joinpath("schema.sql").read_text(encoding="utf-8")
-
-
-class MigrationStep(msgspec.Struct, frozen=True):
-    version: int
-    name: str
-    sql: str
-
-
-_STEP_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
-
-
-def migration_steps() -> list[MigrationStep]:
-    """The numbered steps in ledger/migrations/, in order. Version 1 is schema.sql itself (the
-    0.1.0 schema); every later change that is not a plain idempotent addition is a step here."""
-    steps = []
-    for entry in resources.files("ledger").joinpath("migrations").iterdir():
-        m = _STEP_NAME.match(entry.name)
-        if m:
-            steps.append(MigrationStep(int(m.group(1)), m.group(2), entry.read_text(encoding="utf-8")))
-    steps.sort(key=lambda s: s.version)
-    numbers = [s.version for s in steps]
-    if numbers != list(range(2, 2 + len(steps))):
-        raise RuntimeError(f"migration steps must be numbered 0002, 0003, ... without gaps: {numbers}")
-    return steps
-
-
-LATEST_SCHEMA_VERSION = 1 + len(migration_steps())
-
-
-async def migrate(conn: asyncpg.Connection) -> int:
-    """Bring the database to the latest schema under a session lock, so two servers starting
-    together do not race: schema.sql (idempotent: version 1, 0.1.0's schema), then each numbered
-    step the database has not recorded yet, in order, each in its own transaction with its
-    record in schema_version. Returns the schema version now recorded."""
-    await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATE_LOCK_KEY)
-    try:
-        # Quiet the NOTICEs that IF NOT EXISTS prints on every run after the first.
-        await conn.execute("SET client_min_messages = warning")
-        await conn.execute(schema_sql())
-        await conn.execute("RESET client_min_messages")
-        current = int(await conn.fetchval("SELECT max(version) FROM schema_version"))
-        if current > LATEST_SCHEMA_VERSION:
-            raise RuntimeError(
-                f"the database is at schema version {current}, newer than this release knows "
-                f"({LATEST_SCHEMA_VERSION}): upgrade modelforge-hardware"
-            )
-        for step in migration_steps():
-            if step.version <= current:
-                continue
-            async with conn.transaction():
-                await conn.execute(step.sql)
-                await conn.execute("INSERT INTO schema_version (version) VALUES ($1)", step.version)
-            log.info("schema.migrated", version=step.version, step=step.name)
-            current = step.version
-        # The log's day segments, ahead of the appends that will land on them.
-        from ledger.segments import ensure_segments
-
-        today = await conn.fetchval("SELECT (now() AT TIME ZONE 'UTC')::date")
-        await ensure_segments(conn, today)
-    finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATE_LOCK_KEY)
-    return current
 
 
 class EmbeddedPostgres:

@@ -18,7 +18,8 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from ledger.db import create_pool, migrate
+from ledger.db import create_pool
+from ledger.schema import migrate
 from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS
 
@@ -83,6 +84,19 @@ async def database_dsn(pg_server_dsn: str, template_database: str) -> AsyncItera
     admin = await asyncpg.connect(pg_server_dsn)
     try:
         await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
+        yield dsn_for_database(pg_server_dsn, name)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+async def empty_database(pg_server_dsn: str) -> AsyncIterator[str]:
+    """A database with nothing in it, not even the schema."""
+    name = f"mf_empty_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(pg_server_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
         yield dsn_for_database(pg_server_dsn, name)
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ledger.db import LATEST_SCHEMA_VERSION
+from ledger.schema import LATEST_SCHEMA_VERSION
 
 
 def cli(*args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

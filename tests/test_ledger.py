@@ -235,7 +235,7 @@ async def test_event_hash_is_inlined_into_the_appends_plan(store: EventStore) ->
 
 
 async def test_migrate_is_idempotent(pool: asyncpg.Pool) -> None:
-    from ledger.db import LATEST_SCHEMA_VERSION, migrate
+    from ledger.schema import LATEST_SCHEMA_VERSION, migrate
 
     # Day partitions of the log are left out: `migrate` keeps segments ahead of today, so once
     # the UTC day has turned since the template was made it adds the new day's (a run across

@@ -37,7 +37,7 @@ def fresh_cluster_dsn() -> Iterator[str]:
 @pytest.fixture
 async def database_dsn(fresh_cluster_dsn: str) -> str:
     """Overrides conftest's: each test's app runs on a new migrated database of the fresh cluster."""
-    from ledger.db import migrate
+    from ledger.schema import migrate
     from tests.conftest import dsn_for_database
 
     name = f"mf_xid_{uuid.uuid4().hex[:10]}"

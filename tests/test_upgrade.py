@@ -1,5 +1,6 @@
-"""Upgrades: a database created and filled by 0.1.0 is migrated forward by
-`modelforge-hw migrate`, keeps every event, and passes `verify` and `rebuild --verify`.
+"""Upgrades: a database created and filled by 0.1.0 (schema version 1) is migrated forward by
+`modelforge-hw migrate` through every numbered step, keeps every event, passes `verify` and
+`rebuild --verify`, and ends with the catalog a new database gets from schema.sql.
 
 tests/fixtures/schema-0.1.0.sql is schema.sql as released in 0.1.0 (commit 1d2b71f);
 tests/fixtures/modelforge-0.1.0.sql is `pg_dump --column-inserts` of a database 0.1.0 made and
@@ -13,49 +14,20 @@ import asyncio
 import os
 import subprocess
 import sys
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from ledger.db import LATEST_SCHEMA_VERSION, migrate, migration_steps
-from tests.conftest import dsn_for_database
+from ledger.schema import LATEST_SCHEMA_VERSION, migrate, migration_steps
+from tests.schema_catalog import catalog
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-SCHEMA_SNAPSHOT = """
-SELECT string_agg(x, E'\\n' ORDER BY x) FROM (
-    SELECT 'column ' || table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable AS x
-    FROM information_schema.columns WHERE table_schema = 'public' AND table_name !~ '^events_d[0-9]{8}$'
-    UNION ALL SELECT 'index ' || indexdef FROM pg_indexes WHERE schemaname = 'public'
-    AND tablename !~ '^events_d[0-9]{8}$'
-    UNION ALL SELECT 'trigger ' || event_object_table || ' ' || trigger_name || ' ' || event_manipulation
-    FROM information_schema.triggers WHERE trigger_schema = 'public'
-    AND event_object_table !~ '^events_d[0-9]{8}$'
-    UNION ALL SELECT 'function ' || p.proname || ' ' || md5(p.prosrc) FROM pg_proc p
-    JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public'
-    UNION ALL SELECT 'partition ' || c.relname || ' ' || pg_get_expr(c.relpartbound, c.oid) FROM pg_class c
-    WHERE c.relispartition AND c.relkind = 'r' AND c.relname !~ '^events_d[0-9]{8}$'
-) s  -- (the day segments are named by the day they were made on: left out)
-"""
 EVENTS = (
     "SELECT global_position, tx_id::text AS tx, event_id, stream_id, stream_version, event_type, "
     "data::text AS data_json, metadata::text AS metadata_json, recorded_at, hash FROM events "
     "ORDER BY global_position"
 )
-
-
-@pytest.fixture
-async def empty_database(pg_server_dsn: str) -> AsyncIterator[str]:
-    name = f"mf_upgrade_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(pg_server_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield dsn_for_database(pg_server_dsn, name)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 async def run_sql_file(dsn: str, path: Path) -> None:
@@ -148,15 +120,19 @@ async def test_a_filled_0_1_0_database_migrates_forward_keeping_every_event(empt
 
 
 async def test_migrated_0_1_0_schema_equals_a_fresh_one(empty_database: str, database_dsn: str) -> None:
+    # Version 1 through every step ends where schema.sql starts a new database: the same tables,
+    # columns (in order, with types, defaults and compression), constraints, indexes, storage
+    # settings, partitions, triggers and functions (tests/schema_catalog.py).
     await run_sql_file(empty_database, FIXTURES / "schema-0.1.0.sql")
     old = await asyncpg.connect(empty_database)
     fresh = await asyncpg.connect(database_dsn)
     try:
         assert await migrate(old) == LATEST_SCHEMA_VERSION
-        assert await old.fetchval(SCHEMA_SNAPSHOT) == await fresh.fetchval(SCHEMA_SNAPSHOT)
+        assert await catalog(old) == await catalog(fresh)
         # and again: a migrated database is left alone
         assert await migrate(old) == LATEST_SCHEMA_VERSION
         assert await old.fetchval("SELECT count(*) FROM schema_version") == LATEST_SCHEMA_VERSION
+        assert await catalog(old) == await catalog(fresh)
     finally:
         await old.close()
         await fresh.close()
@@ -182,8 +158,9 @@ async def test_a_server_starting_beside_a_backup_neither_waits_for_it_nor_blocks
     database_dsn: str,
 ) -> None:
     # A backup's pg_dump holds a shared lock on every table for its whole length. A server that
-    # starts meanwhile runs schema.sql again: on a current database it must take no lock that
-    # waits for that reader (and so no lock every append would then queue behind).
+    # starts meanwhile runs migrate, which installs the functions and triggers again: on a current
+    # database it must take no lock that waits for that reader (and so no lock every append would
+    # then queue behind).
     reader = await asyncpg.connect(database_dsn)
     starting = await asyncpg.connect(database_dsn)
     try:

@@ -1,6 +1,6 @@
--- 0.2: scoped operator tokens. The admin token (MODELFORGE_ADMIN_TOKEN / the state directory)
--- stays the one full-scope token; rows here are narrower ones, e.g. `viewer` (reads only).
--- Only the SHA-256 of the secret is kept; the token itself is shown once when it is created.
+-- Version 2: scoped operator tokens. The admin token (MODELFORGE_ADMIN_TOKEN / the state
+-- directory) is the one full-scope token; rows here are narrower ones, e.g. `viewer` (reads
+-- only). Only the SHA-256 of the secret is kept; the token itself is shown once when it is created.
 CREATE TABLE operator_tokens (
     token_id       text PRIMARY KEY,
     scope          text NOT NULL CHECK (scope IN ('viewer')),

@@ -1,10 +1,10 @@
--- 0.3: the log is partitioned by its `segment`, so retention drops a day of telemetry whole
--- instead of deleting it row by row (no dead rows, no VACUUM, no bloat; docs/retention.md).
+-- Version 4: the log is partitioned by its `segment`, so that retention drops a day of telemetry
+-- whole instead of deleting it row by row (no dead rows, no VACUUM, no bloat; docs/retention.md).
 --
 --   * `events_permanent` (segment 'infinity'): every lifecycle event, every observation received
 --     on a day without a segment of its own, and the observations retention keeps past their day
---     (each node's and each GPU's newest sample). It is the table `events` was before this step,
---     attached as it is: an upgrade copies no event.
+--     (each node's and each GPU's newest sample). It is the unpartitioned `events` table of
+--     version 3, attached as it is: an upgrade copies no event.
 --   * `events_dYYYYMMDD` (segment = the UTC day the central clock received the observation):
 --     created ahead by `mf_ensure_segments`, listed in `event_segments`, detached and dropped by
 --     retention once the whole day is older than the cutoff.
@@ -13,6 +13,25 @@
 -- `(stream_id, stream_version, segment)`. Lifecycle events all have segment 'infinity', so their
 -- event ids and stream versions stay unique by the database itself; stream versions across
 -- segments are unique because every append holds its stream's lock and advances `streams.version`.
+--
+-- The triggers of the new log are code: `migrate` installs them after the steps, on every run
+-- (ledger/sql/triggers/). This step removes the old table's, which would otherwise stay on the
+-- permanent segment beside the ones cloned from the new log.
+
+-- What a version-4 database has besides the partitioned log, where a version-3 database may lack
+-- it; each statement changes nothing where its object is there already.
+-- The console lists nodes by hostname, a page at a time.
+CREATE INDEX IF NOT EXISTS hw_nodes_hostname_idx ON hw_nodes ((coalesce(hostname, '')), node_id);
+-- GPU health verdicts and the XIDs the ledger remembers (the inventory projection's rows).
+ALTER TABLE hw_accelerators
+    ADD COLUMN IF NOT EXISTS health_status text NOT NULL DEFAULT 'healthy',
+    ADD COLUMN IF NOT EXISTS health_action text NOT NULL DEFAULT 'none',
+    ADD COLUMN IF NOT EXISTS health_reasons jsonb NOT NULL DEFAULT '[]',
+    ADD COLUMN IF NOT EXISTS health_xids jsonb NOT NULL DEFAULT '[]';
+CREATE INDEX IF NOT EXISTS hw_accelerators_health_idx ON hw_accelerators (health_status, accelerator_id);
+-- Streams are locked by mf_lock_streams and opened by mf_open_streams, one stream or many.
+DROP FUNCTION IF EXISTS mf_lock_stream(text);
+DROP FUNCTION IF EXISTS mf_open_stream(text, text);
 
 CREATE TABLE event_segments (
     day         date PRIMARY KEY,
@@ -25,6 +44,13 @@ DECLARE
     v_last  bigint;
     v_name  text;
 BEGIN
+    -- lz4 for the payloads where this PostgreSQL has it; the permanent segment keeps the setting.
+    BEGIN
+        ALTER TABLE events ALTER COLUMN data SET COMPRESSION lz4,
+                           ALTER COLUMN metadata SET COMPRESSION lz4;
+    EXCEPTION WHEN feature_not_supported OR invalid_parameter_value THEN NULL;
+    END;
+
     ALTER TABLE events RENAME TO events_permanent;
     ALTER TABLE events_permanent RENAME CONSTRAINT events_pkey TO events_permanent_position_key;
     ALTER TABLE events_permanent RENAME CONSTRAINT events_event_id_key TO events_permanent_event_id_key;
@@ -34,9 +60,9 @@ BEGIN
                                   'recorded_at'] LOOP
         EXECUTE format('ALTER INDEX events_%s_idx RENAME TO events_permanent_%s_idx', v_name, v_name);
     END LOOP;
-    DROP TRIGGER events_lifecycle_immutable ON events_permanent;
-    DROP TRIGGER events_no_truncate ON events_permanent;
-    DROP TRIGGER events_notify_log ON events_permanent;
+    DROP TRIGGER IF EXISTS events_lifecycle_immutable ON events_permanent;
+    DROP TRIGGER IF EXISTS events_no_truncate ON events_permanent;
+    DROP TRIGGER IF EXISTS events_notify_log ON events_permanent;
 
     SELECT max(global_position) INTO v_last FROM events_permanent;
     ALTER TABLE events_permanent ALTER COLUMN global_position DROP IDENTITY;
@@ -60,7 +86,7 @@ BEGIN
         received_at      timestamptz,
         segment          date NOT NULL DEFAULT 'infinity'
     ) PARTITION BY RANGE (segment);
-    BEGIN  -- as schema.sql does: lz4 where the server was built with it
+    BEGIN
         ALTER TABLE events ALTER COLUMN data SET COMPRESSION lz4;
         ALTER TABLE events ALTER COLUMN metadata SET COMPRESSION lz4;
     EXCEPTION WHEN feature_not_supported OR invalid_parameter_value THEN NULL;
@@ -92,20 +118,3 @@ BEGIN
     CREATE INDEX events_recorded_at_idx ON events (recorded_at);
 END;
 $$;
-
--- The triggers (schema.sql re-creates them on every migrate; here for this step's own end state).
--- Row triggers on the parent are cloned onto every partition; TRUNCATE is refused on the parent
--- and on the permanent partition itself.
-CREATE OR REPLACE TRIGGER events_lifecycle_immutable
-    BEFORE UPDATE OR DELETE ON events
-    FOR EACH ROW WHEN (OLD.event_class = 'lifecycle')
-    EXECUTE FUNCTION mf_refuse_lifecycle_change();
-CREATE OR REPLACE TRIGGER events_no_truncate
-    BEFORE TRUNCATE ON events
-    FOR EACH STATEMENT EXECUTE FUNCTION mf_refuse_truncate();
-CREATE OR REPLACE TRIGGER events_permanent_no_truncate
-    BEFORE TRUNCATE ON events_permanent
-    FOR EACH STATEMENT EXECUTE FUNCTION mf_refuse_truncate();
-CREATE OR REPLACE TRIGGER events_notify_log
-    AFTER INSERT ON events
-    FOR EACH STATEMENT EXECUTE FUNCTION mf_notify_log();
