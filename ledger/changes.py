@@ -52,8 +52,8 @@ async def read_changes(
     """The streams changed since `since` (None: a first probe, which only takes a mark), and the
     mark to ask from next time. Run it outside an explicit transaction (or first in one) so its
     snapshot is taken when it runs. Reads at most `limit` events of transactions begun since."""
-    # One statement (`mf_read_changes`, schema.sql), so the snapshot it reports is the one its
-    # reads see.
+    # One statement (ledger/sql/functions/mf_read_changes.sql), so the snapshot it reports is the
+    # one its reads see.
     row = await conn.fetchrow(
         "SELECT out_xmax, out_in_progress, out_recent, out_streams, out_rebuilt_at "
         "FROM mf_read_changes($1, $2, $3)",

@@ -1,13 +1,14 @@
 """The change feed: wait for the log to move, then read it with the one gap-safe read.
 
-A statement-level trigger on `events` sends `NOTIFY mf_log` (schema.sql) while some process
-listens (a listening feed registers its backend in `mf_feed_listeners`: notifying transactions
-commit one at a time, so appends do not notify when nobody waits); PostgreSQL delivers it when the
-appending transaction commits, to every server sharing the database. A notification only
-wakes waiters: `read_log` still decides what is delivered, so a wake-up that finds nothing (an
-older transaction still holds the horizon back) simply waits again. Waiters also re-read on a
-short fallback interval, because the horizon can be released by a transaction that appended
-nothing (and so notified nobody), and because a listening connection can be lost.
+A statement-level trigger on `events` sends `NOTIFY mf_log` (ledger/sql/functions/mf_notify_log.sql)
+while some process listens (a listening feed registers its backend in `mf_feed_listeners`:
+notifying transactions commit one at a time, so appends do not notify when nobody waits);
+PostgreSQL delivers it when the appending transaction commits, to every server sharing the
+database. A notification only wakes waiters: `read_log` still decides what is delivered, so a
+wake-up that finds nothing (an older transaction still holds the horizon back) simply waits again.
+Waiters also re-read on a short fallback interval, because the horizon can be released by a
+transaction that appended nothing (and so notified nobody), and because a listening connection
+can be lost.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class LogFeed:
                 return
             try:
                 await conn.add_listener(CHANNEL, self._notified)
-                # Appends notify only while a listener is registered (schema.sql); rows of
+                # Appends notify only while a listener is registered (mf_notify_log); rows of
                 # backends that went away without deregistering are cleared on the way.
                 await conn.execute(
                     "DELETE FROM mf_feed_listeners l WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a "

@@ -158,36 +158,55 @@ class LogPage(msgspec.Struct, frozen=True):
     more: bool
 
 
-def _log_query(where: LogFilter, limit: int) -> tuple[str, list[Any]]:
-    args: list[Any] = []
+# The gap-safe read: after the checkpoint ($1, $2), below the horizon, in commit order. A filter
+# adds its condition, a fixed fragment whose `{n}` is its parameter's number (the only thing ever
+# put into one); the limit takes the last number.
+_LOG_READ = (
+    "SELECT " + EVENT_COLUMNS + ", events.tx_id FROM events "
+    "WHERE (events.tx_id, events.global_position) > ($1::xid8, $2::bigint) "
+    "AND events.tx_id < pg_snapshot_xmin(pg_current_snapshot())"
+)
+_BY_STREAM = " AND events.stream_id = ${n}"
+_BY_TYPES = " AND events.event_type = ANY(${n}::text[])"
+_BY_CLASS = " AND events.event_class = ${n}"
+_BY_ACCELERATOR = " AND (events.data->>'uuid' = ${n} OR events.data->>'accelerator_uuid' = ${n})"
+_RECORDED_SINCE = " AND events.recorded_at >= ${n}"
+_RECORDED_UNTIL = " AND events.recorded_at < ${n}"
+_IN_COMMIT_ORDER = " ORDER BY events.tx_id, events.global_position LIMIT ${n}"
 
-    def arg(value: Any) -> str:
-        args.append(value)
-        return f"${len(args)}"
 
-    conditions = [
-        "(events.tx_id, events.global_position) > ($1::xid8, $2::bigint)",
-        "events.tx_id < pg_snapshot_xmin(pg_current_snapshot())",
-    ]
-    args.extend([None, None])  # the checkpoint, filled in by read_log
+class _Statement:
+    """A statement built of fixed fragments, each taking the next parameter number."""
+
+    def __init__(self, text: str, *args: Any) -> None:
+        self.parts = [text]
+        self.args = list(args)
+
+    def add(self, fragment: str, value: Any) -> None:
+        self.args.append(value)
+        self.parts.append(fragment.format(n=len(self.args)))
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+def _log_query(after: Checkpoint, where: LogFilter, limit: int) -> _Statement:
+    statement = _Statement(_LOG_READ, after.tx_id, after.position)
     if where.stream_id is not None:
-        conditions.append(f"events.stream_id = {arg(where.stream_id)}")
+        statement.add(_BY_STREAM, where.stream_id)
     if where.event_types:
-        conditions.append(f"events.event_type = ANY({arg(list(where.event_types))}::text[])")
+        statement.add(_BY_TYPES, list(where.event_types))
     if where.event_class is not None:
-        conditions.append(f"events.event_class = {arg(where.event_class)}")
+        statement.add(_BY_CLASS, where.event_class)
     if where.accelerator_uuid is not None:
-        p = arg(where.accelerator_uuid)
-        conditions.append(f"(events.data->>'uuid' = {p} OR events.data->>'accelerator_uuid' = {p})")
+        statement.add(_BY_ACCELERATOR, where.accelerator_uuid)
     if where.recorded_since is not None:
-        conditions.append(f"events.recorded_at >= {arg(where.recorded_since)}")
+        statement.add(_RECORDED_SINCE, where.recorded_since)
     if where.recorded_until is not None:
-        conditions.append(f"events.recorded_at < {arg(where.recorded_until)}")
-    query = (
-        f"SELECT {EVENT_COLUMNS}, events.tx_id FROM events WHERE {' AND '.join(conditions)} "
-        f"ORDER BY events.tx_id, events.global_position LIMIT {arg(limit)}"
-    )
-    return query, args
+        statement.add(_RECORDED_UNTIL, where.recorded_until)
+    statement.add(_IN_COMMIT_ORDER, limit)
+    return statement
 
 
 async def read_log(
@@ -201,9 +220,8 @@ async def read_log(
     successive calls that pass back `resume`."""
     if limit < 1:
         raise ValueError("limit must be at least 1")
-    query, args = _log_query(where or LogFilter(), limit + 1)
-    args[0], args[1] = after.tx_id, after.position
-    rows = await conn.fetch(query, *args)
+    statement = _log_query(after, where or LogFilter(), limit + 1)
+    rows = await conn.fetch(statement.text, *statement.args)
     page = rows[:limit]
     if not page:
         return LogPage(entries=[], resume=after, more=False)

@@ -26,7 +26,7 @@ import asyncpg
 import msgspec
 import structlog
 
-from ledger.segments import LOCK_TIMEOUT, ensure_segments, finish_interrupted_detaches
+from ledger.segments import LOCK_TIMEOUT, ensure_segments, finish_interrupted_detaches, quote_table
 
 log = structlog.get_logger(__name__)
 
@@ -40,35 +40,47 @@ _BATCH = 20_000
 # `data->>'accelerator_id'` is null for host telemetry) exists: the newest always stays. A node's
 # snapshot (NODE_TELEMETRY_OBSERVED) goes only if a newer snapshot samples every accelerator it
 # samples, so each accelerator's newest sample stays too (that of a GPU left out of an incomplete
-# scan, which keeps its last telemetry, and that of a GPU gone missing).
+# scan, which keeps its last telemetry, and that of a GPU gone missing). `e` is the old event, `n`
+# the newer one.
 _NEWER_OF_SAME_KIND = """
-          SELECT 1 FROM {log} n
-          WHERE n.stream_id = e.stream_id AND n.stream_version > e.stream_version
+            n.stream_id = e.stream_id AND n.stream_version > e.stream_version
             AND n.event_class = 'observation' AND n.event_type = e.event_type
             AND (n.data->>'accelerator_id') IS NOT DISTINCT FROM (e.data->>'accelerator_id')
             AND (e.event_type <> 'NODE_TELEMETRY_OBSERVED'
                  OR coalesce(n.data->'accelerators', '[]') @> (
                      SELECT coalesce(jsonb_agg(jsonb_build_object('uuid', a->'uuid')), '[]')
                      FROM jsonb_array_elements(coalesce(e.data->'accelerators', '[]')) a))"""
-_SUPERSEDED = "EXISTS (" + _NEWER_OF_SAME_KIND + ")"
+# Newer events in the log.
+_NEWER_IN_LOG = "SELECT 1 FROM events n WHERE" + _NEWER_OF_SAME_KIND
+# Newer events in the log or in a detached day's table (`{table}`).
+_NEWER_IN_LOG_OR_DAY = (
+    "SELECT 1 FROM (SELECT stream_id, stream_version, event_class, event_type, data FROM events "
+    "UNION ALL SELECT stream_id, stream_version, event_class, event_type, data FROM {table}) n WHERE"
+    + _NEWER_OF_SAME_KIND
+)
 
-_PRUNE = f"""
+# The permanent segment's old observations, a batch at a time.
+_PRUNE = (
+    """
 DELETE FROM events WHERE segment = 'infinity' AND global_position IN (
     SELECT e.global_position FROM events e
     WHERE e.segment = 'infinity' AND e.event_class = 'observation' AND e.received_at < $1
-      AND {_SUPERSEDED.format(log="events")}
+      AND EXISTS ("""
+    + _NEWER_IN_LOG
+    + """)
     LIMIT $2)
 """
+)
 
-# What a retired day keeps (`{table}`: the day's partition; `{log}`: where newer events are).
-# Asking every row of a day whether something newer supersedes it is quadratic per stream (a
-# day holds 8,640 snapshots of a node at 10 s), so one pass over the day in stream order first
-# drops each row that the very next event of its stream supersedes: same
-# kind and GPU and, for a snapshot, every GPU it sampled sampled again. What is left (about one
-# row per stream: its last of the day, and rows after which a scan sampled fewer GPUs) gets the
-# exact question, each by index (a subquery with LIMIT is never turned into a join over the
-# whole log). The same rule as the DELETE above, decided in two steps.
-_KEPT = """
+# What a retired day keeps, as the CTE `kept`, of the streams $1 to $2 of the day's table
+# (`{table}`). Asking every row of a day whether something newer supersedes it is quadratic per
+# stream (a day holds 8,640 snapshots of a node at 10 s), so one pass over the day in stream order
+# first drops each row that the very next event of its stream supersedes: same kind and GPU and,
+# for a snapshot, every GPU it sampled sampled again. What is left (about one row per stream: its
+# last of the day, and rows after which a scan sampled fewer GPUs) gets the exact question, each
+# by index (a subquery with LIMIT is never turned into a join over the whole log). The same rule
+# as the DELETE above, decided in two steps.
+_DAY_ROWS = """
 WITH rows AS (
     -- Each row's data read once (a snapshot is stored compressed: every access decompresses
     -- it), what the window compares computed here and not again in lead(): 2.4x faster.
@@ -77,8 +89,9 @@ WITH rows AS (
                 THEN e.data->>'accelerator_id' END AS accelerator,
            CASE WHEN e.event_type = 'NODE_TELEMETRY_OBSERVED'
                 THEN jsonb_path_query_array(e.data, '$.accelerators[*].uuid') END AS sampled
-    FROM "{table}" e
-    WHERE e.event_class = 'observation' AND e.stream_id BETWEEN $1 AND $2{only}
+    FROM {table} e
+    WHERE e.event_class = 'observation' AND e.stream_id BETWEEN $1 AND $2"""
+_DAY_CANDIDATES = """
     OFFSET 0
 ), day AS (
     SELECT r.global_position, r.event_type, r.accelerator, r.sampled,
@@ -94,54 +107,70 @@ WITH rows AS (
        OR (d.event_type = 'NODE_TELEMETRY_OBSERVED' AND NOT d.next_sampled @> d.sampled)
 ), kept AS MATERIALIZED (
     SELECT e.global_position FROM candidates c
-    JOIN "{table}" e ON e.global_position = c.global_position
-    WHERE ({newer} LIMIT 1) IS NULL
+    JOIN {table} e ON e.global_position = c.global_position
+    WHERE ("""
+_KEPT_END = """ LIMIT 1) IS NULL
 )"""
 
-
-def _kept(table: str, log: str, only: str = "") -> str:
-    return _KEPT.format(table=table, newer=_NEWER_OF_SAME_KIND.format(log=log), only=only)
-
-
-# The copy-back looks only at what the move could not see: rows whose transaction had not
-# committed when the day was lifted ($3, the snapshot taken then; every step of the move saw
-# at least what it saw). A pass cut short before its drop has no such snapshot ($3 null) and
-# looks at every row left.
-_LATE_ONLY = " AND ($3::text IS NULL OR NOT pg_visible_in_snapshot(e.tx_id, $3::text::pg_snapshot))"
-
-
-# Before the detach: the kept observations move into the permanent segment, the same rows.
-_KEEP_PAST_DAY = """{kept}
+# Before the detach: the kept observations move into the permanent segment, the same rows ($3:
+# the day).
+_KEEP_PAST_DAY = (
+    _DAY_ROWS
+    + _DAY_CANDIDATES
+    + _NEWER_IN_LOG
+    + _KEPT_END
+    + """
 UPDATE events e SET segment = 'infinity'
 FROM kept k
 WHERE e.segment = $3 AND e.global_position = k.global_position
 """
+)
 
 # After the detach, nothing can reach the day any more: an append that read the day's segment
 # before it was lifted and committed after the move above is caught here, its kept observations
 # copied back with their positions and transaction ids (a case of appends whose received_at is
 # older than the cutoff, e.g. an import, racing a retention pass). Newer events of the day
-# itself count too: they are in the detached table now.
-_KEEP_LATE = """{kept}
+# itself count too: they are in the detached table now. Only the rows the move could not see
+# are looked at: those whose transaction had not committed when the day was lifted ($3, the
+# snapshot taken then; every step of the move saw at least what it saw). A pass cut short
+# before its drop has no such snapshot ($3 null) and looks at every row left.
+_KEEP_LATE = (
+    _DAY_ROWS
+    + " AND ($3::text IS NULL OR NOT pg_visible_in_snapshot(e.tx_id, $3::text::pg_snapshot))"
+    + _DAY_CANDIDATES
+    + _NEWER_IN_LOG_OR_DAY
+    + _KEPT_END
+    + """
 INSERT INTO events OVERRIDING SYSTEM VALUE
 SELECT e.global_position, e.tx_id, e.event_id, e.stream_id, e.stream_version, e.event_type,
        e.event_class, e.schema_version, e.data, e.metadata, e.recorded_at, e.prev_hash, e.hash,
        e.received_at, 'infinity'
-FROM "{table}" e JOIN kept k ON k.global_position = e.global_position
+FROM {table} e JOIN kept k ON k.global_position = e.global_position
 """
+)
 
 # The streams a day holds, in index order, one index probe each (a loose index scan: a day holds
 # thousands of rows per stream, so DISTINCT would read them all).
 _DAY_STREAMS = """
 WITH RECURSIVE ids AS (
-    (SELECT stream_id FROM "{table}" ORDER BY stream_id LIMIT 1)
+    (SELECT stream_id FROM {table} ORDER BY stream_id LIMIT 1)
     UNION ALL
-    SELECT (SELECT t.stream_id FROM "{table}" t WHERE t.stream_id > ids.stream_id
+    SELECT (SELECT t.stream_id FROM {table} t WHERE t.stream_id > ids.stream_id
             ORDER BY t.stream_id LIMIT 1)
     FROM ids WHERE ids.stream_id IS NOT NULL
 )
 SELECT stream_id FROM ids WHERE stream_id IS NOT NULL
 """
+_DAY_ESTIMATE = "SELECT reltuples FROM pg_class WHERE oid = quote_ident($1)::regclass"
+_DAY_COUNT = "SELECT count(*) FROM {table}"
+_DETACH = "ALTER TABLE events DETACH PARTITION {table} CONCURRENTLY"
+_DROP_DAY = "DROP TABLE {table}"
+
+
+def _on(statement: str, table: str) -> str:
+    """`statement` on one day's table: its `{table}` is the table's name, quoted (quote_table)."""
+    return statement.format(table=quote_table(table))
+
 
 # A day is decided in steps of about this many observations (whole streams), each its own
 # transaction, with a rest after each as long as the step took: the pass then takes at most half
@@ -183,12 +212,12 @@ async def _day_partitions(conn: asyncpg.Connection) -> list[tuple[date, str, boo
 
 async def _stream_ranges(conn: asyncpg.Connection, table: str, step: int) -> list[tuple[str, str]]:
     """The day's streams as inclusive (first, last) ranges of about `step` observations each."""
-    ids = [r["stream_id"] for r in await conn.fetch(_DAY_STREAMS.format(table=table))]
+    ids = [r["stream_id"] for r in await conn.fetch(_on(_DAY_STREAMS, table))]
     if not ids:
         return []
-    rows = await conn.fetchval("SELECT reltuples FROM pg_class WHERE oid = $1::regclass", f'"{table}"')
+    rows = await conn.fetchval(_DAY_ESTIMATE, table)
     if rows is None or rows < 0:  # never analyzed (autovacuum analyzes each partition)
-        rows = await conn.fetchval(f'SELECT count(*) FROM "{table}"')
+        rows = await conn.fetchval(_on(_DAY_COUNT, table))
     per_range = max(1, int(step * len(ids) / max(float(rows), 1.0)))
     return [(ids[i], ids[min(i + per_range, len(ids)) - 1]) for i in range(0, len(ids), per_range)]
 
@@ -231,28 +260,21 @@ async def _retire_segment(
             # Stream by stream (the rule looks only at a row's own stream), in steps. A stream
             # that an append still in flight adds to the day is caught after the detach.
             ranges = await _stream_ranges(conn, table, step)
-            kept, moved_in = await _in_steps(
-                conn, ranges, _KEEP_PAST_DAY.format(kept=_kept(table, "events")), day, rest=rest
-            )
-            await conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
+            kept, moved_in = await _in_steps(conn, ranges, _on(_KEEP_PAST_DAY, table), day, rest=rest)
+            await conn.execute("SELECT set_config('lock_timeout', $1, false)", LOCK_TIMEOUT)
             try:
                 # Not in a transaction block (CONCURRENTLY): waits for the transactions that may
                 # still read the partition, while appends and reads of `events` go on.
-                await conn.execute(f'ALTER TABLE events DETACH PARTITION "{table}" CONCURRENTLY')
+                await conn.execute(_on(_DETACH, table))
             finally:
                 await conn.execute("RESET lock_timeout")
         # Nothing writes to the detached day any more: its streams are final.
-        log_and_day = (
-            "(SELECT stream_id, stream_version, event_class, event_type, data FROM events UNION ALL "
-            f'SELECT stream_id, stream_version, event_class, event_type, data FROM "{table}")'
-        )
-        late = _KEEP_LATE.format(kept=_kept(table, log_and_day, _LATE_ONLY), table=table)
         ranges = await _stream_ranges(conn, table, step)
-        copied, copied_in = await _in_steps(conn, ranges, late, lifted_at, rest=rest)
+        copied, copied_in = await _in_steps(conn, ranges, _on(_KEEP_LATE, table), lifted_at, rest=rest)
         kept += copied
         async with conn.transaction():
-            dropped = int(await conn.fetchval(f'SELECT count(*) FROM "{table}"')) - copied
-            await conn.execute(f'DROP TABLE "{table}"')
+            dropped = int(await conn.fetchval(_on(_DAY_COUNT, table))) - copied
+            await conn.execute(_on(_DROP_DAY, table))
     steps = moved_in + copied_in
     log.info("retention.segment_dropped", day=day.isoformat(), observations=dropped, kept=kept, steps=steps)
     return dropped, kept, steps

@@ -45,7 +45,7 @@ def _read(relative: str) -> str:
 
 
 def schema_text() -> str:
-    """schema.sql as written, its `\\ir` lines included."""
+    """schema.sql as written, its `\\ir` lines as they are."""
     return _read("schema.sql")
 
 

@@ -27,6 +27,13 @@ DAYS_AHEAD = 3
 LOCK_TIMEOUT = "2s"
 
 
+def quote_table(name: str) -> str:
+    """`name` as a quoted identifier, as PostgreSQL's quote_ident writes it. A statement cannot
+    take a table name as a parameter, so the few that work on one day segment's table (detached
+    from `events`, it is reachable by its name only) carry the name in their text, quoted."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 class Segment(msgspec.Struct, frozen=True):
     day: date
     partition: str
@@ -35,7 +42,7 @@ class Segment(msgspec.Struct, frozen=True):
 async def ensure_segments(conn: asyncpg.Connection, today: date, *, ahead: int = DAYS_AHEAD) -> list[date]:
     """Create the segments of `today` through `ahead` days after it that do not exist yet."""
     async with conn.transaction():
-        await conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        await conn.execute("SELECT set_config('lock_timeout', $1, true)", LOCK_TIMEOUT)
         rows = await conn.fetch(
             "SELECT mf_ensure_segments($1, $2) AS day", today, today + timedelta(days=ahead)
         )
@@ -50,6 +57,9 @@ async def segments(conn: asyncpg.Connection) -> list[Segment]:
     return [Segment(day=r["day"], partition=r["partition"]) for r in rows]
 
 
+_FINISH_DETACH = "ALTER TABLE events DETACH PARTITION {table} FINALIZE"
+
+
 async def finish_interrupted_detaches(conn: asyncpg.Connection) -> None:
     """A DETACH ... CONCURRENTLY cut short (the server killed mid-way) leaves its partition
     'detach pending'; finish it, so that retention finds it detached and completes its retirement."""
@@ -58,5 +68,5 @@ async def finish_interrupted_detaches(conn: asyncpg.Connection) -> None:
         "WHERE i.inhparent = 'events'::regclass AND i.inhdetachpending"
     )
     for r in rows:
-        await conn.execute(f'ALTER TABLE events DETACH PARTITION "{r["relname"]}" FINALIZE')
+        await conn.execute(_FINISH_DETACH.format(table=quote_table(r["relname"])))
         log.info("segments.detach_finished", partition=r["relname"])

@@ -1,10 +1,10 @@
 """Tamper evidence: walk every stream's hash chain of lifecycle events.
 
-Each lifecycle event stores `hash = sha256(prev_hash || canonical bytes)` (schema.sql
-`mf_event_hash`) and each stream keeps its newest lifecycle hash as `head_hash`. An edit to an
-event's data or metadata breaks its own hash; an edit that also rewrites that hash breaks the
-next event's link; an edit to the newest event, hash and all, no longer matches the stream head;
-a removed event breaks a link or the head and the lifecycle count.
+Each lifecycle event stores `hash = sha256(prev_hash || canonical bytes)`
+(ledger/sql/functions/mf_event_hash.sql) and each stream keeps its newest lifecycle hash as
+`head_hash`. An edit to an event's data or metadata breaks its own hash; an edit that also
+rewrites that hash breaks the next event's link; an edit to the newest event, hash and all, no
+longer matches the stream head; a removed event breaks a link or the head and the lifecycle count.
 """
 
 from __future__ import annotations
@@ -37,34 +37,59 @@ class ChainReport(msgspec.Struct, frozen=True):
         return not self.breaks
 
 
-_EVENT_CHECK = """
-SELECT stream_id, stream_version, global_position,
-       hash IS NOT DISTINCT FROM mf_event_hash(prev_hash, stream_id, stream_version, event_id, event_type,
-                                               schema_version, data, metadata, recorded_at) AS hash_ok,
-       prev_hash IS NOT DISTINCT FROM lag(hash) OVER w AS link_ok,
-       hash, row_number() OVER w AS n
-FROM events WHERE event_class = 'lifecycle'
-WINDOW w AS (PARTITION BY stream_id ORDER BY stream_version)
-"""
+# Every lifecycle event's hash recomputed from its row, and its link to the previous lifecycle
+# event of its stream checked; `n` numbers a stream's lifecycle events.
+_CHECKED = """
+WITH checked AS (
+    SELECT stream_id, stream_version, global_position,
+           hash IS NOT DISTINCT FROM mf_event_hash(prev_hash, stream_id, stream_version, event_id,
+                                                   event_type, schema_version, data, metadata,
+                                                   recorded_at) AS hash_ok,
+           prev_hash IS NOT DISTINCT FROM lag(hash) OVER w AS link_ok,
+           hash, row_number() OVER w AS n
+    FROM events WHERE event_class = 'lifecycle'
+    WINDOW w AS (PARTITION BY stream_id ORDER BY stream_version)
+)"""
 
-_HEAD_CHECK = f"""
-WITH checked AS ({_EVENT_CHECK}),
-last AS (SELECT DISTINCT ON (stream_id) stream_id, hash, n FROM checked ORDER BY stream_id, n DESC)
-SELECT s.stream_id, s.head_hash IS NOT DISTINCT FROM l.hash AS head_ok,
-       s.lifecycle_version = coalesce(l.n, 0) AS count_ok, s.lifecycle_version, coalesce(l.n, 0) AS found
-FROM streams s LEFT JOIN last l ON l.stream_id = s.stream_id
+# The events whose hash or link does not hold.
+_BROKEN_EVENTS = (
+    _CHECKED
+    + """
+SELECT stream_id, stream_version, global_position, hash_ok, link_ok FROM checked
+WHERE NOT hash_ok OR NOT link_ok
+ORDER BY stream_id, stream_version
 """
+)
+
+# The streams whose head hash is not their newest lifecycle event's, or whose lifecycle count is
+# not the number of lifecycle events the log holds.
+_BROKEN_HEADS = (
+    _CHECKED
+    + """,
+last AS (SELECT DISTINCT ON (stream_id) stream_id, hash, n FROM checked ORDER BY stream_id, n DESC),
+heads AS (
+    SELECT s.stream_id, s.head_hash IS NOT DISTINCT FROM l.hash AS head_ok,
+           s.lifecycle_version = coalesce(l.n, 0) AS count_ok, s.lifecycle_version,
+           coalesce(l.n, 0) AS found
+    FROM streams s LEFT JOIN last l ON l.stream_id = s.stream_id
+)
+SELECT stream_id, head_ok, count_ok, lifecycle_version, found FROM heads
+WHERE NOT head_ok OR NOT count_ok
+"""
+)
+
+# The next batch of events in log order, for decoding.
+_EVENTS_AFTER = (
+    "SELECT " + EVENT_COLUMNS + " FROM events WHERE events.global_position > $1 "
+    "ORDER BY events.global_position LIMIT $2"
+)
 
 
 async def verify_chains(conn: asyncpg.Connection) -> ChainReport:
     """Recompute every lifecycle event's hash and link, and every stream's head."""
     breaks: list[ChainBreak] = []
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        rows = await conn.fetch(
-            f"SELECT * FROM ({_EVENT_CHECK}) c WHERE NOT hash_ok OR NOT link_ok "
-            "ORDER BY stream_id, stream_version"
-        )
-        for r in rows:
+        for r in await conn.fetch(_BROKEN_EVENTS):
             if not r["hash_ok"]:
                 breaks.append(
                     ChainBreak(
@@ -85,7 +110,7 @@ async def verify_chains(conn: asyncpg.Connection) -> ChainReport:
                         r["global_position"],
                     )
                 )
-        for r in await conn.fetch(f"SELECT * FROM ({_HEAD_CHECK}) h WHERE NOT head_ok OR NOT count_ok"):
+        for r in await conn.fetch(_BROKEN_HEADS):
             if not r["head_ok"]:
                 breaks.append(
                     ChainBreak(
@@ -124,12 +149,7 @@ async def find_undecodable(conn: asyncpg.Connection, *, batch: int = 5000) -> li
     after = 0
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         while True:
-            rows = await conn.fetch(
-                f"SELECT {EVENT_COLUMNS} FROM events WHERE events.global_position > $1 "
-                "ORDER BY events.global_position LIMIT $2",
-                after,
-                batch,
-            )
+            rows = await conn.fetch(_EVENTS_AFTER, after, batch)
             if not rows:
                 return findings
             for row in rows:
