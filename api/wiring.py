@@ -24,7 +24,8 @@ from collectors.identity import NodeIdentity, resolve_identity
 from collectors.nvml import NvidiaNvmlCollector
 from collectors.system import SystemHostCollector
 from ledger.schema import migrate
-from ledger.store import STATE_CACHE_STREAMS, EventStore
+from ledger.state_cache import STATE_CACHE_STREAMS
+from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS
 from projections.rebuild import rebuild_outdated
 

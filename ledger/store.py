@@ -1,15 +1,15 @@
 """The PostgreSQL event store: append with optimistic concurrency and idempotency, stream reads,
 and the gap-safe global catch-up read.
 
-Appends go through the `mf_append_many` database function (schema.sql) in one round trip; the inline
-projections then run in the same transaction, so a reader of the read models sees its own writes
-and a crash never leaves events without their projections (or the reverse).
+Appends go through the `mf_append_many` database function (ledger/sql/functions/) in one round
+trip; the inline projections then run in the same transaction, so a reader of the read models sees
+its own writes and a crash never leaves events without their projections (or the reverse). The
+folded states the store keeps after writing them: ledger/state_cache.py.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal, Protocol
@@ -36,7 +36,7 @@ from ledger.reading import (
     event_from_row,
     read_log,
 )
-from runtime.settings import default
+from ledger.state_cache import STATE_CACHE_STREAMS, KeptState, StateCache
 
 __all__ = ["Checkpoint", "EventStore", "UndecodableEvent", "event_from_row"]
 
@@ -147,76 +147,6 @@ class StateSource(Protocol):
     def checkpointed(self, stream_id: str, stored: bytes | None) -> object: ...
 
 
-# Folded states kept per store and projection (the server's `state_cache_streams`).
-STATE_CACHE_STREAMS: int = default("state_cache_streams")
-
-
-class KeptState(msgspec.Struct, frozen=True):
-    """A folded state this store wrote (or was sent), at its checkpoint (stream version, position)."""
-
-    version: int
-    position: int
-    state: object
-
-
-class StateCache:
-    """The folded states this process last wrote, by projection and stream, with the checkpoint
-    each is (stream version, position) and the projection's rebuild it belongs to. `mf_open_streams`
-    sends a state only when the stored checkpoint is another one: another server wrote the stream
-    since, a transaction of ours that wrote it rolled back, or a rebuild rewrote every state. So a
-    kept state is only ever used where it equals the stored one, and dropping any is always
-    safe. Least recently used first out: a fleet larger than the cache cycles through it and
-    gains nothing, at no cost beyond the memory (docs/capacity.md)."""
-
-    def __init__(self, streams: int) -> None:
-        self.streams = streams
-        self._kept: dict[str, OrderedDict[str, KeptState]] = {}
-        self._rebuild: dict[str, datetime] = {}
-        self.hits = 0
-        self.misses = 0
-        # Appends in one round trip on kept states (`EventStore._append_kept`), and those that
-        # found another checkpoint stored than the one kept (then opened as usual).
-        self.kept_appends = 0
-        self.stale = 0
-
-    def known(
-        self, projection: str, stream_ids: Sequence[str]
-    ) -> tuple[list[KeptState | None], datetime | None]:
-        """What is kept of these streams, and the rebuild it belongs to (taken together: another
-        caller may keep, drop or evict entries while the caller waits for PostgreSQL)."""
-        kept = self._kept.get(projection)
-        entries: list[KeptState | None] = [kept.get(sid) if kept else None for sid in stream_ids]
-        return entries, self._rebuild.get(projection)
-
-    def all_kept(self, projection: str, stream_ids: Sequence[str]) -> tuple[list[KeptState], datetime] | None:
-        """`known`, where every one of these streams is kept and their rebuild known; else None."""
-        entries, rebuild = self.known(projection, stream_ids)
-        held = [e for e in entries if e is not None]
-        if rebuild is None or len(held) != len(entries):
-            return None
-        return held, rebuild
-
-    def used(self, projection: str, stream_id: str) -> None:
-        kept = self._kept.get(projection)
-        if kept is not None and stream_id in kept:
-            kept.move_to_end(stream_id)
-        self.hits += 1
-
-    def saw_rebuild(self, projection: str, rebuild: datetime) -> None:
-        if self._rebuild.get(projection) != rebuild:
-            self._kept.pop(projection, None)  # every state was written anew
-            self._rebuild[projection] = rebuild
-
-    def keep(self, projection: str, stream_id: str, version: int, position: int, state: object) -> None:
-        if self.streams <= 0:
-            return
-        kept = self._kept.setdefault(projection, OrderedDict())
-        kept[stream_id] = KeptState(version, position, state)
-        kept.move_to_end(stream_id)
-        while len(kept) > self.streams:
-            kept.popitem(last=False)
-
-
 def _translate(exc: asyncpg.PostgresError, stream_id: str, expected: int | None) -> LedgerError | None:
     code: object = getattr(exc, "sqlstate", None)
     if code == "MF409":
@@ -229,11 +159,22 @@ def _translate(exc: asyncpg.PostgresError, stream_id: str, expected: int | None)
     return None
 
 
+# The two append functions (ledger/sql/functions/): the events' arrays, then `p_locked` for
+# mf_append_many, or the kept checkpoints for mf_append_kept.
 _APPEND_SQL = {
-    name: "SELECT out_stream_index, out_global_position, out_stream_version, out_already_stored, "
-    f"out_recorded_at FROM {name}({', '.join(f'${n}' for n in range(1, args + 1))})"
-    for name, args in (("mf_append_many", 10), ("mf_append_kept", 13))
+    "mf_append_many": "SELECT out_stream_index, out_global_position, out_stream_version, "
+    "out_already_stored, out_recorded_at FROM mf_append_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+    "mf_append_kept": "SELECT out_stream_index, out_global_position, out_stream_version, "
+    "out_already_stored, out_recorded_at "
+    "FROM mf_append_kept($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
 }
+# A batch already stored, as stored.
+_STORED_EVENTS = "SELECT " + EVENT_COLUMNS + " FROM events WHERE event_id = ANY($1) ORDER BY global_position"
+# One stream's events after a version.
+_STREAM_EVENTS = (
+    "SELECT " + EVENT_COLUMNS + " FROM events WHERE stream_id = $1 AND stream_version > $2 "
+    "ORDER BY stream_version"
+)
 
 # An event as validated for the log: (payload bytes, decoded payload), (metadata bytes, decoded).
 _Encoded = tuple[tuple[bytes, EventPayload], tuple[bytes, EventMetadata]]
@@ -512,10 +453,7 @@ class EventStore:
         return [r for r in results if r is not None]
 
     async def _stored(self, conn: asyncpg.Connection, request: AppendRequest) -> AppendResult:
-        stored = await conn.fetch(
-            f"SELECT {EVENT_COLUMNS} FROM events WHERE event_id = ANY($1) ORDER BY global_position",
-            [e.event_id for e in request.events],
-        )
+        stored = await conn.fetch(_STORED_EVENTS, [e.event_id for e in request.events])
         recorded = [event_from_row(r) for r in stored]
         log.info("append.idempotent", stream_id=request.stream_id, events=len(recorded))
         return AppendResult(request.stream_id, recorded[-1].stream_version, recorded, already_stored=True)
@@ -580,15 +518,11 @@ class EventStore:
     async def read_stream(
         self, stream_id: str, *, after_version: int = 0, conn: asyncpg.Connection | None = None
     ) -> list[RecordedEvent]:
-        query = (
-            f"SELECT {EVENT_COLUMNS} FROM events WHERE stream_id = $1 AND stream_version > $2 "
-            "ORDER BY stream_version"
-        )
         if conn is None:
             async with self.pool.acquire() as own:
-                rows = await own.fetch(query, stream_id, after_version)
+                rows = await own.fetch(_STREAM_EVENTS, stream_id, after_version)
         else:
-            rows = await conn.fetch(query, stream_id, after_version)
+            rows = await conn.fetch(_STREAM_EVENTS, stream_id, after_version)
         return [event_from_row(r) for r in rows]
 
     async def read_all(

@@ -6,7 +6,7 @@ revocation, a work lease, a decommission) is the same transaction:
     lock the stream once (`mf_open_streams`: the rebuild gate shared + the stream's advisory lock)
     -> know its version and whether it is tombstoned
     -> and its current folded state (the owning projection's checkpoint), in the same round trip
-       (the store's own copy when it wrote that very checkpoint: `ledger.store.StateCache`)
+       (the store's own copy when it wrote that very checkpoint: `ledger.state_cache.StateCache`)
     -> hand that state to a pure decision, which returns the events
     -> append them at the known version (`mf_append_many`, told the lock is held)
     -> the inline projections fold them once, in the same transaction
@@ -37,7 +37,8 @@ import asyncpg
 import msgspec
 
 from ledger.events import NewEvent, RecordedEvent
-from ledger.store import AppendRequest, AppendResult, EventStore, KeptState, StreamInfo, StreamTombstoned
+from ledger.state_cache import KeptState
+from ledger.store import AppendRequest, AppendResult, EventStore, StreamInfo, StreamTombstoned
 
 S = TypeVar("S")
 S_co = TypeVar("S_co", covariant=True)

@@ -1,4 +1,4 @@
-"""The folded states an EventStore keeps (ledger.store.StateCache) are used only where they are the
+"""The folded states an EventStore keeps (ledger.state_cache.StateCache) are used only where they are the
 stored checkpoint: with two servers writing the same nodes, transactions that roll back after
 their append, and rebuilds in between, every decision sees the state PostgreSQL holds and the
 live read models equal a rebuild."""
