@@ -225,3 +225,43 @@ async def test_an_undecodable_event_is_returned_as_stored_and_marked(pool: async
         assert [m.global_position for m in marked] == [victim]
         assert "known-tampered" in msgspec.json.encode(marked[0].raw_data()).decode()
         assert marked[0].error
+
+
+@given(
+    stream=st.none() | st.just("s"),
+    types=st.sampled_from([(), ("A",), ("A", "B")]),
+    event_class=st.none() | st.just("observation"),
+    accelerator=st.none() | st.just("GPU-1"),
+    since=st.booleans(),
+    until=st.booleans(),
+)
+def test_the_log_read_numbers_each_filter_after_the_checkpoint(
+    stream: str | None,
+    types: tuple[str, ...],
+    event_class: str | None,
+    accelerator: str | None,
+    since: bool,
+    until: bool,
+) -> None:
+    # Fixed fragments, each with the next parameter number: $1, $2 the checkpoint, the limit last.
+    import re
+    from datetime import UTC, datetime
+
+    from ledger.reading import _log_query
+
+    at = datetime(2026, 12, 1, tzinfo=UTC)
+    where = LogFilter(
+        stream_id=stream,
+        event_types=types,
+        event_class=event_class,  # type: ignore[arg-type]
+        accelerator_uuid=accelerator,
+        recorded_since=at if since else None,
+        recorded_until=at if until else None,
+    )
+    statement = _log_query(Checkpoint(7, 9), where, 51)
+    numbers = sorted({int(n) for n in re.findall(r"\$(\d+)", statement.text)})
+    assert numbers == list(range(1, len(statement.args) + 1))
+    assert statement.args[:2] == [7, 9] and statement.args[-1] == 51
+    assert statement.text.endswith(f"LIMIT ${len(statement.args)}")
+    given_filters = [v for v in (stream, list(types) or None, event_class, accelerator) if v is not None]
+    assert statement.args[2 : 2 + len(given_filters)] == given_filters
