@@ -26,10 +26,11 @@ from agent.state import (
     save_credential,
 )
 from collectors.identity import IdentityError, NodeIdentity, resolve_identity
+from runtime.version import VERSION
 
 log = structlog.get_logger(__name__)
 
-AGENT_VERSION = "0.1.0"
+AGENT_VERSION = VERSION
 
 
 def resolve_agent_identity(state_dir: Path, configured: str | None) -> NodeIdentity:

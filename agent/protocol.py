@@ -365,10 +365,11 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> int:
 
 
 def refuse_duplicate_keys(raw: bytes) -> None:
-    """msgspec keeps the last of duplicate keys without a word (msgspec issue 648), so a body could
-    mean one thing to us and another to any other reader. The standard library's parser hands
-    each object's key list to a hook; this runs only on a body that already decoded into the
-    typed Structs, so its size and depth are bounded by the schema."""
+    """msgspec keeps the last of duplicate keys without a word (upstream:
+    https://github.com/msgspec/msgspec/issues/648), so a body could mean one thing to us and another
+    to any other reader. The standard library's parser hands each object's key list to a hook;
+    this runs only on a body that already decoded into the typed Structs, so its size and depth
+    are bounded by the schema."""
     try:
         json.loads(raw, object_pairs_hook=_no_duplicate_keys)
     except msgspec.ValidationError:

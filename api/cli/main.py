@@ -22,8 +22,7 @@ from api.cli.gpus import gpu_app
 from api.cli.nodes import node_app
 from api.cli.scopes import viewer_app
 from runtime.logs import configure_logging_from_settings
-
-VERSION = "0.1.0"
+from runtime.version import VERSION
 
 app = typer.Typer(
     name=PROGRAM,
