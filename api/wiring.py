@@ -8,18 +8,16 @@ from pathlib import Path
 import asyncpg
 
 from api.config import ServerConfig
+from api.services.audit import AuditRepository
 from api.services.credentials import CredentialService
 from api.services.decommission import DecommissionService
 from api.services.enrollment import EnrollmentService
-from api.services.hardware_reads import HardwareReads
 from api.services.inventory import HardwareInventoryService
-from api.services.rendered import DEFAULT_MAX_BYTES, RenderedReads
+from api.services.reads.hot import HardwareReads
+from api.services.reads.liveness import LivenessPolicy
+from api.services.reads.rendered import DEFAULT_MAX_BYTES, RenderedReads
+from api.services.reads.repository import HardwareRepository
 from api.services.reports import REPORT_TRANSACTIONS, ReportService
-from api.services.repository import (
-    AuditRepository,
-    HardwareRepository,
-    LivenessPolicy,
-)
 from collectors.identity import NodeIdentity, resolve_identity
 from collectors.nvml import NvidiaNvmlCollector
 from collectors.system import SystemHostCollector
@@ -51,8 +49,8 @@ class Services:
         self.reports = ReportService(inventory, self.credentials, report_transactions=report_transactions)
         self.decommission = DecommissionService(inventory)
         self.repository = repository
-        self.audit = AuditRepository(pool, repository)
-        # Node and accelerator-page reads rendered once per change (api/services/rendered.py).
+        self.audit = AuditRepository(pool, repository.liveness)
+        # Node and accelerator-page reads rendered once per change (api/services/reads/rendered.py).
         self.rendered = RenderedReads(pool, max_bytes=rendered_reads_bytes)
         self.reads = HardwareReads(self.rendered, repository)
 

@@ -179,7 +179,7 @@ def make_api(pool: asyncpg.Pool, tmp_path: Path):  # type: ignore[no-untyped-def
     from api.config import ServerConfig
     from api.http.app import create_app
     from api.http.context import AppContext
-    from api.services.repository import HardwareRepository
+    from api.services.reads.repository import HardwareRepository
     from api.wiring import build_service
     from runtime.secrets import digest
     from tests.fakes.fake_pynvml import FakeNvml

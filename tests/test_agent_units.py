@@ -73,7 +73,7 @@ async def plane(pool: asyncpg.Pool, tmp_path: Path) -> AsyncIterator[Plane]:
     from api.config import ServerConfig
     from api.http.app import create_app
     from api.http.context import AppContext
-    from api.services.repository import HardwareRepository
+    from api.services.reads.repository import HardwareRepository
     from api.wiring import build_service
     from runtime.secrets import digest
 

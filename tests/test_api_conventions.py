@@ -31,7 +31,7 @@ AUTH = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 async def client(pool: asyncpg.Pool, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
     from api.http.app import create_app
     from api.http.context import AppContext
-    from api.services.repository import HardwareRepository
+    from api.services.reads.repository import HardwareRepository
     from runtime.secrets import digest
 
     service = HardwareInventoryService(EventStore(pool, ALL_PROJECTIONS))
@@ -263,7 +263,7 @@ async def test_every_route_resolves_at_most_one_dependency(pool: asyncpg.Pool) -
 
     from api.http.app import create_app
     from api.http.context import AppContext
-    from api.services.repository import HardwareRepository
+    from api.services.reads.repository import HardwareRepository
     from runtime.secrets import digest
 
     service = HardwareInventoryService(EventStore(pool, ALL_PROJECTIONS))

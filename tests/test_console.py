@@ -14,7 +14,7 @@ import pytest
 from api.http.app import create_app
 from api.http.console.routes import COOKIE
 from api.http.context import AppContext
-from api.services.repository import HardwareRepository
+from api.services.reads.repository import HardwareRepository
 from ledger.db import init_connection
 from runtime.secrets import digest
 from tests.console_support import (

@@ -159,7 +159,7 @@ def test_health_events_read_as_sentences_not_as_data() -> None:
 
 
 def test_signal_rows_list_every_signal_once_in_the_documented_groups() -> None:
-    from api.services.views import HealthSignalsBody
+    from api.services.reads.bodies import HealthSignalsBody
 
     body = msgspec.convert(msgspec.to_builtins(pending_remap()), HealthSignalsBody)
     names = [name for name, _ in signal_rows(body)]

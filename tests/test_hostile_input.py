@@ -60,7 +60,7 @@ async def target(pool: asyncpg.Pool, tmp_path: Path) -> AsyncIterator[Target]:
     from api.config import ServerConfig
     from api.http.app import create_app
     from api.http.context import AppContext
-    from api.services.repository import HardwareRepository
+    from api.services.reads.repository import HardwareRepository
     from api.wiring import Services, build_service
     from runtime.secrets import digest
 
@@ -352,7 +352,7 @@ async def test_without_its_database_the_server_is_alive_but_not_ready(tmp_path: 
     from api.config import ServerConfig
     from api.http.app import create_app
     from api.http.context import AppContext
-    from api.services.repository import HardwareRepository
+    from api.services.reads.repository import HardwareRepository
     from api.wiring import build_service
     from ledger.db import create_pool
     from runtime.secrets import digest

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.services import metrics as metrics_module
-from api.services.metrics import (
+from api.services.metrics import exposition
+from api.services.metrics.catalog import (
     GPU_CLOCK_EVENTS,
     GPU_HEALTH_SIGNALS,
     GPU_LABELS,
@@ -24,13 +24,13 @@ from api.services.metrics import (
     GPU_XID,
     HEALTH_ACTIONS,
     HEALTH_STATES,
+    LIVENESS_STATES,
     METRICS,
-    GpuRow,
-    NodeRow,
-    Snapshot,
-    render,
-    render_catalog,
 )
+from api.services.metrics.exposition import render
+from api.services.metrics.page import render_catalog
+from api.services.metrics.samples import clock_event_mask, sample_value, signal_value
+from api.services.metrics.snapshot import GpuRow, NodeRow, Snapshot
 from collectors.gpu_health import CLOCK_EVENT_REASONS
 from tests.fakes.fake_pynvml import nvmlClocksEventReasonGpuIdle, nvmlClocksEventReasonHwThermalSlowdown
 from tests.fixtures_nvml import multi_gpu_scenario, rtx_3060_laptop, rtx_4090_driver_535
@@ -267,19 +267,16 @@ def test_a_sample_exists_exactly_when_its_fact_is_a_known_number(telemetry: dict
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(age=st.floats(0, 1000))
-def test_liveness_gauge_has_exactly_one_state_set(age: float) -> None:
-    from api.services.repository import LivenessPolicy
-
+@given(state=st.sampled_from(LIVENESS_STATES), age=st.floats(0, 1000))
+def test_liveness_gauge_has_exactly_one_state_set(state: str, age: float) -> None:
+    # The verdict itself is the read models' (tests/test_liveness.py); the gauge shows it.
     now = datetime(2026, 1, 1, tzinfo=UTC)
-    state = LivenessPolicy(60, 300).judge("agent", now - timedelta(seconds=age), now)
     node = NodeRow("n1", "h", state, "ok", now - timedelta(seconds=age), {}, [])
     text = render(
         Snapshot(nodes=[node], gpus=[], accelerator_counts={}, head=0, folded=0, counters={})
     ).decode()
     got = {s.labels["liveness"]: s.value for s in samples(text, "modelforge_node_liveness")}
-    assert sum(got.values()) == 1 and got[state] == 1
-    assert state == ("online" if age <= 60 else "stale" if age <= 300 else "offline")
+    assert got == {s: float(s == state) for s in LIVENESS_STATES}
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -345,7 +342,7 @@ def test_a_health_sample_exists_exactly_when_its_signal_is_known_and_of_its_kind
 def test_metrics_catalog_page_is_up_to_date() -> None:
     page = ROOT / "docs" / "metrics.md"
     assert page.read_text(encoding="utf-8") == render_catalog(), (
-        "docs/metrics.md is out of date with api/services/metrics.py: run `python -m api.services.metrics --write`"
+        "docs/metrics.md is out of date with api/services/metrics/catalog.py: run `python -m api.services.metrics --write`"
     )
 
 
@@ -359,7 +356,7 @@ def reference_text(s: Snapshot) -> bytes:
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-    from api.services import metrics as m
+    from api.services.metrics import catalog as m
 
     def family(spec: Any) -> Any:
         if spec.kind == "counter":
@@ -381,12 +378,12 @@ def reference_text(s: Snapshot) -> bytes:
             if n.last_received_at is not None:
                 f[m.NODE_LAST_SEEN.name].add_metric(base, n.last_received_at.timestamp())
             for spec in m.NODE_TELEMETRY:
-                value = m.sample_value(n.telemetry.get(spec.source))
+                value = sample_value(n.telemetry.get(spec.source))
                 if value is not None:
                     f[spec.name].add_metric(base, value * spec.scale)
             for mount, used, total in n.storage:
                 for spec, raw in zip(m.STORAGE, (used, total), strict=True):
-                    value = m.sample_value(raw)
+                    value = sample_value(raw)
                     if value is not None:
                         f[spec.name].add_metric([*base, mount], value)
         yield from f.values()
@@ -397,7 +394,7 @@ def reference_text(s: Snapshot) -> bytes:
             labels = [g.index, g.uuid, g.model, g.hostname, g.pci_bus_id, g.node_id]
             f[m.GPU_INFO.name].add_metric([*labels, g.status, g.driver_version], 1)
             for spec in m.GPU_TELEMETRY:
-                value = m.sample_value(g.telemetry.get(spec.source))
+                value = sample_value(g.telemetry.get(spec.source))
                 if value is not None:
                     f[spec.name].add_metric(labels, value * spec.scale)
             for state in m.HEALTH_STATES:
@@ -407,10 +404,10 @@ def reference_text(s: Snapshot) -> bytes:
             for reason in g.health_reasons:
                 f[m.GPU_HEALTH_REASON.name].add_metric([*labels, *reason], 1)
             for spec in m.GPU_HEALTH_SIGNALS:
-                value = m.signal_value(g.health_signals, spec)
+                value = signal_value(g.health_signals, spec)
                 if value is not None:
                     f[spec.name].add_metric(labels, value)
-            mask = m.clock_event_mask(g.health_signals)
+            mask = clock_event_mask(g.health_signals)
             if mask is not None:
                 f[m.GPU_CLOCK_EVENTS.name].add_metric(labels, mask)
             if g.last_xid is not None:
@@ -534,7 +531,7 @@ def test_a_fleet_without_lines_for_a_family_is_still_rendered_in_bounded_pieces(
             "580",
             {},
         )
-        for i in range(3 * metrics_module.CHUNK_LINES)
+        for i in range(3 * exposition.CHUNK_LINES)
     ]
     examined = 0
 
@@ -547,9 +544,9 @@ def test_a_fleet_without_lines_for_a_family_is_still_rendered_in_bounded_pieces(
         return wrapper
 
     for name in ("sample_value", "signal_value", "clock_event_mask"):
-        monkeypatch.setattr(metrics_module, name, counted(getattr(metrics_module, name)))
+        monkeypatch.setattr(exposition, name, counted(getattr(exposition, name)))
     snapshot = Snapshot(nodes=[], gpus=gpus, accelerator_counts={}, head=0, folded=0, counters={})
-    marks = [examined for _piece in metrics_module.render_chunks(snapshot)]
+    marks = [examined for _piece in exposition.render_chunks(snapshot)]
     assert examined >= len(gpus) * (len(GPU_TELEMETRY) + len(GPU_HEALTH_SIGNALS))
     gaps = [after - before for before, after in zip([0, *marks], marks, strict=False)]
-    assert max(gaps) <= metrics_module.CHUNK_LINES
+    assert max(gaps) <= exposition.CHUNK_LINES

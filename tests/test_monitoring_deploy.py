@@ -1,5 +1,5 @@
 """deploy/prometheus and deploy/grafana: checked by promtool, and kept in step with the metrics
-catalog (api/services/metrics.py), so a renamed metric cannot leave a silent alert or an empty panel.
+catalog (api/services/metrics/catalog.py), so a renamed metric cannot leave a silent alert or an empty panel.
 
 promtool comes from Debian's `prometheus` package; when it is missing this installs it with
 apt-get, and FAILS (never skips) when it cannot.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from api.services.metrics import METRICS
+from api.services.metrics.catalog import METRICS
 from tests.test_deploy import _apt_install
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Rendered reads (api/services/rendered.py): a node or a page is rendered once per change of what
+"""Rendered reads (api/services/reads/rendered.py): a node or a page is rendered once per change of what
 it shows, and a read never shows less than a query of its own would have shown: every commit
 before the read arrived, by this server or any other, whatever order the commits came in."""
 
@@ -11,8 +11,10 @@ import asyncpg
 import msgspec
 import pytest
 
-from api.services.rendered import Loaded, Rendered, RenderedReads, render
-from api.services.repository import HardwareRepository, LivenessPolicy
+from api.services.reads.liveness import LivenessPolicy
+from api.services.reads.rendered import RenderedReads
+from api.services.reads.rendering import Loaded, Rendered, render
+from api.services.reads.repository import HardwareRepository
 from collectors.facts import Known
 from collectors.identity import NodeIdentity
 from domain.node import NodeState, node_id_for
@@ -230,17 +232,6 @@ async def test_concurrent_reads_share_probes(pool: asyncpg.Pool) -> None:
     assert len({msgspec.json.encode(b) for b in bodies}) == 1
     assert reader.rendered.probes - probes < 50
     assert reader.rendered.probes - probes >= 1
-
-
-def test_liveness_settles_until_the_next_threshold() -> None:
-    policy = LivenessPolicy(stale_after=60, offline_after=300)
-    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-    seen = now - timedelta(seconds=10)
-    assert policy.settled_until("agent", seen, now) == seen + timedelta(seconds=60)
-    assert policy.settled_until("agent", now - timedelta(seconds=100), now) == now + timedelta(seconds=200)
-    assert policy.settled_until("agent", now - timedelta(seconds=400), now) is None
-    assert policy.settled_until("local", seen, now) is None
-    assert policy.settled_until("agent", None, now) is None
 
 
 async def test_reads_waiting_for_a_cancelled_probe_are_cancelled_not_left_hanging(pool: asyncpg.Pool) -> None:

@@ -18,7 +18,7 @@ from api.cli.remote import FOLLOW_WAIT_SECONDS, Api, Server, Token, TokenFile, c
 from api.cli.rendering import Output, emit, nothing, plain, table, when, yaml_text
 
 if TYPE_CHECKING:
-    from api.services.views import EventBody
+    from api.services.reads.bodies import EventBody
 
 DURATION = "ISO 8601 time or duration (1h, 2d)"
 
@@ -46,7 +46,7 @@ def read_events(
     api: Api, params: list[tuple[str, str]], limit: int, follow: bool
 ) -> Iterator[list[EventBody]]:
     """Pages of the log; following, once caught up each request is held until events commit."""
-    from api.services.views import EventPage
+    from api.services.reads.bodies import EventPage
 
     cursor: str | None = None
     delivered = 0

@@ -11,7 +11,7 @@ from api.cli.remote import Server, Token, TokenFile, connect, resolve_gpu, resol
 from api.cli.rendering import Output, emit, gib, nothing, table, when
 
 if TYPE_CHECKING:
-    from api.services.views import AcceleratorBody, HealthSignalsBody, NodeBody
+    from api.services.reads.bodies import AcceleratorBody, HealthSignalsBody, NodeBody
     from collectors.facts import Fact
 
 gpu_app = typer.Typer(no_args_is_help=True, help="GPUs over the HTTP API: list, show")

@@ -12,7 +12,7 @@ from api.cli.remote import Server, Token, TokenFile, connect, resolve_node
 from api.cli.rendering import Output, emit, gib, nothing, table, when
 
 if TYPE_CHECKING:
-    from api.services.views import NodeBody
+    from api.services.reads.bodies import NodeBody
 
 node_app = typer.Typer(
     no_args_is_help=True,

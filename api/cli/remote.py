@@ -17,7 +17,7 @@ from api.cli.errors import CliError, RemoteError
 from runtime.options import variable_option
 
 if TYPE_CHECKING:
-    from api.services.views import AcceleratorBody, NodeBody
+    from api.services.reads.bodies import AcceleratorBody, NodeBody
 
 # The change feed's hold per request: well under the server's limit, long enough to be cheap.
 FOLLOW_WAIT_SECONDS = 30
@@ -58,7 +58,7 @@ class Api:
         return r.content
 
     def nodes(self) -> list[NodeBody]:
-        from api.services.views import NodePage
+        from api.services.reads.bodies import NodePage
 
         items: list[NodeBody] = []
         cursor: str | None = None
@@ -73,7 +73,7 @@ class Api:
     def accelerators(
         self, node_id: str | None = None, state: str | None = None, health: str | None = None
     ) -> list[AcceleratorBody]:
-        from api.services.views import AcceleratorPage
+        from api.services.reads.bodies import AcceleratorPage
 
         items: list[AcceleratorBody] = []
         cursor: str | None = None

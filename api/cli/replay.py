@@ -80,12 +80,13 @@ def replay(
     at = moment(as_of)
 
     async def work(pool: Any) -> int:
-        from api.services.repository import AuditRepository, HardwareRepository
+        from api.services.audit import AuditRepository
+        from api.services.reads.repository import HardwareRepository
 
         node_id = await resolve_node(pool, node)
         hardware = HardwareRepository(pool)
         if at is not None:
-            audit = AuditRepository(pool, hardware)
+            audit = AuditRepository(pool)
             # One fold of the log serves both tables.
             nodes, accs, position = await audit.inventory_as_of(at, node_id=node_id)
             if fmt is Format.jsonl:

@@ -9,9 +9,11 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
+from importlib.metadata import version
 from typing import Annotated, Any, Literal
 
 import asyncpg
+import msgspec
 import structlog
 from litestar import Litestar, MediaType, Response, Router, get, post
 from litestar.di import NamedDependency
@@ -26,28 +28,31 @@ from api.http.agent import agent_routers
 from api.http.console import ConsolePlugin
 from api.http.context import DEPENDENCIES, AppContext, operator_guard
 from api.http.decommission import decommission_routers
-from api.services import metrics as prometheus
 from api.services.errors import Conflict, DomainError, Unavailable
-from api.services.hardware_reads import AcceleratorQuery, AcceleratorStatus, HealthStatus, not_modified
-from api.services.inventory import RefreshOutcome
-from api.services.rendered import Rendered, render
-from api.services.repository import BadCursor, HardwareRepository
-from api.services.views import (
+from api.services.inventory import EventSummary, RefreshOutcome
+from api.services.metrics import exposition
+from api.services.metrics.snapshot import read_snapshot
+from api.services.reads.bodies import (
     MAX_LIMIT,
     AcceleratorBody,
     AcceleratorPage,
     EventPage,
     HealthBody,
+    InventoryHealth,
     NodeBody,
     NodePage,
-    RefreshBody,
 )
+from api.services.reads.cursors import BadCursor
+from api.services.reads.hot import AcceleratorQuery, AcceleratorStatus, HealthStatus
+from api.services.reads.liveness import Liveness
+from api.services.reads.rendering import Rendered, not_modified, render
+from api.services.reads.repository import HardwareRepository
 from api.wiring import Services
 from runtime.process import older_collections_deferred
 
 log = structlog.get_logger(__name__)
 
-VERSION = "0.1.0"
+VERSION = version("modelforge-hardware")
 Limit = Annotated[int, QueryParameter(ge=1, le=MAX_LIMIT)]
 # A long poll longer than common proxy idle timeouts (60 s) would be cut by them.
 MAX_WAIT_SECONDS = 60
@@ -63,8 +68,6 @@ async def health(repository: NamedDependency[HardwareRepository]) -> Response[He
         database = "ok"
     except (asyncpg.PostgresError, *readiness.DATABASE_UNAVAILABLE) as exc:
         log.warning("health.database_unavailable", error=str(exc))
-        from api.services.views import InventoryHealth
-
         inventory = InventoryHealth(status="pending", reasons=["database unavailable"], nodes=0)
         database = "unavailable"
     body = HealthBody(
@@ -78,6 +81,16 @@ async def health(repository: NamedDependency[HardwareRepository]) -> Response[He
 
 
 # --- hardware ----------------------------------------------------------------------------------
+
+
+class RefreshBody(msgspec.Struct):
+    node_id: str
+    outcome: Literal["succeeded", "failed"]
+    inventory_status: str
+    reasons: list[str]
+    nvml_status: str | None
+    duration_seconds: float
+    events: list[EventSummary]
 
 
 def refresh_body(outcome: RefreshOutcome) -> RefreshBody:
@@ -110,7 +123,6 @@ async def refresh(context: NamedDependency[AppContext]) -> RefreshBody:
     return refresh_body(outcome)
 
 
-Liveness = Literal["online", "stale", "offline", "local"]
 InventoryStatus = Literal["pending", "ok", "degraded", "failed"]
 
 
@@ -130,16 +142,13 @@ async def list_nodes(
 ) -> NodePage:
     if as_of is not None:
         # The inventory folded at that moment is one page; the filters narrow it the same way.
-        nodes, position = await services.audit.nodes_as_of(_aware(as_of))
-        nodes = [
-            n
-            for n in nodes
-            if (hostname is None or (n.hostname or "").lower() == hostname.lower())
-            and (liveness is None or n.liveness == liveness)
-            and (inventory_status is None or n.inventory_status == inventory_status)
-            and (health is None or n.health.status == health)
-        ]
-        return NodePage(items=nodes, next_cursor=None, as_of_position=position)
+        return await services.audit.nodes_as_of(
+            _aware(as_of),
+            hostname=hostname,
+            liveness=liveness,
+            inventory_status=inventory_status,
+            health=health,
+        )
     items, next_cursor = await services.repository.list_nodes(
         cursor=cursor,
         limit=limit,
@@ -181,10 +190,10 @@ async def get_node(
     if_none_match: IfNoneMatch = None,
 ) -> Response[NodeBody]:
     if as_of is not None:
-        nodes, _ = await services.audit.nodes_as_of(_aware(as_of), node_id=node_id)
-        if not nodes:
+        node = await services.audit.node_as_of(_aware(as_of), node_id)
+        if node is None:
             raise problems.not_found("node", f"{node_id} (as of {as_of.isoformat()})")
-        return _tagged(nodes[0], if_none_match)
+        return _tagged(node, if_none_match)
     rendered = await services.reads.node(node_id)
     if rendered is None:
         raise problems.not_found("node", node_id)
@@ -209,23 +218,18 @@ async def list_accelerators(
     as_of: FromQuery[datetime | None] = None,
 ) -> Response[AcceleratorPage]:
     if as_of is not None:
-        accs, position = await services.audit.accelerators_as_of(
-            _aware(as_of), node_id=node_id, status=status
+        page = await services.audit.accelerators_as_of(
+            _aware(as_of), node_id=node_id, status=status, model=model, health=health
         )
-        accs = [
-            a
-            for a in accs
-            if (model is None or a.name == model) and (health is None or a.health.status == health)
-        ]
-        return Response(AcceleratorPage(items=accs, next_cursor=None, as_of_position=position))
+        return Response(page)
 
     rendered = await services.reads.accelerator_page(
         AcceleratorQuery(
             node_id=node_id, status=status, model=model, health=health, cursor=cursor, limit=limit
         )
     )
-    page: Response[Any] = Response(rendered.body, media_type=MediaType.JSON)
-    return page
+    answer: Response[Any] = Response(rendered.body, media_type=MediaType.JSON)
+    return answer
 
 
 @get(
@@ -284,13 +288,13 @@ async def list_events(
 @get(
     "/metrics",
     summary="Latest telemetry in the Prometheus text format (known values only); see docs/metrics.md",
-    media_type=prometheus.CONTENT_TYPE,
+    media_type=exposition.CONTENT_TYPE,
     guards=[operator_guard],
     security=[{"bearer": []}],
 )
 async def metrics(context: NamedDependency[AppContext]) -> Stream:
     counters = context.service.counters
-    snapshot = await prometheus.read_snapshot(
+    snapshot = await read_snapshot(
         context.pool,
         context.repository.liveness,
         {
@@ -315,14 +319,14 @@ async def metrics(context: NamedDependency[AppContext]) -> Stream:
         # A fleet's text is hundreds of MB made in seconds of Python: sent in pieces as they are
         # made, with the event loop free between them for the agents' reports.
         with older_collections_deferred():
-            for chunk in prometheus.render_chunks(snapshot):
+            for chunk in exposition.render_chunks(snapshot):
                 if chunk:  # an empty piece is rows without a line: nothing to send, the loop still runs
                     yield chunk
                 await asyncio.sleep(0)
 
     # Set here: Litestar would append a second `charset` to a text/ media type.
     return Stream(
-        text(), media_type=prometheus.CONTENT_TYPE, headers={"content-type": prometheus.CONTENT_TYPE}
+        text(), media_type=exposition.CONTENT_TYPE, headers={"content-type": exposition.CONTENT_TYPE}
     )
 
 

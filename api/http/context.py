@@ -13,13 +13,14 @@ from litestar.di import Provide
 from litestar.exceptions import NotAuthorizedException
 from litestar.handlers.base import BaseRouteHandler
 
+from api.services.audit import AuditRepository
 from api.services.credentials import CredentialService
 from api.services.decommission import DecommissionService
 from api.services.enrollment import EnrollmentService
 from api.services.errors import Forbidden
 from api.services.inventory import HardwareInventoryService
+from api.services.reads.repository import HardwareRepository
 from api.services.reports import ReportService
-from api.services.repository import AuditRepository, HardwareRepository
 from api.services.scopes import OperatorTokens, viewer_may
 from api.wiring import Services
 from runtime.secrets import matches

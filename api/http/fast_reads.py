@@ -1,7 +1,7 @@
 """The fast path of the two hot reads: a kept rendering sent without Litestar's handler around it.
 
 `GET /api/v1/hardware/nodes/{node_id}` and `GET /api/v1/hardware/accelerators` are what a console
-and an exporter poll. With their renderings kept (`api.services.rendered`), a read costs little
+and an exporter poll. With their renderings kept (`api.services.reads.rendered`), a read costs little
 more than the probe it joins, and what is left is the stack around the handler: the guard (Litestar
 copies the handler for every guard call), the dependency, the parameter parsing, the response
 object (docs/performance.md measured these at most of a kept read's server CPU). This middleware
@@ -31,9 +31,9 @@ from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from api.http.context import AppContext, bearer_token
-from api.services.hardware_reads import AcceleratorQuery, AcceleratorStatus, HealthStatus, not_modified
-from api.services.rendered import Rendered
-from api.services.views import MAX_LIMIT
+from api.services.reads.bodies import MAX_LIMIT
+from api.services.reads.hot import AcceleratorQuery, AcceleratorStatus, HealthStatus
+from api.services.reads.rendering import Rendered, not_modified
 from runtime.secrets import matches
 
 _STATUSES: frozenset[str] = frozenset(get_args(AcceleratorStatus))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
@@ -22,9 +23,20 @@ from api.services.errors import (
     Unauthenticated,
     Unavailable,
 )
-from api.services.views import Problem
 
 log = structlog.get_logger(__name__)
+
+
+class Problem(msgspec.Struct, omit_defaults=True):
+    """RFC 9457 problem details."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    errors: list[str] | None = None
+    instance: str | None = None
+
 
 PROBLEM_BASE = "https://modelforge.dev/problems/"
 MEDIA_TYPE = "application/problem+json"

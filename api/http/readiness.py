@@ -20,8 +20,7 @@ import structlog
 from litestar import Request, Response, get
 from litestar.types import ExceptionHandlersMap
 
-from api.http.problems import PROBLEM_BASE, respond
-from api.services.views import Problem
+from api.http.problems import PROBLEM_BASE, Problem, respond
 
 log = structlog.get_logger(__name__)
 

@@ -8,7 +8,7 @@ read it and other sites cannot send it. Pages only read; nothing here appends an
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 from urllib.parse import urlencode
 
 import msgspec
@@ -23,9 +23,12 @@ from litestar.params import Body, FromPath, FromQuery, QueryParameter
 from litestar.response import Redirect, Template
 
 from api.http.console import views
-from api.services.repository import BadCursor, FleetQuery
+from api.http.context import AppContext
+from api.services.reads.bodies import AcceleratorBody, EventBody, NodeBody
+from api.services.reads.cursors import BadCursor
+from api.services.reads.fleet import FleetQuery
 from api.services.scopes import OperatorTokens
-from api.services.views import AcceleratorBody, EventBody, NodeBody
+from ledger.events import EventClass
 from runtime.secrets import matches
 
 log = structlog.get_logger(__name__)
@@ -44,9 +47,9 @@ class BadInput(ValueError):
     """A query parameter the console cannot use; shown on the page as a 400."""
 
 
-def _ctx(connection: ASGIConnection[Any, Any, Any, Any]) -> Any:
-    # The AppContext (api/http/context.py), read from the app state.
-    return connection.app.state.ctx
+def _ctx(connection: ASGIConnection[Any, Any, Any, Any]) -> AppContext:
+    context: AppContext = connection.app.state.ctx
+    return context
 
 
 async def token_accepted(connection: ASGIConnection[Any, Any, Any, Any], token: str) -> bool:
@@ -202,12 +205,13 @@ async def fleet(
         status=_choice(status, STATUSES, "status"),
         health=_choice(health, HEALTH, "health"),
     )
-    repo = _ctx(request).repository
+    c = _ctx(request)
     position = None
     if moment is None:
-        rows, counts, next_cursor = await repo.fleet_page(query, cursor=cursor, limit=PAGE_SIZE)
+        rows, counts, next_cursor = await c.repository.fleet_page(query, cursor=cursor, limit=PAGE_SIZE)
     else:
-        rows, counts, position = await _fleet_as_of(request, query, moment)
+        # A past fleet is one fold of the log: one page.
+        rows, counts, position = await c.services.audit.fleet_as_of(moment, query)
         next_cursor = None
     filters = {
         k: v
@@ -237,49 +241,6 @@ async def fleet(
     )
 
 
-async def _fleet_as_of(
-    request: Request[Any, Any, Any], query: FleetQuery, moment: datetime
-) -> tuple[list[Any], Any, int]:
-    """The fleet folded from the log up to `moment`, filtered here (a past fleet is not paged)."""
-    from api.services.repository import FleetCounts, FleetRow
-
-    audit = _ctx(request).services.audit
-    nodes, position = await audit.nodes_as_of(moment)
-    accs, _ = await audit.accelerators_as_of(moment)
-    by_node: dict[str, list[AcceleratorBody]] = {}
-    for a in accs:
-        by_node.setdefault(a.node_id, []).append(a)
-    liveness: dict[str, int] = {}
-    inventory: dict[str, int] = {}
-    rows = []
-    needle = query.search.lower()
-    for n in sorted(nodes, key=lambda n: ((n.hostname or ""), n.id)):
-        liveness[n.liveness] = liveness.get(n.liveness, 0) + 1
-        inventory[n.inventory_status] = inventory.get(n.inventory_status, 0) + 1
-        if needle and not any(
-            (x or "").lower().startswith(needle) for x in (n.hostname, n.id, n.identity_key)
-        ):
-            continue
-        if query.liveness and n.liveness != query.liveness:
-            continue
-        if query.inventory_status and n.inventory_status != query.inventory_status:
-            continue
-        if query.status and n.status != query.status:
-            continue
-        if query.health and n.health.status != query.health:
-            continue
-        gpus = by_node.get(n.id, [])
-        rows.append(
-            FleetRow(
-                node=n,
-                gpus_active=sum(1 for a in gpus if a.status == "active"),
-                gpus_missing=sum(1 for a in gpus if a.status == "missing"),
-                gpu_models=sorted({a.name for a in gpus if a.name and a.status != "decommissioned"}),
-            )
-        )
-    return rows, FleetCounts(total=len(nodes), liveness=liveness, inventory=inventory), position
-
-
 # --- node and GPU ----------------------------------------------------------------------------------
 
 
@@ -288,12 +249,11 @@ async def _node(request: Request[Any, Any, Any], node_id: str, moment: datetime 
     if moment is None:
         node = await c.repository.get_node(node_id)
     else:
-        found, _ = await c.services.audit.nodes_as_of(moment, node_id=node_id)
-        node = found[0] if found else None
+        node = await c.services.audit.node_as_of(moment, node_id)
     if node is None:
         when = f" as of {views.moment(moment)}" if moment else ""
         raise NotFoundException(f"no node {node_id}{when}")
-    return node  # type: ignore[no-any-return]
+    return node
 
 
 async def _accelerators(
@@ -301,8 +261,8 @@ async def _accelerators(
 ) -> list[AcceleratorBody]:
     c = _ctx(request)
     if moment is not None:
-        accs, _ = await c.services.audit.accelerators_as_of(moment, node_id=node_id)
-        return accs  # type: ignore[no-any-return]
+        past = await c.services.audit.accelerators_as_of(moment, node_id=node_id)
+        return past.items
     out: list[AcceleratorBody] = []
     cursor = None
     while True:
@@ -363,8 +323,7 @@ async def gpu_page(
         raise NotFoundException(f"no GPU {accelerator_id}")
     acc: AcceleratorBody | None = current
     if moment is not None:
-        accs, _ = await c.audit.accelerators_as_of(moment, node_id=current.node_id)
-        acc = next((a for a in accs if a.id == accelerator_id), None)
+        acc = await c.services.audit.accelerator_as_of(moment, accelerator_id)
         if acc is None:
             raise NotFoundException(f"GPU {accelerator_id} was not known as of {views.moment(moment)}")
     assert acc is not None
@@ -449,7 +408,7 @@ async def _read_events(
         page = await repo.list_events(
             node_id=f.node or None,
             types=types,
-            event_class=f.event_class or None,
+            event_class=cast("EventClass | None", f.event_class or None),  # one of them (`_choice`)
             since=f.since,
             until=f.until,
             cursor=cursor,

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from api.services.views import HealthSignalsBody
+from api.services.reads.bodies import HealthSignalsBody
 from collectors.facts import Fact, Known, TemporarilyFailed, Unavailable, Unknown, Unsupported
 from collectors.gpu_health import CLOCK_EVENT_REASONS, ECC_COUNTERS, REMAPPED_ROWS, RETIRED_PAGES
 from domain.health import XID_RULES

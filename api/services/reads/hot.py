@@ -10,9 +10,10 @@ from typing import Literal
 
 import msgspec
 
-from api.services.rendered import Loaded, Rendered, RenderedReads, render
-from api.services.repository import HardwareRepository
-from api.services.views import AcceleratorPage
+from api.services.reads.bodies import AcceleratorPage
+from api.services.reads.rendered import RenderedReads
+from api.services.reads.rendering import Loaded, Rendered, render
+from api.services.reads.repository import HardwareRepository
 
 # The filters' values, for the route's parameters and the fast path's parse alike.
 AcceleratorStatus = Literal["active", "missing", "decommissioned"]
@@ -63,11 +64,3 @@ class HardwareReads:
         )
         assert rendered is not None  # a page always exists (it may be empty)
         return rendered
-
-
-def not_modified(rendered: Rendered, if_none_match: str | None) -> bool:
-    """Whether an If-None-Match header names this rendering's ETag (RFC 9110: weak comparison)."""
-    if if_none_match is None:
-        return False
-    given = {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
-    return rendered.etag in given or "*" in given

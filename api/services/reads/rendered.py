@@ -1,15 +1,15 @@
 """Rendered reads: a read's JSON rendered once per change of what it shows, and never stale.
 
-A node or a page of accelerators used to cost a query, a decode into bodies and an encode on
-every request, although it changes only when its node's stream does (an agent report every few
-seconds at most). Here the rendered bytes and their ETag are kept, keyed by the read, with the
-streams they were built from, and every request first joins a **probe** of the log
-(`ledger.changes.read_changes`) that starts after the request arrived: the probe's answer drops
-every kept rendering whose streams got events since the previous probe (all of them after a
-`rebuild`). A request therefore sees every commit that happened before it arrived, on this server
-or any other, exactly as a query of its own would; what it saves is the query, the decode and
-the encode. Concurrent requests share one probe (one in flight, the next one gathering whoever
-arrives meanwhile), so under load a probe costs a fraction of a round trip per request.
+A node or a page of accelerators changes only when its node's stream does (an agent report every
+few seconds at most), so its rendered bytes and their ETag (`api.services.reads.rendering`) are
+kept, keyed by the read, with the streams they were built from. Every request first joins a
+**probe** of the log (`ledger.changes.read_changes`) that starts after the request arrived: the
+probe's answer drops every kept rendering whose streams got events since the previous probe (all
+of them after a `rebuild`). A request therefore sees every commit that happened before it
+arrived, on this server or any other, exactly as a query of its own would; what it saves is the
+query, the decode and the encode. Concurrent requests share one probe (one in flight, the next
+one gathering whoever arrives meanwhile), so under load a probe costs a fraction of a round trip
+per request.
 
 Four further rules keep a kept rendering true:
   * A rendering made after probe `e` is kept only if none of its streams changed in a probe after
@@ -18,7 +18,7 @@ Four further rules keep a kept rendering true:
   * What the clock decides (a node's liveness) is kept only until the moment the verdict would
     change (`until`).
   * Memory is bounded (`max_bytes`, least recently used go first; the server's
-    `MODELFORGE_RENDERED_READS_MIB`, 0 keeps nothing); a miss costs what a read cost before.
+    `MODELFORGE_RENDERED_READS_MIB`, 0 keeps nothing); a miss costs a query, a decode and an encode.
   * A probe reads at most `probe_limit` events; when more came since the previous one, every
     rendering is dropped (the probe cannot tell which streams the rest were on).
 
@@ -28,15 +28,14 @@ A probe that fails fails its requests, as their queries would have: nothing is s
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from datetime import UTC, datetime
 
 import asyncpg
-import msgspec
 import structlog
 
+from api.services.reads.rendering import Loaded, Rendered
 from ledger.changes import DEFAULT_LIMIT, ChangeMark, read_changes
 from runtime.settings import default
 
@@ -46,22 +45,6 @@ DEFAULT_MAX_BYTES = int(default("rendered_reads_mib")) * 2**20
 # Past this many remembered stream changes the memory is cleared (renderings still being made are
 # then not kept): the map only serves renderings in flight.
 _MAX_REMEMBERED_CHANGES = 100_000
-
-
-class Rendered(msgspec.Struct, frozen=True):
-    """A body's JSON and its strong ETag (over those bytes: the bytes hashed are the bytes sent)."""
-
-    body: bytes
-    etag: str
-
-
-def render(body: object) -> Rendered:
-    encoded = msgspec.json.encode(body)
-    return Rendered(encoded, '"' + hashlib.sha256(encoded).hexdigest()[:32] + '"')
-
-
-# What a loader returns: the rendering and until when the clock keeps it true (None: no limit).
-Loaded = tuple[Rendered, datetime | None]
 
 
 class _Kept:
@@ -107,7 +90,7 @@ class RenderedReads:
         """Wait for a probe that starts after this call and apply what it found; its number."""
         # The loop only when a probe or its task is made: most requests join the one waiting, and
         # Python 3.11's get_running_loop() asks the kernel for the process id on every call (a
-        # tenth of a kept read's server CPU on a VM, docs/performance.md, issue 12, eleventh step).
+        # tenth of a kept read's server CPU on a VM, docs/performance.md).
         waiting = self._next
         if waiting is None:
             waiting = self._next = asyncio.get_running_loop().create_future()
@@ -197,7 +180,7 @@ class RenderedReads:
         load: Callable[[], Awaitable[Loaded | None]],
     ) -> Rendered | None:
         """The rendering of `key`, built by `load` from `streams` (None: from every stream) when
-        none is kept; None when `load` finds nothing (not kept: a miss costs a query, as before)."""
+        none is kept; None when `load` finds nothing (not kept: the next read asks again)."""
         if self.max_bytes <= 0:
             return None if (loaded := await load()) is None else loaded[0]  # keeping nothing: no probe
         epoch = await self.fresh()

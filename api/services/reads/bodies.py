@@ -1,4 +1,5 @@
-"""HTTP bodies (msgspec Structs) in the JSON shapes of docs/architecture.md ("HTTP shapes")."""
+"""The read side's bodies (msgspec Structs): the JSON shapes of docs/architecture.md ("HTTP
+shapes") that the reads answer with."""
 
 from __future__ import annotations
 
@@ -7,21 +8,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from api.services.inventory import EventSummary
 from collectors.facts import Fact
 from collectors.gpu_health import XidOccurrence
 from ledger.events import EventMetadata, EventPayload, HealthAction, HealthReason, HealthStatus
-
-
-class Problem(msgspec.Struct, omit_defaults=True):
-    """RFC 9457 problem details."""
-
-    type: str
-    title: str
-    status: int
-    detail: str
-    errors: list[str] | None = None
-    instance: str | None = None
 
 
 class OsBody(msgspec.Struct):
@@ -181,16 +170,6 @@ class EventPage(msgspec.Struct):
     next_cursor: str
     # The page was cut by its limit: read again at once for more.
     has_more: bool = False
-
-
-class RefreshBody(msgspec.Struct):
-    node_id: str
-    outcome: Literal["succeeded", "failed"]
-    inventory_status: str
-    reasons: list[str]
-    nvml_status: str | None
-    duration_seconds: float
-    events: list[EventSummary]
 
 
 class InventoryHealth(msgspec.Struct):
