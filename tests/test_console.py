@@ -177,6 +177,41 @@ async def test_fleet_overview_pages_with_a_cursor(console: Console, monkeypatch:
     assert len(rows_of(second, "fleet")) == 2 and STALE in second and 'rel="next"' not in second
 
 
+async def test_filtered_fleet_pages_cross_their_boundaries(
+    console: Console, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import api.http.console.routes as routes
+    from api.services.inventory import HardwareInventoryService
+    from ledger.store import EventStore
+    from projections.inventory import ALL_PROJECTIONS
+    from tests.builders import gpu
+
+    await seed_fleet(console.pool)
+    service = HardwareInventoryService(EventStore(console.pool, ALL_PROJECTIONS))
+    for i in range(4):  # more online nodes, on both sides of the seeded ones by hostname
+        await report(service, f"{'a' if i % 2 else 'z'}-online-{i}", [gpu(200 + i)])
+    await console.login()
+
+    async def walk(query: str) -> list[str]:
+        hosts: list[str] = []
+        url: str | None = "/console/?" + query
+        while url is not None:
+            html = await console.page(url)
+            hosts += [re.search(r">([\w-]+)</a></th>", r).group(1) for r in rows_of(html, "fleet")[1:]]  # type: ignore[union-attr]
+            found = re.search(r'<a href="([^"]+)" rel="next">', html)
+            url = found.group(1).replace("&amp;", "&") if found else None
+        return hosts
+
+    for query in ("liveness=online", "q=a-", "health=healthy", "liveness=online&q=z-", "status=active"):
+        monkeypatch.setattr(routes, "PAGE_SIZE", 50)
+        whole = await walk(query)
+        assert whole, query
+        for size in (1, 2):
+            monkeypatch.setattr(routes, "PAGE_SIZE", size)
+            # Every matching node once, in the page's order, whatever the page size.
+            assert await walk(query) == whole, (query, size)
+
+
 async def test_the_overview_runs_two_queries_whatever_the_fleet_size(console: Console) -> None:
     await seed_fleet(console.pool)
     await console.login()
@@ -255,6 +290,25 @@ async def test_gpu_page_events_feed_and_decommission_preview(console: Console) -
 
     preview = await console.page(f"/console/nodes/{node_id(ONLINE)}/decommission")
     assert 'id="can-execute"' in preview and "yes" in preview and MISSING_GPU in preview
+
+
+async def test_gpu_page_as_of_shows_the_gpu_as_it_was(console: Console) -> None:
+    before_changes = await seed_fleet(console.pool)
+    await console.login()
+    async with console.pool.acquire() as conn:
+        acc_id = await conn.fetchval(
+            "SELECT accelerator_id FROM hw_accelerators WHERE uuid = $1", MISSING_GPU
+        )
+    assert 'id="gpu-status">missing<' in await console.page(f"/console/gpus/{acc_id}")
+    stamp = before_changes.strftime("%Y-%m-%dT%H:%M:%S")
+    past = await console.page(f"/console/gpus/{acc_id}?as_of={stamp}")
+    assert "Showing the inventory as of" in past
+    assert 'id="gpu-status">active<' in past and "ACCELERATOR_MISSING" not in past
+    gone = await console.page(f"/console/gpus/{acc_id}?as_of=2000-01-01T00:00", status=404)
+    assert "was not known as of" in gone
+    assert "no GPU nope" in await console.page("/console/gpus/nope?as_of=2000-01-01T00:00", status=404)
+    fleet = await console.page(f"/console/?as_of={stamp}&liveness=online")
+    assert [re.search(r">([\w-]+)</a></th>", r).group(1) for r in rows_of(fleet, "fleet")[1:]] == [ONLINE]  # type: ignore[union-attr]
 
 
 def text_of(fragment: str) -> str:

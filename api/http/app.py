@@ -313,6 +313,7 @@ async def metrics(context: NamedDependency[AppContext]) -> Stream:
             "kept_positions_stale": context.services.reports.positions.stale,
             "fast_reads": context.fast_reads,
         },
+        context.repository.clock(),  # the read side's one clock judges liveness here too
     )
 
     async def text() -> AsyncIterator[bytes]:
