@@ -350,8 +350,8 @@ def test_metrics_catalog_page_is_up_to_date() -> None:
 
 
 def reference_text(s: Snapshot) -> bytes:
-    """The same snapshot through prometheus-client's registry and `generate_latest` (what /metrics
-    used until it wrote the text itself, 5-7x faster): the same families in the same order,
+    """The same snapshot through prometheus-client's registry and `generate_latest` (the writer
+    /metrics stands in for, 5-7x faster): the same families in the same order,
     made with the same value decisions; only the writing differs."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily

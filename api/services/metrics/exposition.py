@@ -1,9 +1,9 @@
 """The Prometheus text of a snapshot, written here rather than through prometheus-client's
 registry: its generic path builds a dict, a sample tuple and a sorted, validated, escaped label
-list for every line, about 20 us a line, and a fleet is 20-33 lines per GPU (a scrape of 10,000
-nodes x 8 GPUs held the server's one event loop for 30-55 s that way, docs/performance.md). Here
-each node's and GPU's labels are escaped and ordered once and shared by all of its lines. The
-bytes are those prometheus-client writes (labels sorted by name, its escaping, its float format);
+list for every line, about 20 us a line, and a fleet is 20-33 lines per GPU: tens of seconds of
+the server's one event loop for 10,000 nodes of 8 GPUs (docs/performance.md). Here each node's
+and GPU's labels are escaped and ordered once and shared by all of its lines. The bytes are those
+prometheus-client writes (labels sorted by name, its escaping, its float format);
 tests/test_metrics.py holds the two equal."""
 
 from __future__ import annotations

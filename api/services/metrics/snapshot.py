@@ -69,7 +69,7 @@ _NODES = Query(
 
 def _slices(rows: list[asyncpg.Record], size: int = 250) -> Iterator[list[asyncpg.Record]]:
     """A fleet's rows in slices: turned into rows one slice at a time, with the event loop free
-    between them (80,000 GPUs at once held agent reports up for over a second)."""
+    between them (80,000 GPUs at once hold agent reports up for over a second)."""
     for k in range(0, len(rows), size):
         yield rows[k : k + size]
 

@@ -102,7 +102,7 @@ class RenderedReads:
 
     async def _probe_while_waited(self) -> None:
         # One connection for the probes of a busy spell, back to the pool when nobody waits: an
-        # acquire and a release per probe were a third of the probe's server CPU.
+        # acquire and a release per probe cost a third of the probe's server CPU.
         conn: asyncpg.Connection | None = None
         try:
             while self._next is not None:
