@@ -51,7 +51,6 @@ def _page(
 ) -> Statement:
     """The page's statement for the filters given: the nodes' page, then each one's GPUs."""
     query = Query("SELECT p.*, g.gpus_active, g.gpus_missing, g.gpu_models FROM (").add(NODE_SELECT)
-    query.where("true")
     if search:
         query.where(
             "(n.hostname ILIKE {search} OR n.node_id LIKE lower({search}) OR n.identity_key ILIKE {search})"
