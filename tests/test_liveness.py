@@ -33,9 +33,6 @@ from tests.builders import host, scan
 from tests.conftest import OPERATOR_TOKEN
 
 POLICY = LivenessPolicy(stale_after=60.0, offline_after=300.0)
-# The moment every read judges at: ahead of the wall clock, so an as-of read at it folds every
-# event the test wrote, and every report below is in the past of the wall clock too.
-NOW = datetime.now(UTC).replace(microsecond=123456) + timedelta(seconds=60)
 US = timedelta(microseconds=1)
 STALE = timedelta(seconds=POLICY.stale_after)
 OFFLINE = timedelta(seconds=POLICY.offline_after)
@@ -51,16 +48,20 @@ class Case:
     decommissioned: bool = False
 
 
-CASES = [
-    Case("at-stale-edge", NOW - STALE, "online", NOW),
-    Case("past-stale-edge", NOW - STALE - US, "stale", NOW - STALE - US + OFFLINE),
-    Case("at-offline-edge", NOW - OFFLINE, "stale", NOW),
-    Case("past-offline-edge", NOW - OFFLINE - US, "offline", None),
-    # Stale by its report, offline because it left the fleet.
-    Case("decommissioned", NOW - STALE - timedelta(seconds=40), "offline", None, decommissioned=True),
-    # Refreshed by the server itself: local, whatever its age.
-    Case("refreshed-here", NOW - OFFLINE * 3, "local", None, source="local"),
-]
+def cases(now: datetime) -> list[Case]:
+    """The nodes, judged at `now`."""
+    return [
+        Case("at-stale-edge", now - STALE, "online", now),
+        Case("past-stale-edge", now - STALE - US, "stale", now - STALE - US + OFFLINE),
+        Case("at-offline-edge", now - OFFLINE, "stale", now),
+        Case("past-offline-edge", now - OFFLINE - US, "offline", None),
+        # Stale by its report, offline because it left the fleet.
+        Case("decommissioned", now - STALE - timedelta(seconds=40), "offline", None, decommissioned=True),
+        # Refreshed by the server itself: local, whatever its age.
+        Case("refreshed-here", now - OFFLINE * 3, "local", None, source="local"),
+    ]
+
+
 AUTH = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 
 
@@ -68,8 +69,8 @@ def node_of(case: Case) -> str:
     return node_id_for(f"liveness-test/{case.hostname}")
 
 
-async def seed(services: Services) -> None:
-    for case in CASES:
+async def seed(services: Services, now: datetime) -> None:
+    for case in cases(now):
         at = case.received_at
         outcome = await services.inventory.reconcile_observation(
             NodeIdentity(key=f"liveness-test/{case.hostname}", source="configured"),
@@ -83,10 +84,14 @@ async def seed(services: Services) -> None:
 
 
 class Fleet:
-    def __init__(self, pool: asyncpg.Pool, repository: HardwareRepository, client: httpx.AsyncClient) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, repository: HardwareRepository, client: httpx.AsyncClient, now: datetime
+    ) -> None:
         self.pool = pool
         self.repository = repository
         self.client = client
+        self.now = now
+        self.cases = cases(now)
 
     async def get(self, path: str, **params: str) -> Any:
         r = await self.client.get(path, params=params, headers=AUTH)
@@ -96,9 +101,12 @@ class Fleet:
 
 @pytest.fixture
 async def fleet(pool: asyncpg.Pool) -> AsyncIterator[Fleet]:
-    repository = HardwareRepository(pool, POLICY, clock=lambda: NOW)
+    # The moment every read judges at: ahead of the wall clock, so an as-of read at it folds every
+    # event the test writes, and every report is in the past of the wall clock too.
+    now = datetime.now(UTC).replace(microsecond=123456) + timedelta(seconds=60)
+    repository = HardwareRepository(pool, POLICY, clock=lambda: now)
     services = build_services(pool, repository=repository)
-    await seed(services)
+    await seed(services, now)
     context = AppContext(
         pool=pool,
         service=services.inventory,
@@ -110,15 +118,15 @@ async def fleet(pool: asyncpg.Pool) -> AsyncIterator[Fleet]:
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=create_app(context)), base_url="http://t"
     ) as c:
-        yield Fleet(pool, repository, c)
+        yield Fleet(pool, repository, c, now)
 
 
-def expected() -> dict[str, str]:
-    return {node_of(c): c.expected for c in CASES}
+def expected(fleet: Fleet) -> dict[str, str]:
+    return {node_of(c): c.expected for c in fleet.cases}
 
 
 async def test_every_read_judges_a_node_as_the_rule_does(fleet: Fleet) -> None:
-    want = expected()
+    want = expected(fleet)
     listed = (await fleet.get("/api/v1/hardware/nodes", limit="1000"))["items"]
     assert {n["id"]: n["liveness"] for n in listed} == want
 
@@ -148,27 +156,27 @@ async def test_every_read_judges_a_node_as_the_rule_does(fleet: Fleet) -> None:
         for s in f.samples
         if s.value == 1
     }
-    in_service = {node_of(c) for c in CASES if not c.decommissioned}
+    in_service = {node_of(c) for c in fleet.cases if not c.decommissioned}
     assert shown == {k: v for k, v in want.items() if k in in_service}
-    snapshot = await read_snapshot(fleet.pool, POLICY, {}, NOW)
+    snapshot = await read_snapshot(fleet.pool, POLICY, {}, fleet.now)
     assert {n.node_id: n.liveness for n in snapshot.nodes} == shown
 
     # As of the same moment, folded from the log: the same verdicts, and its filter agrees.
     audit = AuditRepository(fleet.pool, POLICY)
-    past = await audit.nodes_as_of(NOW)
+    past = await audit.nodes_as_of(fleet.now)
     assert {n.id: n.liveness for n in past.items} == want
     for state in LIVENESS_STATES:
-        narrowed = await audit.nodes_as_of(NOW, liveness=state)
+        narrowed = await audit.nodes_as_of(fleet.now, liveness=state)
         assert {n.id for n in narrowed.items} == {k for k, v in want.items() if v == state}, state
     for node_id, verdict in want.items():
-        one = await audit.node_as_of(NOW, node_id)
+        one = await audit.node_as_of(fleet.now, node_id)
         assert one is not None and one.liveness == verdict
-    as_of = await fleet.get("/api/v1/hardware/nodes", as_of=NOW.isoformat())
+    as_of = await fleet.get("/api/v1/hardware/nodes", as_of=fleet.now.isoformat())
     assert {n["id"]: n["liveness"] for n in as_of["items"]} == want
 
 
 async def test_a_verdict_holds_until_the_next_threshold_and_no_longer(fleet: Fleet) -> None:
-    for case in CASES:
+    for case in fleet.cases:
         loaded = await fleet.repository.render_node(node_of(case))
         assert loaded is not None
         _, until = loaded
@@ -178,12 +186,13 @@ async def test_a_verdict_holds_until_the_next_threshold_and_no_longer(fleet: Fle
 async def test_the_rule_over_rows_outside_the_tables_meets_its_definition(pool: asyncpg.Pool) -> None:
     """`judge` (the as-of reads' way to the rule) against the rule's definition, at and around
     both thresholds, for every source and status."""
+    now = datetime.now(UTC)
     ages = [timedelta(0), STALE - US, STALE, STALE + US, OFFLINE - US, OFFLINE, OFFLINE + US, OFFLINE * 10]
     inputs: list[LivenessInput] = []
     for status in ("active", "decommissioned"):
         for source in ("agent", "local", None):
             inputs.append(LivenessInput(status, source, None))
-            inputs += [LivenessInput(status, source, NOW - age) for age in ages]
+            inputs += [LivenessInput(status, source, now - age) for age in ages]
 
     def definition(n: LivenessInput) -> str:
         if n.status == "decommissioned":
@@ -192,10 +201,10 @@ async def test_the_rule_over_rows_outside_the_tables_meets_its_definition(pool: 
             return "local"
         if n.received_at is None:
             return "offline"
-        age = NOW - n.received_at
+        age = now - n.received_at
         return "online" if age <= STALE else "stale" if age <= OFFLINE else "offline"
 
     async with pool.acquire() as conn:
-        got = await judge(conn, POLICY, inputs, NOW)
-        assert await judge(conn, POLICY, [], NOW) == []
+        got = await judge(conn, POLICY, inputs, now)
+        assert await judge(conn, POLICY, [], now) == []
     assert got == [definition(n) for n in inputs]
