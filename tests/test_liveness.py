@@ -16,7 +16,6 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.config import token_hash
 from api.http.app import create_app
 from api.http.context import AppContext
 from api.services.audit import AuditRepository
@@ -29,6 +28,7 @@ from collectors.identity import NodeIdentity
 from collectors.observations import HardwareObservation
 from domain.node import node_id_for
 from ledger.events import EventMetadata
+from runtime.secrets import digest
 from tests.builders import host, scan
 from tests.conftest import OPERATOR_TOKEN
 
@@ -111,7 +111,7 @@ async def fleet(pool: asyncpg.Pool) -> AsyncIterator[Fleet]:
         pool=pool,
         service=services.inventory,
         repository=repository,
-        admin_token_hash=token_hash(OPERATOR_TOKEN),
+        admin_token_hash=digest(OPERATOR_TOKEN),
         local_refresh_enabled=False,
         services=services,
     )
