@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from importlib.metadata import version
 from typing import Annotated, Any, Literal
 
 import asyncpg
@@ -49,10 +48,10 @@ from api.services.reads.rendering import Rendered, not_modified, render
 from api.services.reads.repository import HardwareRepository
 from api.wiring import Services
 from runtime.process import older_collections_deferred
+from runtime.version import VERSION
 
 log = structlog.get_logger(__name__)
 
-VERSION = version("modelforge-hardware")
 Limit = Annotated[int, QueryParameter(ge=1, le=MAX_LIMIT)]
 # A long poll longer than common proxy idle timeouts (60 s) would be cut by them.
 MAX_WAIT_SECONDS = 60

@@ -3,16 +3,13 @@ comes from (`METRICS`, in the order of the text)."""
 
 from __future__ import annotations
 
-from importlib.metadata import version
 from typing import Literal
 
 import msgspec
 
 # The node liveness family's states are the rule's own.
 from api.services.reads.liveness import LIVENESS_STATES as LIVENESS_STATES
-
-# The release, as the package metadata names it (the build info's label).
-VERSION = version("modelforge-hardware")
+from runtime.version import VERSION as VERSION  # the build info's label
 
 GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname", "pci_bus_id", "node_id")
 NODE_LABELS = ("Hostname", "node_id")
