@@ -1,0 +1,97 @@
+"""The house a newcomer reads: every module docs/architecture.md names exists, no product file
+holds more than one job's worth of lines, code and architecture docs say why rather than history,
+and the release is named once (the package metadata)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PRODUCT_PACKAGES = ("runtime", "ledger", "domain", "projections", "collectors", "agent", "api")
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+MAX_LINES = 600
+
+
+def _product_files(*suffixes: str) -> list[Path]:
+    found: list[Path] = []
+    for package in PRODUCT_PACKAGES:
+        for path in sorted((ROOT / package).rglob("*")):
+            if path.suffix in suffixes and path.is_file() and not path.is_symlink():
+                if "__pycache__" not in path.parts:
+                    found.append(path)
+    return found
+
+
+def test_every_path_the_architecture_names_exists() -> None:
+    text = ARCHITECTURE.read_text()
+    missing = []
+    for match in re.finditer(
+        r"`((?:runtime|ledger|domain|projections|collectors|agent|api|bench|tests|deploy)/[\w./-]*)`", text
+    ):
+        if not (ROOT / match.group(1)).exists():
+            missing.append(match.group(1))
+    assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
+
+
+def _module_exists(dotted: str) -> bool:
+    parts = dotted.split(".")
+    # The longest prefix that is a module or package; the rest must be a name defined in it.
+    for cut in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:cut])
+        module = base.with_suffix(".py") if not base.is_dir() else base / "__init__.py"
+        if module.exists():
+            rest = parts[cut:]
+            if not rest:
+                return True
+            return (
+                re.search(rf"^\s*(?:class|def|async def)?\s*{re.escape(rest[0])}\b", module.read_text(), re.M)
+                is not None
+            )
+    return False
+
+
+def test_every_module_the_architecture_names_exists() -> None:
+    text = ARCHITECTURE.read_text()
+    missing = []
+    for match in re.finditer(
+        r"`((?:runtime|ledger|domain|projections|collectors|agent|api)(?:\.\w+)+)", text
+    ):
+        if not _module_exists(match.group(1)):
+            missing.append(match.group(1))
+    assert not missing, f"docs/architecture.md names modules or names that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("path", _product_files(".py", ".sql"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_product_file_holds_more_than_one_jobs_worth_of_lines(path: Path) -> None:
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines: split it by job"
+
+
+HISTORY = re.compile(
+    r"\bissue\s+#?\d+|\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh"
+    r"|twelfth|thirteenth|fourteenth|fifteenth|\d+(?:st|nd|rd|th))\s+step\b",
+    re.IGNORECASE,
+)
+
+
+def _history_sources() -> list[Path]:
+    tests = sorted(p for p in (ROOT / "tests").rglob("*.py") if "__pycache__" not in p.parts)
+    return [*_product_files(".py", ".sql", ".j2"), *tests, ROOT / "schema.sql", ARCHITECTURE]
+
+
+def test_code_tests_and_the_architecture_say_why_not_history() -> None:
+    found = []
+    for path in _history_sources():
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if HISTORY.search(line) and "upstream" not in line:
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not found, "history belongs in commits and docs/performance.md:\n" + "\n".join(found)
+
+
+def test_the_release_is_named_once_in_the_package_metadata() -> None:
+    literal = re.compile(r"^\s*\w*VERSION\w*\s*(?::\s*str\s*)?=\s*['\"]\d+\.\d+\.\d+['\"]", re.M)
+    found = [str(p.relative_to(ROOT)) for p in _product_files(".py") if literal.search(p.read_text())]
+    assert not found, f"release constants besides pyproject.toml's version: {found}"
