@@ -238,6 +238,7 @@ async def test_node_page_tells_unsupported_unavailable_and_zero_apart(console: C
     await console.login()
     html = await console.page(f"/console/nodes/{node_id(ONLINE)}")
     assert cell(html, "fan_speed_percent", ZERO_FAN_GPU) == "known|0 %"
+    assert '<th scope="row" title="fan_speed_percent">Fan speed</th>' in html
     assert cell(html, "fan_speed_percent", NO_FAN_GPU).startswith("unsupported|not supported")
     assert cell(html, "power_watts", NO_FAN_GPU) == "unavailable|unavailable: NVML: NoPermission"
     missing = next(r for r in rows_of(html, "gpus") if MISSING_GPU in r)
@@ -374,6 +375,16 @@ async def test_gpu_page_shows_verdict_action_reasons_xids_and_signals(console: C
     assert cell(html, "ecc_errors.uncorrected_volatile", NO_FAN_GPU) == "known|0"
     assert cell(html, "retired_pages.single_bit", NO_FAN_GPU).startswith("unsupported|not supported")
     assert cell(html, "clock_event_reasons.hw_thermal_slowdown", NO_FAN_GPU) == "known|no"
+    # Labels for people; the API name stays the label's tooltip, and no raw name stands as a label.
+    for name, label in [
+        ("ecc_errors.uncorrected_volatile", "ECC: uncorrected (volatile)"),
+        ("clock_event_reasons.hw_thermal_slowdown", "Clock event: HW thermal slowdown"),
+        ("fan_speed_percent", "Fan speed"),
+        ("temperature_celsius", "Temperature"),
+    ]:
+        assert f'<th scope="row" title="{name}">{label}</th>' in html
+    assert not re.findall(r'<th scope="row"[^>]*>[a-z]+[._][a-z_.]+</th>', html)
+    assert not re.findall(r"<dt[^>]*>[a-z]+_[a-z_]+</dt>", html)
 
     failed = await console.page(f"/console/gpus/{await accelerator_id(console, FAILED_GPU)}")
     assert 'id="gpu-health">failed<' in failed and "recommended action: <strong>service</strong>" in failed

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from api.http.console.labels import KNOWN_SIGNAL_NAMES, fact_label
 from api.http.console.views import (
     age,
     event_lines,
@@ -22,6 +23,12 @@ from api.http.console.views import (
 )
 from collectors.facts import UNSUPPORTED, Known, TemporarilyFailed, Unavailable, Unknown
 from collectors.gpu_health import CLOCK_EVENT_REASONS
+from collectors.observations import (
+    ACCELERATOR_INVENTORY_FACTS,
+    ACCELERATOR_METRICS,
+    DRIVER_FACTS,
+    HOST_METRICS,
+)
 from domain.health import XID_RULES
 from ledger.events import AcceleratorHealthChanged, HealthReason
 from tests.builders import pending_remap
@@ -174,3 +181,29 @@ def test_every_xid_has_a_meaning_and_the_rule_table_is_its_source(code: int) -> 
     meaning = xid_meaning(code)
     assert meaning.startswith(f"XID {code}")
     assert (code in XID_RULES) == ("recorded only" not in meaning)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        *ACCELERATOR_METRICS,
+        *HOST_METRICS,
+        *ACCELERATOR_INVENTORY_FACTS,
+        *DRIVER_FACTS,
+        "ecc_mode",
+        "pcie_replay_count",
+        "xid_events",
+        *KNOWN_SIGNAL_NAMES,
+    ],
+)
+def test_every_fact_the_collectors_define_has_a_label_for_people(name: str) -> None:
+    label = fact_label(name)
+    assert "_" not in label and label[0].isupper() and label != name, label
+
+
+def test_labels_read_as_nvidia_smi_names_them() -> None:
+    assert fact_label("fan_speed_percent") == "Fan speed"
+    assert fact_label("ecc_errors.uncorrected_volatile") == "ECC: uncorrected (volatile)"
+    assert fact_label("clock_event_reasons.hw_thermal_slowdown") == "Clock event: HW thermal slowdown"
+    # A name newer than this table still reads as words, never as the raw name.
+    assert fact_label("nvlink_errors.crc_flit") == "Nvlink errors crc flit"

@@ -20,7 +20,7 @@ class ConsolePlugin(InitPluginProtocol):
         from litestar.plugins.jinja import JinjaTemplateEngine
         from litestar.template.config import TemplateConfig
 
-        from api.http.console import views
+        from api.http.console import labels, views
         from api.http.console.routes import console_routers
 
         env = Environment(
@@ -35,6 +35,7 @@ class ConsolePlugin(InitPluginProtocol):
         )
         env.globals.update(
             fact_view=views.fact_view,
+            fact_label=labels.fact_label,
             event_lines=views.event_lines,
             signal_rows=views.signal_rows,
             xid_meaning=views.xid_meaning,

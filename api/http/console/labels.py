@@ -1,0 +1,77 @@
+"""What an operator reads beside a fact: "Fan speed", "ECC: uncorrected (volatile)", "Clock event:
+HW thermal slowdown". The API name (`fan_speed_percent`, `ecc_errors.uncorrected_volatile`) stays
+in the page as the label's tooltip and `data-metric`, so a reader can find it in the API and in
+/metrics."""
+
+from __future__ import annotations
+
+from collectors.gpu_health import CLOCK_EVENT_REASONS, ECC_COUNTERS, REMAPPED_ROWS, RETIRED_PAGES
+
+# Units are named by the value's rendering ("41 %", "72 °C"), so labels carry none.
+_PLAIN: dict[str, str] = {
+    "index": "Index",
+    "name": "Model",
+    "uuid": "UUID",
+    "pci_bus_id": "PCI bus id",
+    "memory_total_bytes": "Memory total",
+    "memory_used_bytes": "Memory used",
+    "memory_available_bytes": "Memory available",
+    "compute_capability": "Compute capability",
+    "mig_mode": "MIG mode",
+    "driver_version": "Driver version",
+    "cuda_driver_version": "CUDA driver version",
+    "utilization_gpu_percent": "GPU utilization",
+    "utilization_memory_percent": "Memory utilization",
+    "temperature_celsius": "Temperature",
+    "power_watts": "Power draw",
+    "clock_graphics_mhz": "Graphics clock",
+    "clock_sm_mhz": "SM clock",
+    "clock_memory_mhz": "Memory clock",
+    "fan_speed_percent": "Fan speed",
+    "performance_state": "Performance state",
+    "ecc_mode": "ECC mode",
+    "pcie_replay_count": "PCIe replays",
+    "xid_events": "XID events",
+}
+
+_ECC = {
+    "corrected_volatile": "ECC: corrected (volatile)",
+    "uncorrected_volatile": "ECC: uncorrected (volatile)",
+    "corrected_aggregate": "ECC: corrected (aggregate)",
+    "uncorrected_aggregate": "ECC: uncorrected (aggregate)",
+}
+
+# NVIDIA's own capitalisation of the clock event reasons (nvidia-smi -q).
+_CLOCK_WORDS = {"hw": "HW", "sw": "SW", "gpu": "GPU"}
+
+
+def _words(name: str) -> str:
+    words = [_CLOCK_WORDS.get(w, w) for w in name.split("_")]
+    text = " ".join(words)
+    return text[0].upper() + text[1:] if text else text
+
+
+def fact_label(name: str) -> str:
+    """The label a person reads for the API name `name` (a fact, a metric or a `group.member`
+    health signal); a name this table does not know yet reads as its words."""
+    if name in _PLAIN:
+        return _PLAIN[name]
+    group, _, member = name.partition(".")
+    if group == "ecc_errors" and member in _ECC:
+        return _ECC[member]
+    if group == "remapped_rows" and member:
+        return f"Remapped rows: {member}"
+    if group == "retired_pages" and member:
+        return f"Retired pages: {_words(member).lower()}"
+    if group == "clock_event_reasons" and member:
+        return f"Clock event: {_words(member)}"
+    return _words(name.replace(".", "_"))
+
+
+# Every name the collectors define has a label of its own (tests/test_console_views.py holds it).
+KNOWN_SIGNAL_NAMES: tuple[str, ...] = (
+    *(f"ecc_errors.{c}" for c in ECC_COUNTERS),
+    *(f"remapped_rows.{r}" for r in REMAPPED_ROWS),
+    *(f"retired_pages.{p}" for p in RETIRED_PAGES),
+    *(f"clock_event_reasons.{c}" for c in CLOCK_EVENT_REASONS),
+)
