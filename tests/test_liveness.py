@@ -137,14 +137,14 @@ async def test_every_read_judges_a_node_as_the_rule_does(fleet: Fleet) -> None:
 
     for node_id, verdict in want.items():
         assert (await fleet.get(f"/api/v1/hardware/nodes/{node_id}"))["liveness"] == verdict
-        body = await fleet.repository.get_node(node_id)
+        body = await fleet.repository.nodes.get(node_id)
         assert body is not None and body.liveness == verdict
 
-    rows, counts, _ = await fleet.repository.fleet_page(FleetQuery(), cursor=None, limit=1000)
+    rows, counts, _ = await fleet.repository.fleet.page(FleetQuery(), cursor=None, limit=1000)
     assert {r.node.id: r.node.liveness for r in rows} == want
     assert counts.liveness == {s: n for s in LIVENESS_STATES if (n := list(want.values()).count(s))}
     for state in LIVENESS_STATES:
-        rows, _, _ = await fleet.repository.fleet_page(FleetQuery(liveness=state), cursor=None, limit=1000)
+        rows, _, _ = await fleet.repository.fleet.page(FleetQuery(liveness=state), cursor=None, limit=1000)
         assert {r.node.id for r in rows} == {k for k, v in want.items() if v == state}, state
 
     # /metrics exports the nodes in service, each with its state set to the same verdict.
@@ -177,7 +177,7 @@ async def test_every_read_judges_a_node_as_the_rule_does(fleet: Fleet) -> None:
 
 async def test_a_verdict_holds_until_the_next_threshold_and_no_longer(fleet: Fleet) -> None:
     for case in fleet.cases:
-        loaded = await fleet.repository.render_node(node_of(case))
+        loaded = await fleet.repository.nodes.render(node_of(case))
         assert loaded is not None
         _, until = loaded
         assert until == case.until, case.hostname

@@ -57,7 +57,7 @@ class Reader:
 
     async def node(self, node_id: str) -> dict[str, object]:
         got = await self.rendered.read(
-            ("node", node_id), frozenset({node_id}), lambda: self.repository.render_node(node_id)
+            ("node", node_id), frozenset({node_id}), lambda: self.repository.nodes.render(node_id)
         )
         assert got is not None
         body: dict[str, object] = msgspec.json.decode(got.body)
@@ -111,7 +111,7 @@ async def test_a_rendering_made_while_its_stream_changed_is_not_kept(pool: async
     store = EventStore(pool, ALL_PROJECTIONS)
     node = await discover(store, 1)
     reader = Reader(pool)
-    stale = await reader.repository.render_node(node)
+    stale = await reader.repository.nodes.render(node)
     assert stale is not None
     release = asyncio.Event()
 
@@ -178,7 +178,7 @@ async def test_a_fleet_page_is_dropped_by_any_change_a_node_page_by_its_own(pool
     def page(node_id: str | None) -> object:
         async def load() -> Loaded:
             loads.append(node_id)
-            items, _ = await repository.list_accelerators(node_id=node_id, status=None, cursor=None, limit=10)
+            items, _ = await repository.accelerators.page(node_id=node_id, status=None, cursor=None, limit=10)
             return render(items), None
 
         streams = None if node_id is None else frozenset({node_id})

@@ -81,10 +81,10 @@ def replay(
 
     async def work(pool: Any) -> int:
         from api.services.audit import AuditRepository
-        from api.services.reads.repository import HardwareRepository
+        from api.services.reads.events import EventReads
 
         node_id = await resolve_node(pool, node)
-        hardware = HardwareRepository(pool)
+        events = EventReads(pool)
         if at is not None:
             audit = AuditRepository(pool)
             # One fold of the log serves both tables.
@@ -125,7 +125,7 @@ def replay(
         printed = 0
         caught_up = False
         while True:
-            page = await hardware.list_events(
+            page = await events.page(
                 node_id=node_id,
                 types=event_type or None,
                 event_class=event_class.value if event_class else None,

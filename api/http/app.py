@@ -42,6 +42,7 @@ from api.services.reads.bodies import (
     NodePage,
 )
 from api.services.reads.cursors import BadCursor
+from api.services.reads.health import inventory_health
 from api.services.reads.hot import AcceleratorQuery, AcceleratorStatus, HealthStatus
 from api.services.reads.liveness import Liveness
 from api.services.reads.rendering import Rendered, not_modified, render
@@ -63,7 +64,7 @@ MAX_WAIT_SECONDS = 60
 @get("/health", summary="Process and inventory health (no auth); 503 while the database is unreachable")
 async def health(repository: NamedDependency[HardwareRepository]) -> Response[HealthBody]:
     try:
-        inventory = await repository.inventory_health()
+        inventory = await inventory_health(repository.pool)
         database = "ok"
     except (asyncpg.PostgresError, *readiness.DATABASE_UNAVAILABLE) as exc:
         log.warning("health.database_unavailable", error=str(exc))
@@ -148,7 +149,7 @@ async def list_nodes(
             inventory_status=inventory_status,
             health=health,
         )
-    items, next_cursor = await services.repository.list_nodes(
+    items, next_cursor = await services.repository.nodes.page(
         cursor=cursor,
         limit=limit,
         hostname=hostname,
@@ -241,7 +242,7 @@ async def get_accelerator(
     accelerator_id: FromPath[str],
     if_none_match: IfNoneMatch = None,
 ) -> Response[AcceleratorBody]:
-    acc = await repository.get_accelerator(accelerator_id)
+    acc = await repository.accelerators.get(accelerator_id)
     if acc is None:
         raise problems.not_found("accelerator", accelerator_id)
     return _tagged(acc, if_none_match)
@@ -271,7 +272,7 @@ async def list_events(
     ] = 0,
 ) -> EventPage:
     types = [t for v in (event_type or []) for t in v.split(",") if t] or None
-    return await repository.list_events(
+    return await repository.events.page(
         node_id=node_id,
         types=types,
         event_class=event_class,

@@ -208,7 +208,7 @@ async def fleet(
     c = _ctx(request)
     position = None
     if moment is None:
-        rows, counts, next_cursor = await c.repository.fleet_page(query, cursor=cursor, limit=PAGE_SIZE)
+        rows, counts, next_cursor = await c.repository.fleet.page(query, cursor=cursor, limit=PAGE_SIZE)
     else:
         # A past fleet is one fold of the log: one page.
         rows, counts, position = await c.services.audit.fleet_as_of(moment, query)
@@ -247,7 +247,7 @@ async def fleet(
 async def _node(request: Request[Any, Any, Any], node_id: str, moment: datetime | None) -> NodeBody:
     c = _ctx(request)
     if moment is None:
-        node = await c.repository.get_node(node_id)
+        node = await c.repository.nodes.get(node_id)
     else:
         node = await c.services.audit.node_as_of(moment, node_id)
     if node is None:
@@ -266,7 +266,7 @@ async def _accelerators(
     out: list[AcceleratorBody] = []
     cursor = None
     while True:
-        page, cursor = await c.repository.list_accelerators(
+        page, cursor = await c.repository.accelerators.page(
             node_id=node_id, status=None, cursor=cursor, limit=1000
         )
         out += page
@@ -287,7 +287,7 @@ async def node_page(
     moment = _as_of(as_of)
     node = await _node(request, node_id, moment)
     accelerators = sorted(await _accelerators(request, node_id, moment), key=_gpu_order)
-    page = await _ctx(request).repository.list_events(
+    page = await _ctx(request).repository.events.page(
         node_id=node_id, event_class="lifecycle", until=_after(moment), limit=TIMELINE_LIMIT
     )
     timeline = page.items
@@ -318,7 +318,7 @@ async def gpu_page(
 ) -> Template:
     moment = _as_of(as_of)
     c = _ctx(request)
-    current = await c.repository.get_accelerator(accelerator_id)
+    current = await c.repository.accelerators.get(accelerator_id)
     if current is None:
         raise NotFoundException(f"no GPU {accelerator_id}")
     acc: AcceleratorBody | None = current
@@ -327,8 +327,8 @@ async def gpu_page(
         if acc is None:
             raise NotFoundException(f"GPU {accelerator_id} was not known as of {views.moment(moment)}")
     assert acc is not None
-    node = await c.repository.get_node(acc.node_id)
-    history_page = await c.repository.list_events(
+    node = await c.repository.nodes.get(acc.node_id)
+    history_page = await c.repository.events.page(
         node_id=acc.node_id,
         accelerator_uuid=acc.uuid,
         until=_after(moment),
@@ -353,7 +353,7 @@ async def decommission_preview(request: Request[Any, Any, Any], node_id: FromPat
 
     c = _ctx(request)
     service = c.services.decommission
-    node = await c.repository.get_node(node_id)
+    node = await c.repository.nodes.get(node_id)
     if node is None:
         raise NotFoundException(f"no node {node_id}")
     try:
@@ -405,7 +405,7 @@ async def _read_events(
     repo = _ctx(request).repository
     types = [t for t in f.type.split(",") if t] or None
     try:
-        page = await repo.list_events(
+        page = await repo.events.page(
             node_id=f.node or None,
             types=types,
             event_class=cast("EventClass | None", f.event_class or None),  # one of them (`_choice`)

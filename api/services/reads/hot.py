@@ -39,14 +39,14 @@ class HardwareReads:
     async def node(self, node_id: str) -> Rendered | None:
         """The node's rendering; None when there is no such node."""
         return await self.rendered.read(
-            ("node", node_id), frozenset({node_id}), lambda: self.repository.render_node(node_id)
+            ("node", node_id), frozenset({node_id}), lambda: self.repository.nodes.render(node_id)
         )
 
     async def accelerator_page(self, query: AcceleratorQuery) -> Rendered:
         """The page's rendering (raises `BadCursor` for a cursor that is not one)."""
 
         async def load() -> Loaded:
-            items, next_cursor = await self.repository.list_accelerators(
+            items, next_cursor = await self.repository.accelerators.page(
                 node_id=query.node_id,
                 status=query.status,
                 cursor=query.cursor,
