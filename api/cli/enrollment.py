@@ -32,7 +32,7 @@ from api.cli.common import (
     with_database,
 )
 from api.cli.moments import parse_duration
-from api.cli.rendering import print_json, table
+from api.cli.rendering import listing, print_json
 
 token_app = typer.Typer(no_args_is_help=True, help="enrollment tokens for agents")
 credential_app = typer.Typer(no_args_is_help=True, help="node credentials of enrolled agents")
@@ -99,25 +99,19 @@ def token_list(
     """enrollment tokens (never their secrets)"""
 
     async def work(services: Any, _pool: Any) -> int:
-        tokens = await services.enrollment.list_tokens()
-        if as_json:
-            print_json(tokens)
-        elif not tokens:
-            print("no enrollment tokens (create one with `modelforge-hw token create`)")
-        else:
-            table(
-                ["TOKEN ID", "STATUS", "USES LEFT", "EXPIRES", "DESCRIPTION"],
-                [
-                    [
-                        t.token_id,
-                        t.status,
-                        f"{t.uses_left}/{t.uses}",
-                        t.expires_at.isoformat(timespec="seconds") if t.expires_at else "never",
-                        t.description,
-                    ]
-                    for t in tokens
-                ],
-            )
+        listing(
+            await services.enrollment.list_tokens(),
+            as_json=as_json,
+            none="no enrollment tokens (create one with `modelforge-hw token create`)",
+            header=["TOKEN ID", "STATUS", "USES LEFT", "EXPIRES", "DESCRIPTION"],
+            row=lambda t: [
+                t.token_id,
+                t.status,
+                f"{t.uses_left}/{t.uses}",
+                t.expires_at.isoformat(timespec="seconds") if t.expires_at else "never",
+                t.description,
+            ],
+        )
         return 0
 
     return _run(database_url, state_dir, log_level, work)
@@ -153,26 +147,20 @@ def credential_list(
 
     async def work(services: Any, pool: Any) -> int:
         node_id = await resolve_node(pool, node)
-        credentials = await services.credentials.list_credentials(node_id)
-        if as_json:
-            print_json(credentials)
-        elif not credentials:
-            print("no node credentials" + (f" for node {node_id}" if node_id else ""))
-        else:
-            table(
-                ["CREDENTIAL ID", "STATUS", "NODE", "HOSTNAME", "ISSUED"],
-                [
-                    [
-                        c.credential_id,
-                        c.status,
-                        c.node_id,
-                        c.hostname,
-                        c.issued_at.isoformat(timespec="seconds"),
-                    ]
-                    for c in credentials
-                ],
-                ids=(0, 2),
-            )
+        listing(
+            await services.credentials.list_credentials(node_id),
+            as_json=as_json,
+            none="no node credentials" + (f" for node {node_id}" if node_id else ""),
+            header=["CREDENTIAL ID", "STATUS", "NODE", "HOSTNAME", "ISSUED"],
+            row=lambda c: [
+                c.credential_id,
+                c.status,
+                c.node_id,
+                c.hostname,
+                c.issued_at.isoformat(timespec="seconds"),
+            ],
+            ids=(0, 2),
+        )
         return 0
 
     return _run(database_url, state_dir, log_level, work)

@@ -119,9 +119,9 @@ def events(
             collected += page
     if follow:
         return
-    if output in (Output.json, Output.yaml):
-        emit(collected, output)
-    elif not collected:
+    if emit(collected, output):
+        return
+    if not collected:
         nothing("events match")
     else:
         table(header, [event_row(e, wide) for e in collected], ids=(0, 2, 3))

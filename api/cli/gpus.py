@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from api.cli.remote import Server, Token, TokenFile, connect, resolve_gpu, resolve_node
-from api.cli.rendering import Output, emit, gib, nothing, table, when
+from api.cli.rendering import Output, driver, emit, gib, nothing, table, when
 
 if TYPE_CHECKING:
     from api.services.reads.bodies import AcceleratorBody, HealthSignalsBody, NodeBody
@@ -91,8 +91,7 @@ def gpu_list(
     gpus = api.accelerators(
         node_id=node_id, state=state.value if state else None, health=health.value if health else None
     )
-    if output in (Output.json, Output.yaml):
-        emit(gpus, output)
+    if emit(gpus, output):
         return
     if not gpus:
         nothing(
@@ -118,8 +117,7 @@ def gpu_show(
 
     api = connect(server, token, token_file)
     found = resolve_gpu(api.accelerators(), gpu)
-    if output in (Output.json, Output.yaml):
-        emit(found, output)
+    if emit(found, output):
         return
     # Only known values: unsupported or failed readings are not numbers to show.
     telemetry = {k: v.value for k, v in found.telemetry.items() if isinstance(v, Known)}
@@ -142,7 +140,7 @@ def gpu_show(
         ["pci", found.pci_bus_id or ""],
         ["memory", gib(found.memory_total_bytes)],
         ["compute capability", found.compute_capability or ""],
-        ["driver", f"{found.driver_version or ''} (CUDA {found.cuda_driver_version or '?'})"],
+        ["driver", driver(found.driver_version, found.cuda_driver_version)],
         ["first seen", when(found.first_seen_at)],
         ["last seen", when(found.last_seen_at)],
         *health,

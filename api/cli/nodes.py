@@ -9,7 +9,7 @@ import typer
 
 from api.cli.gpus import OutputOpt, gpu_table
 from api.cli.remote import Server, Token, TokenFile, connect, resolve_node
-from api.cli.rendering import Output, emit, gib, nothing, table, when
+from api.cli.rendering import Output, driver, emit, gib, nothing, table, when
 
 if TYPE_CHECKING:
     from api.services.reads.bodies import NodeBody
@@ -37,8 +37,7 @@ def node_list(
     """Every compute node, with its liveness, inventory status and GPU count."""
     api = connect(server, token, token_file)
     nodes = api.nodes()
-    if output in (Output.json, Output.yaml):
-        emit(nodes, output)
+    if emit(nodes, output):
         return
     if not nodes:
         nothing("nodes registered yet (enroll an agent or run `modelforge-hw refresh`)")
@@ -79,8 +78,7 @@ def node_show(
     """One node (by id, id prefix or hostname) and its GPUs."""
     api = connect(server, token, token_file)
     found = resolve_node(api.nodes(), node)
-    if output in (Output.json, Output.yaml):
-        emit(found, output)
+    if emit(found, output):
         return
     gpus = api.accelerators(node_id=found.id)
     facts = [
@@ -93,7 +91,7 @@ def node_show(
         ["os", " ".join(x for x in (found.os.name, found.os.version, found.os.kernel) if x)],
         ["cpu", f"{found.cpu.model or ''} ({found.cpu.logical_cores or '?'} logical cores)"],
         ["memory", gib(found.memory_total_bytes)],
-        ["driver", f"{found.driver_version or ''} (CUDA {found.cuda_driver_version or '?'})"],
+        ["driver", driver(found.driver_version, found.cuda_driver_version)],
         [
             "gpu health",
             f"{found.health.status}: {found.health.healthy} healthy, {found.health.degraded} degraded, "

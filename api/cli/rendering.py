@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import enum
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
+
+T = TypeVar("T")
 
 
 class Output(enum.StrEnum):
@@ -30,12 +32,35 @@ def plain(value: Any) -> Any:
     return msgspec.to_builtins(value)
 
 
-def emit(value: Any, output: Output) -> None:
-    """`value` as an indented JSON document or as YAML."""
+def emit(value: Any, output: Output) -> bool:
+    """`value` as an indented JSON document or as YAML when `output` asks for one; whether it
+    printed it (the table formats are each command's own)."""
     if output is Output.json:
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(value).decode(), indent=2) + "\n")
-    else:
+    elif output is Output.yaml:
         sys.stdout.write(yaml_text(value))
+    else:
+        return False
+    return True
+
+
+def listing(
+    items: Sequence[T],
+    *,
+    as_json: bool,
+    none: str,
+    header: list[str],
+    row: Callable[[T], list[str]],
+    ids: tuple[int, ...] = (0,),
+) -> None:
+    """A database command's list: the items as one JSON document (`--json`), the line `none`
+    when there are none, or a table of one `row` each."""
+    if as_json:
+        print_json(items)
+    elif not items:
+        print(none)
+    else:
+        table(header, [row(x) for x in items], ids=ids)
 
 
 def yaml_text(value: Any) -> str:
@@ -52,6 +77,11 @@ def short(value: object, width: int = 80) -> str:
 
 def when(moment: datetime | None) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ") if moment else ""
+
+
+def driver(version: str | None, cuda_version: str | None) -> str:
+    """The driver's version with the CUDA version it supports."""
+    return f"{version or ''} (CUDA {cuda_version or '?'})"
 
 
 def gib(size: int | None) -> str:
