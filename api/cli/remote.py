@@ -9,7 +9,7 @@ of its kind (404 -> 5, 409 -> 3, 410 -> 4, any other 2; the server unreachable 1
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
 
 import msgspec
 
@@ -21,6 +21,19 @@ if TYPE_CHECKING:
 
 # The change feed's hold per request: well under the server's limit, long enough to be cheap.
 FOLLOW_WAIT_SECONDS = 30
+
+T = TypeVar("T")
+
+
+class Page(Protocol[T]):
+    """A page of a list route: its items and the cursor of the next (None after the last)."""
+
+    @property
+    def items(self) -> list[T]: ...
+
+    @property
+    def next_cursor(self) -> str | None: ...
+
 
 Server = Annotated[str, variable_option("server")]
 Token = Annotated[str | None, variable_option("token")]
@@ -57,37 +70,30 @@ class Api:
             raise RemoteError(r.status_code, f"HTTP {r.status_code}: {text}{hint}")
         return r.content
 
-    def nodes(self) -> list[NodeBody]:
-        from api.services.reads.bodies import NodePage
-
-        items: list[NodeBody] = []
+    def every(self, path: str, filters: list[tuple[str, str]], page_type: type[Page[T]]) -> list[T]:
+        """Every item of a list route with these filters, page after page."""
+        items: list[T] = []
         cursor: str | None = None
         while True:
-            params = [("limit", "500")] + ([("cursor", cursor)] if cursor else [])
-            page = msgspec.json.decode(self.get("/hardware/nodes", params), type=NodePage)
+            params = [("limit", "500"), *filters] + ([("cursor", cursor)] if cursor else [])
+            page = msgspec.json.decode(self.get(path, params), type=page_type)
             items += page.items
             if not page.next_cursor:
                 return items
             cursor = page.next_cursor
+
+    def nodes(self) -> list[NodeBody]:
+        from api.services.reads.bodies import NodePage
+
+        return self.every("/hardware/nodes", [], NodePage)
 
     def accelerators(
         self, node_id: str | None = None, state: str | None = None, health: str | None = None
     ) -> list[AcceleratorBody]:
         from api.services.reads.bodies import AcceleratorPage
 
-        items: list[AcceleratorBody] = []
-        cursor: str | None = None
-        while True:
-            params = [("limit", "500")]
-            params += [("node_id", node_id)] if node_id else []
-            params += [("status", state)] if state else []
-            params += [("health", health)] if health else []
-            params += [("cursor", cursor)] if cursor else []
-            page = msgspec.json.decode(self.get("/hardware/accelerators", params), type=AcceleratorPage)
-            items += page.items
-            if not page.next_cursor:
-                return items
-            cursor = page.next_cursor
+        filters = [("node_id", node_id), ("status", state), ("health", health)]
+        return self.every("/hardware/accelerators", [(k, v) for k, v in filters if v], AcceleratorPage)
 
 
 def connect(server: str, token: str | None, token_file: Path | None) -> Api:
