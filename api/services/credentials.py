@@ -10,7 +10,7 @@ Only the secret's SHA-256 is stored (in `CREDENTIAL_ISSUED` and its read model
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Literal
 
 import asyncpg
@@ -18,6 +18,7 @@ import msgspec
 import structlog
 
 from agent.protocol import CREDENTIAL_PREFIX, EnrollResponse
+from api.services.clock import central_now
 from api.services.errors import NodeIsDecommissioned, NotFound, unauthenticated
 from api.services.inventory import HardwareInventoryService, open_node
 from collectors.identity import NodeIdentity
@@ -81,13 +82,9 @@ def new_credential() -> MintedSecret:
     return mint(CREDENTIAL_PREFIX)
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class CredentialService:
     def __init__(
-        self, inventory: HardwareInventoryService, *, clock: Callable[[], datetime] = _utcnow
+        self, inventory: HardwareInventoryService, *, clock: Callable[[], datetime] = central_now
     ) -> None:
         self.inventory = inventory
         self.nodes = inventory.nodes

@@ -26,13 +26,14 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Annotated, Literal
 
 import asyncpg
 import msgspec
 import structlog
 
+from api.services.clock import central_now
 from api.services.errors import Conflict, NodeIsDecommissioned, NotFound, invalid_parameter
 from api.services.inventory import EventSummary, HardwareInventoryService, open_node
 from domain.decommission import (
@@ -124,16 +125,12 @@ def _text(value: str, what: str, limit: int) -> str:
     return text
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 # --- the service -----------------------------------------------------------------------------------
 
 
 class DecommissionService:
     def __init__(
-        self, inventory: HardwareInventoryService, *, clock: Callable[[], datetime] = _utcnow
+        self, inventory: HardwareInventoryService, *, clock: Callable[[], datetime] = central_now
     ) -> None:
         self.inventory = inventory
         self.store: EventStore = inventory.store

@@ -11,7 +11,7 @@ exactly, across API processes) and the credential's events on the node's stream 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Annotated, Literal
 
 import asyncpg
@@ -19,6 +19,7 @@ import msgspec
 import structlog
 
 from agent.protocol import ENROLLMENT_TOKEN_PREFIX, EnrollRequest, EnrollResponse
+from api.services.clock import central_now
 from api.services.credentials import CredentialService, new_credential
 from api.services.errors import (
     InvalidRequest,
@@ -121,17 +122,13 @@ def _token_invalid() -> Unauthenticated:
     return unauthenticated("enrollment-token-invalid", "the enrollment token is not valid")
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class EnrollmentService:
     def __init__(
         self,
         inventory: HardwareInventoryService,
         credentials: CredentialService,
         *,
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Callable[[], datetime] = central_now,
     ) -> None:
         self.inventory = inventory
         self.credentials = credentials

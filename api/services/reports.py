@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 
 import asyncpg
 import msgspec
@@ -23,6 +23,7 @@ from agent.protocol import (
     decode_report,
     observation_problems_after_decode,
 )
+from api.services.clock import central_now
 from api.services.credentials import CredentialService, Principal
 from api.services.errors import (
     Conflict,
@@ -196,17 +197,13 @@ def _accepted_ack(item: ReportItem, decision: AcceptedReport, done: Committed[No
     )
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class ReportService:
     def __init__(
         self,
         inventory: HardwareInventoryService,
         credentials: CredentialService,
         *,
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Callable[[], datetime] = central_now,
         report_transactions: int = REPORT_TRANSACTIONS,
     ) -> None:
         self.inventory = inventory
