@@ -24,6 +24,7 @@ then tried once more by the route). The answer's status, headers and bytes are t
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import cast, get_args
 from urllib.parse import parse_qsl
 
@@ -32,7 +33,7 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 
 from api.http.context import AppContext, bearer_token
 from api.services.reads.bodies import MAX_LIMIT
-from api.services.reads.hot import AcceleratorQuery, AcceleratorStatus, HealthStatus
+from api.services.reads.hot import AcceleratorQuery, AcceleratorStatus, HardwareReads, HealthStatus
 from api.services.reads.rendering import Rendered, not_modified
 from runtime.secrets import matches
 
@@ -109,45 +110,53 @@ async def _send(send: Send, rendered: Rendered, *, etag: bool, if_none_match: st
     await send({"type": "http.response.body", "body": rendered.body, "more_body": False})
 
 
-def node_fast_path(app: ASGIApp) -> ASGIApp:
-    """Route middleware of `get_node` (create_app registers it)."""
-
-    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == ScopeType.HTTP and scope.get("method") == "GET" and not scope["query_string"]:
-            context = _context(scope)
-            admin, if_none_match = _admin(scope, context)
-            if admin:
-                try:
-                    rendered = await context.services.reads.node(scope["path_params"]["node_id"])
-                except Exception:  # the route answers it (its problem+json), trying once more
-                    rendered = None
-                if rendered is not None:
-                    context.fast_reads += 1
-                    await _send(send, rendered, etag=True, if_none_match=if_none_match)
-                    return
-        await app(scope, receive, send)
-
-    return middleware
+# The read a request asks of `HardwareReads`; a lookup finds it, or None when the request is not
+# the plain case.
+Read = Callable[[HardwareReads], Awaitable[Rendered | None]]
+Lookup = Callable[[Scope], Read | None]
 
 
-def page_fast_path(app: ASGIApp) -> ASGIApp:
-    """Route middleware of `list_accelerators` (create_app registers it)."""
+def _fast_path(app: ASGIApp, lookup: Lookup, *, etag: bool) -> ASGIApp:
+    """A route middleware that answers a GET `lookup` understands from its rendering, for the
+    admin token; everything else, and any failure, goes on to the route."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == ScopeType.HTTP and scope.get("method") == "GET":
-            query = accelerator_query(scope["query_string"])
-            if query is not None:
+            read = lookup(scope)
+            if read is not None:
                 context = _context(scope)
-                admin, _ = _admin(scope, context)
+                admin, if_none_match = _admin(scope, context)
                 if admin:
                     try:
-                        rendered: Rendered | None = await context.services.reads.accelerator_page(query)
-                    except Exception:  # a bad cursor, the database: the route's problem+json
+                        rendered = await read(context.services.reads)
+                    except Exception:  # a bad cursor, the database: the route's problem+json, tried once more
                         rendered = None
                     if rendered is not None:
                         context.fast_reads += 1
-                        await _send(send, rendered, etag=False, if_none_match=None)
+                        await _send(send, rendered, etag=etag, if_none_match=if_none_match)
                         return
         await app(scope, receive, send)
 
     return middleware
+
+
+def _node_read(scope: Scope) -> Read | None:
+    if scope["query_string"]:
+        return None
+    node_id: str = scope["path_params"]["node_id"]
+    return lambda reads: reads.node(node_id)
+
+
+def _page_read(scope: Scope) -> Read | None:
+    query = accelerator_query(scope["query_string"])
+    return None if query is None else lambda reads: reads.accelerator_page(query)
+
+
+def node_fast_path(app: ASGIApp) -> ASGIApp:
+    """Route middleware of `get_node` (create_app registers it)."""
+    return _fast_path(app, _node_read, etag=True)
+
+
+def page_fast_path(app: ASGIApp) -> ASGIApp:
+    """Route middleware of `list_accelerators` (create_app registers it)."""
+    return _fast_path(app, _page_read, etag=False)
