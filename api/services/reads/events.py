@@ -16,19 +16,7 @@ from ledger.reading import Checkpoint, LogEntry, LogFilter, read_log
 
 def event_body(entry: LogEntry) -> EventBody:
     """An event as the API shows it; one the catalog cannot decode is shown as stored, marked."""
-    if isinstance(entry, RecordedEvent):
-        return EventBody(
-            global_position=entry.global_position,
-            stream_id=entry.stream_id,
-            stream_version=entry.stream_version,
-            event_type=entry.event_type,
-            event_class=entry.event_class,
-            node_id=entry.stream_id,
-            data=entry.payload,
-            metadata=entry.metadata,
-            recorded_at=entry.recorded_at,
-        )
-    return EventBody(
+    body = EventBody(
         global_position=entry.global_position,
         stream_id=entry.stream_id,
         stream_version=entry.stream_version,
@@ -36,10 +24,15 @@ def event_body(entry: LogEntry) -> EventBody:
         event_class=entry.event_class,
         node_id=entry.stream_id,
         recorded_at=entry.recorded_at,
-        undecodable=UndecodableBody(
-            error=entry.error, stored_data=entry.raw_data(), stored_metadata=entry.raw_metadata()
-        ),
     )
+    if isinstance(entry, RecordedEvent):
+        body.data = entry.payload
+        body.metadata = entry.metadata
+    else:
+        body.undecodable = UndecodableBody(
+            error=entry.error, stored_data=entry.raw_data(), stored_metadata=entry.raw_metadata()
+        )
+    return body
 
 
 class EventReads:
