@@ -10,7 +10,7 @@ import asyncpg
 import msgspec
 
 from api.services.reads.bodies import AcceleratorBody, AcceleratorHealthBody, HealthSignalsBody
-from api.services.reads.cursors import decode_id_cursor, encode_id_cursor
+from api.services.reads.cursors import decode_id_cursor, id_page
 from api.services.reads.facts import plain
 from api.services.reads.statement import Query, Statement
 from collectors.facts import Fact
@@ -169,9 +169,7 @@ class AcceleratorReads:
         }
         async with self.pool.acquire() as conn:
             rows = _rows.decode(await conn.fetchval(statement.sql, *statement.args(values)))
-        items = [accelerator_body(r) for r in rows[:limit]]
-        next_cursor = encode_id_cursor(items[-1].id) if len(rows) > limit and items else None
-        return items, next_cursor
+        return id_page(rows, limit, accelerator_body)
 
     async def get(self, accelerator_id: str) -> AcceleratorBody | None:
         async with self.pool.acquire() as conn:

@@ -5,7 +5,8 @@ misread."""
 from __future__ import annotations
 
 import base64
-from typing import Annotated, Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 import msgspec
 
@@ -43,6 +44,22 @@ def encode_id_cursor(last_id: str) -> str:
 def decode_id_cursor(cursor: str) -> str:
     _, last_id = _decode(cursor, _IdCursor)
     return str(last_id)
+
+
+class _HasId(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+R = TypeVar("R")
+B = TypeVar("B", bound=_HasId)
+
+
+def id_page(rows: Sequence[R], limit: int, body: Callable[[R], B]) -> tuple[list[B], str | None]:
+    """A page by id from the rows of a query limited to `limit + 1`: the first `limit` as bodies,
+    and the cursor after the last of them when the extra row says more follow."""
+    items = [body(r) for r in rows[:limit]]
+    return items, encode_id_cursor(items[-1].id) if len(rows) > limit and items else None
 
 
 def encode_fleet_cursor(hostname: str, node_id: str) -> str:

@@ -12,7 +12,7 @@ import asyncpg
 import msgspec
 
 from api.services.reads.bodies import CpuBody, NodeBody, NodeHealthBody, OsBody, StorageBody
-from api.services.reads.cursors import decode_id_cursor, encode_id_cursor
+from api.services.reads.cursors import decode_id_cursor, id_page
 from api.services.reads.facts import plain, stored_fact, stored_facts
 from api.services.reads.liveness import LIVENESS, LIVENESS_UNTIL, LivenessPolicy
 from api.services.reads.rendering import Loaded, render
@@ -158,9 +158,7 @@ class NodeReads:
         }
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(statement.sql, *statement.args(values))
-        items = [node_body(r) for r in rows[:limit]]
-        next_cursor = encode_id_cursor(items[-1].id) if len(rows) > limit and items else None
-        return items, next_cursor
+        return id_page(rows, limit, node_body)
 
     async def _row(self, node_id: str) -> asyncpg.Record | None:
         values = {**self.liveness.values(self.clock()), "node_id": node_id}
