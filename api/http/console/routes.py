@@ -421,6 +421,12 @@ async def _read_events(
     return page.items, page.next_cursor if page.has_more else None, page.next_cursor
 
 
+def _feed_url(f: EventFilters, follow: str | None) -> str:
+    """The poller of new rows for these filters, continuing after `follow` (from the start of the
+    log without it)."""
+    return "/console/events/feed?" + urlencode({**f.params(), **({"cursor": follow} if follow else {})})
+
+
 @get("/events", name="console-events")
 async def events_page(
     request: Request[Any, Any, Any],
@@ -433,17 +439,16 @@ async def events_page(
 ) -> Template:
     f = _event_filters(node, type, event_class, since, until)
     items, next_cursor, follow = await _read_events(request, f, cursor)
-    params = f.params()
     return _page(
         "events.html.j2",
         None,
         events=items,
         filters=f,
-        next_url="/console/events?" + urlencode({**params, "cursor": next_cursor}) if next_cursor else None,
+        next_url="/console/events?" + urlencode({**f.params(), "cursor": next_cursor})
+        if next_cursor
+        else None,
         # At the end of the log (and with no end time) the page follows new events as they commit.
-        feed_url=None
-        if next_cursor or f.until
-        else "/console/events/feed?" + urlencode({**params, **({"cursor": follow} if follow else {})}),
+        feed_url=None if next_cursor or f.until else _feed_url(f, follow),
     )
 
 
@@ -459,13 +464,7 @@ async def events_feed(
     """New rows for the events table, and the poller again with the cursor after them."""
     f = _event_filters(node, type, event_class, since, None)
     items, _, follow = await _read_events(request, f, cursor)
-    params = f.params()
-    return _page(
-        "events_feed.html.j2",
-        None,
-        events=items,
-        feed_url="/console/events/feed?" + urlencode({**params, **({"cursor": follow} if follow else {})}),
-    )
+    return _page("events_feed.html.j2", None, events=items, feed_url=_feed_url(f, follow))
 
 
 def _security_headers(response: Response[Any]) -> Response[Any]:
