@@ -38,6 +38,16 @@ class SpoolEntry(msgspec.Struct, frozen=True, order=True):
     name: str
 
 
+def entries_in(directory: Path) -> list[SpoolEntry]:
+    """The reports in a spool or quarantine directory, in send order (their names' order)."""
+    found = []
+    for name in os.listdir(directory):
+        m = _NAME.match(name)
+        if m:
+            found.append(SpoolEntry(int(m.group(1)), m.group(2), int(m.group(3)), name))
+    return sorted(found)
+
+
 class Spool:
     def __init__(self, directory: Path, max_reports: int = 1000) -> None:
         if max_reports < 1:
@@ -50,12 +60,7 @@ class Spool:
             stray.unlink(missing_ok=True)
 
     def entries(self) -> list[SpoolEntry]:
-        found = []
-        for name in os.listdir(self.directory):
-            m = _NAME.match(name)
-            if m:
-                found.append(SpoolEntry(int(m.group(1)), m.group(2), int(m.group(3)), name))
-        return sorted(found)
+        return entries_in(self.directory)
 
     def __len__(self) -> int:
         return len(self.entries())
@@ -132,12 +137,7 @@ class Quarantine:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     def entries(self) -> list[SpoolEntry]:
-        found = []
-        for name in os.listdir(self.directory):
-            m = _NAME.match(name)
-            if m:
-                found.append(SpoolEntry(int(m.group(1)), m.group(2), int(m.group(3)), name))
-        return sorted(found)
+        return entries_in(self.directory)
 
     def __len__(self) -> int:
         return len(self.entries())
