@@ -20,9 +20,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from api.cli.moments import parse_moment
-from collectors.facts import UNSUPPORTED
+from collectors.facts import UNSUPPORTED, Unavailable
 from collectors.gpu_health import RETIRED_PAGES, XidOccurrence
-from collectors.observations import HardwareObservation
+from collectors.observations import HardwareObservation, NvmlScan
 from domain.node import node_id_for
 from tests.agent_support import (
     OPERATOR_TOKEN,
@@ -38,12 +38,14 @@ from tests.agent_support import (
 from tests.builders import T0, gpu, host, pending_remap, scan, signals, uncorrected_ecc, with_health
 
 
-def hw(*args: str, env: dict[str, str], columns: int = 100) -> subprocess.CompletedProcess[str]:
+def hw(*args: str, env: dict[str, str], columns: int | None = 100) -> subprocess.CompletedProcess[str]:
+    """The CLI as a subprocess, its output piped; `columns` None: no $COLUMNS either."""
+    width = {} if columns is None else {"COLUMNS": str(columns)}
     return subprocess.run(
         [sys.executable, "-m", "api.cli", *args],
         capture_output=True,
         text=True,
-        env={**env, "COLUMNS": str(columns)},
+        env={**{k: v for k, v in env.items() if k != "COLUMNS"}, **width},
         cwd=ROOT,
         timeout=120,
     )
@@ -64,12 +66,24 @@ HEALTH = {
 DEGRADED, FAILED, HEALTHY = (gpu(n).uuid for n in (1, 7, 0))
 
 
-async def add_node(http: httpx.AsyncClient, url: str, key: str, hostname: str, gpus: list[int]) -> str:
+# A CPU-only host: no NVIDIA driver, so NVML is unavailable and there are no GPUs.
+NO_DRIVER = NvmlScan(
+    status="unavailable",
+    reason="NVML Shared Library Not Found",
+    driver_version=Unavailable("NVML Shared Library Not Found"),
+    cuda_driver_version=Unavailable("NVML Shared Library Not Found"),
+    accelerators=[],
+)
+
+
+async def add_node(
+    http: httpx.AsyncClient, url: str, key: str, hostname: str, gpus: list[int], nvml: NvmlScan | None = None
+) -> str:
     token = (await create_token(http, url))["token"]
     r = await enroll_direct(http, url, token, key, hostname)
     assert r.status_code in (200, 201), r.text
     observed = [with_health(gpu(n), HEALTH[n]) if n in HEALTH else gpu(n) for n in gpus]
-    obs = HardwareObservation(observed_at=T0, host=host(hostname), nvml=scan(observed))
+    obs = HardwareObservation(observed_at=T0, host=host(hostname), nvml=nvml or scan(observed))
     r = await post_report(http, url, r.json()["credential"], report_body(key, 1, stream="inventory", obs=obs))
     assert r.status_code in (200, 202), r.text
     return node_id_for(key)
@@ -84,6 +98,7 @@ async def fleet(database_dsn: str, tmp_path: Path) -> AsyncIterator[tuple[Server
             ids = {
                 "alpha": await add_node(http, server.url, "key-alpha", "gpu-alpha", [0, 1]),
                 "beta": await add_node(http, server.url, "key-beta", "gpu-beta", [7]),
+                "cpu": await add_node(http, server.url, "key-cpu", "cpu-only", [], nvml=NO_DRIVER),
             }
         yield server, ids
     finally:
@@ -107,6 +122,35 @@ async def test_node_and_gpu_commands(fleet: tuple[ServerProcess, dict[str, str]]
     alpha = next(line for line in lines if "gpu-alpha" in line).split()
     assert alpha[0] == ids["alpha"][:8] and alpha[5] == "2"  # the GPU count
 
+    # A host without GPUs or driver reads as such, not as "healthy" with a "(CUDA ?)" driver.
+    cpu = next(line for line in lines if "cpu-only" in line)
+    assert cpu.split()[5:] == ["0", "no", "GPUs", "-"], cpu
+    cpu_shown = (await hw_async("node", "show", "cpu-only", env=env)).stdout
+    assert re.search(r"gpu health +no GPUs", cpu_shown) and re.search(r"^driver +-\s*$", cpu_shown, re.M), (
+        cpu_shown
+    )
+    assert "CUDA ?" not in cpu_shown and "0 healthy" not in cpu_shown
+
+    # Piped (no terminal, no $COLUMNS): every column whole, however long, as kubectl prints it.
+    piped = await asyncio.to_thread(hw, "node", "list", "-o", "wide", env=env, columns=None)
+    assert piped.returncode == 0 and "…" not in piped.stdout, piped.stdout
+    assert ids["alpha"] in piped.stdout and "key-alpha" in piped.stdout
+    assert piped.stdout.splitlines()[0].split() == [
+        "ID",
+        "HOSTNAME",
+        "LIVENESS",
+        "STATUS",
+        "INVENTORY",
+        "GPUS",
+        "HEALTH",
+        "DRIVER",
+        "IDENTITY",
+        "CPU",
+        "MEMORY",
+        "LAST",
+        "SEEN",
+    ]
+
     # A narrow terminal: the table fits it, the ids whole, the other columns shortened.
     narrow = hw("node", "list", env=env, columns=60)
     assert narrow.returncode == 0 and all(len(line) <= 60 for line in narrow.stdout.splitlines()), (
@@ -114,7 +158,7 @@ async def test_node_and_gpu_commands(fleet: tuple[ServerProcess, dict[str, str]]
     )
 
     as_json = json.loads((await hw_async("node", "list", "-o", "json", env=env)).stdout)
-    assert {n["hostname"] for n in as_json} == {"gpu-alpha", "gpu-beta"}
+    assert {n["hostname"] for n in as_json} == {"gpu-alpha", "gpu-beta", "cpu-only"}
     as_yaml = yaml.safe_load((await hw_async("node", "list", "-o", "yaml", env=env)).stdout)
     assert {n["id"] for n in as_yaml} == set(ids.values())
 
@@ -265,7 +309,7 @@ async def test_events_filters_and_follow(fleet: tuple[ServerProcess, dict[str, s
     )
     try:
         seen: list[dict[str, Any]] = []
-        for _ in range(2):
+        for _ in ids:  # one NODE_DISCOVERED per node of the fleet
             line = await asyncio.wait_for(asyncio.to_thread(follow.stdout.readline), 60)  # type: ignore[union-attr]
             seen.append(json.loads(line))
         async with httpx.AsyncClient() as http:

@@ -23,8 +23,18 @@ node_app = typer.Typer(
 def node_health(n: NodeBody) -> str:
     """The worst GPU verdict, with how many GPUs are not healthy ("failed (1 failed, 2 degraded)")."""
     h = n.health
+    if not h.healthy + h.degraded + h.failed:
+        return "no GPUs"
     counts = [f"{v} {k}" for k, v in (("failed", h.failed), ("degraded", h.degraded)) if v]
     return h.status + (f" ({', '.join(counts)})" if counts else "")
+
+
+def gpu_health_line(n: NodeBody) -> str:
+    """How the node's GPUs are, by verdict ("degraded: 7 healthy, 1 degraded, 0 failed")."""
+    h = n.health
+    if not h.healthy + h.degraded + h.failed:
+        return "no GPUs"
+    return f"{h.status}: {h.healthy} healthy, {h.degraded} degraded, {h.failed} failed"
 
 
 @node_app.command("list")
@@ -56,7 +66,7 @@ def node_list(
             n.inventory_status,
             str(counts.get(n.id, 0)),
             node_health(n),
-            n.driver_version or "",
+            n.driver_version or "-",
         ]
         for n in nodes
     ]
@@ -92,11 +102,7 @@ def node_show(
         ["cpu", f"{found.cpu.model or ''} ({found.cpu.logical_cores or '?'} logical cores)"],
         ["memory", gib(found.memory_total_bytes)],
         ["driver", driver(found.driver_version, found.cuda_driver_version)],
-        [
-            "gpu health",
-            f"{found.health.status}: {found.health.healthy} healthy, {found.health.degraded} degraded, "
-            f"{found.health.failed} failed",
-        ],
+        ["gpu health", gpu_health_line(found)],
         ["first seen", when(found.first_seen_at)],
         ["last seen", when(found.last_seen_at)],
     ]

@@ -4,6 +4,7 @@ terminal's stderr, and the few value formats the tables share."""
 from __future__ import annotations
 
 import enum
+import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -80,8 +81,10 @@ def when(moment: datetime | None) -> str:
 
 
 def driver(version: str | None, cuda_version: str | None) -> str:
-    """The driver's version with the CUDA version it supports."""
-    return f"{version or ''} (CUDA {cuda_version or '?'})"
+    """The driver's version with the CUDA version it supports; `-` for a host without one."""
+    if not version:
+        return "-"
+    return f"{version} (CUDA {cuda_version})" if cuda_version else version
 
 
 def gib(size: int | None) -> str:
@@ -127,15 +130,19 @@ def fit_widths(natural: list[int], fixed: set[int], available: int, *, least: in
 def table(
     header: list[str], rows: list[list[str]], *, ids: tuple[int, ...] = (0,), wrap: tuple[int, ...] = ()
 ) -> None:
-    """A table as wide as the terminal (or $COLUMNS, else 80 when not a terminal: rich's rule).
-    Identifier columns (`ids`) are never cut, so they can be copied; `wrap` columns fold onto more
-    lines; the others are cut, widest first, and end in an ellipsis."""
+    """A table as wide as the terminal (or $COLUMNS). Identifier columns (`ids`) are never cut, so
+    they can be copied; `wrap` columns fold onto more lines; the others are cut, widest first, and
+    end in an ellipsis. Piped or redirected (and no $COLUMNS), every column is whole, as kubectl
+    prints it: what reads the output, not a guessed width, decides what to cut."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console(soft_wrap=False, highlight=False)
     natural = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
     gaps = 2 * (len(header) - 1)  # the padding rich puts between columns
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(soft_wrap=False, highlight=False, width=sum(natural) + gaps)
+        wrap = ()
     widths = fit_widths(natural, set(ids) | set(wrap), console.width - gaps)
     if wrap:
         # A folding column takes what the others leave.
