@@ -212,7 +212,7 @@ async def test_filtered_fleet_pages_cross_their_boundaries(
             assert await walk(query) == whole, (query, size)
 
 
-async def test_the_overview_runs_two_queries_whatever_the_fleet_size(console: Console) -> None:
+async def test_the_overview_runs_the_same_four_queries_whatever_the_fleet_size(console: Console) -> None:
     await seed_fleet(console.pool)
     await console.login()
     console.queries.clear()
@@ -230,7 +230,8 @@ async def test_the_overview_runs_two_queries_whatever_the_fleet_size(console: Co
     console.queries.clear()
     html = await console.page("/console/")
     assert len(rows_of(html, "fleet")) == 34
-    assert small == len(console.queries) == 2, console.queries
+    # The page and the counts by state; the GPU health by model and the failing GPUs.
+    assert small == len(console.queries) == 4, console.queries
 
 
 async def test_node_page_tells_unsupported_unavailable_and_zero_apart(console: Console) -> None:
@@ -348,6 +349,16 @@ async def test_node_and_fleet_pages_show_each_gpus_health(console: Console) -> N
     assert "1 degraded" in fleet[ONLINE] and "failed" not in fleet[ONLINE]
     assert "1 failed" in fleet[STALE] and "degraded" not in fleet[STALE]
     assert "failed" not in fleet[OFFLINE] and "degraded" not in fleet[OFFLINE]
+    # The GPU health overview: by model and verdict (the worst models first), then the GPUs that
+    # need someone, failed first, each linked to its page.
+    page = await console.page("/console/")
+    by_model = [text_of(r) for r in rows_of(page, "gpu-health-by-model")[1:]]
+    assert by_model == ["NVIDIA H200 1 1 1", "NVIDIA A100-SXM4-40GB 1 0 0"], by_model
+    failing = rows_of(page, "gpu-health-failing")[1:]
+    assert [re.search(r'data-gpu="([^"]+)"', r).group(1) for r in failing] == [FAILED_GPU, NO_FAN_GPU]  # type: ignore[union-attr]
+    assert "service" in text_of(failing[0]) and STALE in failing[0] and "ecc_uncorrected" in failing[0]
+    assert f'href="/console/gpus/{await accelerator_id(console, FAILED_GPU)}"' in failing[0]
+    assert "GPUs that need someone: 2<" in page
     failed = rows_of(await console.page("/console/?health=failed"), "fleet")[1:]
     assert len(failed) == 1 and STALE in failed[0]
     healthy = rows_of(await console.page("/console/?health=healthy"), "fleet")[1:]

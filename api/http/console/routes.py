@@ -27,6 +27,7 @@ from api.http.context import AppContext
 from api.services.reads.bodies import AcceleratorBody, EventBody, NodeBody
 from api.services.reads.cursors import BadCursor
 from api.services.reads.fleet import FleetQuery
+from api.services.reads.gpu_health import gpu_health_overview
 from api.services.scopes import OperatorTokens
 from ledger.events import EventClass
 from runtime.secrets import matches
@@ -207,8 +208,10 @@ async def fleet(
     )
     c = _ctx(request)
     position = None
+    overview = None
     if moment is None:
         rows, counts, next_cursor = await c.repository.fleet.page(query, cursor=cursor, limit=PAGE_SIZE)
+        overview = await gpu_health_overview(c.repository.pool)
     else:
         # A past fleet is one fold of the log: one page.
         rows, counts, position = await c.services.audit.fleet_as_of(moment, query)
@@ -230,6 +233,7 @@ async def fleet(
         moment,
         rows=rows,
         counts=counts,
+        overview=overview,
         query=query,
         position=position,
         liveness_states=LIVENESS,
