@@ -1,4 +1,4 @@
--- ModelForge hardware plane: the database schema of this release, schema version 6, whole.
+-- ModelForge hardware plane: the database schema of this release, schema version 7, whole.
 --
 -- `modelforge-hw migrate` (and `serve`, at start) creates a new database from this file, in one
 -- transaction. A database made by an older release is brought to the same schema by the numbered
@@ -92,6 +92,9 @@ CREATE INDEX events_stream_tx_idx ON events (stream_id, tx_id, global_position);
 -- Retention finds the observations received before its cutoff.
 CREATE INDEX events_observation_received_idx ON events (received_at)
     WHERE event_class = 'observation';
+-- One node's observations by the time they were received (a GPU's or a host's telemetry history).
+CREATE INDEX events_stream_observation_received_idx ON events (stream_id, received_at)
+    WHERE event_class = 'observation';
 -- Reads of the log filtered by event type.
 CREATE INDEX events_type_idx ON events (event_type, global_position);
 -- Reads of the log by the time events were recorded (point-in-time reads).
@@ -115,6 +118,8 @@ CREATE INDEX events_permanent_tx_position_idx ON events_permanent (tx_id, global
 CREATE INDEX events_permanent_stream_tx_idx ON events_permanent (stream_id, tx_id, global_position);
 CREATE INDEX events_permanent_observation_received_idx ON events_permanent (received_at)
     WHERE event_class = 'observation';
+CREATE INDEX events_permanent_stream_observation_received_idx
+    ON events_permanent (stream_id, received_at) WHERE event_class = 'observation';
 CREATE INDEX events_permanent_type_idx ON events_permanent (event_type, global_position);
 CREATE INDEX events_permanent_recorded_at_idx ON events_permanent (recorded_at);
 ALTER TABLE events ATTACH PARTITION events_permanent FOR VALUES FROM ('infinity') TO (MAXVALUE);
@@ -403,4 +408,4 @@ CREATE TABLE mf_feed_listeners (
 \ir sql/triggers/events_notify_log.sql
 
 -- This file is schema version 6: a database made from it has what every numbered step gives.
-INSERT INTO schema_version (version) SELECT generate_series(1, 6);
+INSERT INTO schema_version (version) SELECT generate_series(1, 7);

@@ -207,7 +207,7 @@ def fish_complete(fish: str, line: str, tmp_path: Path) -> list[str]:
 
 def test_fish_completes_commands_flags_and_choices(fish: str, tmp_path: Path) -> None:
     assert set(fish_complete(fish, f"{PROGRAM} ", tmp_path)) == top_level()
-    assert fish_complete(fish, f"{PROGRAM} node ", tmp_path) == ["list", "show"]
+    assert fish_complete(fish, f"{PROGRAM} node ", tmp_path) == ["list", "show", "telemetry"]
     assert fish_complete(fish, f"{PROGRAM} events -o ", tmp_path) == ["json", "table", "wide", "yaml"]
     assert fish_complete(fish, f"{PROGRAM} replay --class ", tmp_path) == ["lifecycle", "observation"]
     assert fish_complete(fish, f"{PROGRAM} completion ", tmp_path) == ["bash", "fish", "zsh"]

@@ -1,4 +1,4 @@
-"""`modelforge-hw gpu list|show`: GPUs over the HTTP API, with their health verdict."""
+"""`modelforge-hw gpu list|show|telemetry`: GPUs over the HTTP API, with their health verdict."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import typer
 
 from api.cli.remote import Server, Token, TokenFile, connect, resolve_gpu, resolve_node
 from api.cli.rendering import Output, driver, emit, gib, nothing, table, when
+from api.cli.telemetry import gpu_telemetry
 
 if TYPE_CHECKING:
     from api.services.reads.bodies import AcceleratorBody, HealthSignalsBody, NodeBody
     from collectors.facts import Fact
 
-gpu_app = typer.Typer(no_args_is_help=True, help="GPUs over the HTTP API: list, show")
+gpu_app = typer.Typer(no_args_is_help=True, help="GPUs over the HTTP API: list, show, telemetry")
 
 OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table, wide, json or yaml.")]
 NodeOpt = Annotated[
@@ -162,3 +163,6 @@ def _signal_rows(signals: HealthSignalsBody) -> list[tuple[str, Fact]]:
     reasons: Fact = unknown[0] if unknown else Known(", ".join(active) or "none")
     out += [("clock_event_reasons", reasons), ("xid_events", signals.xid_events)]
     return out
+
+
+gpu_app.command("telemetry")(gpu_telemetry)

@@ -1,4 +1,4 @@
-"""`modelforge-hw node list|show`: compute nodes over the HTTP API."""
+"""`modelforge-hw node list|show|telemetry`: compute nodes over the HTTP API."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import typer
 from api.cli.gpus import OutputOpt, gpu_table
 from api.cli.remote import Server, Token, TokenFile, connect, resolve_node
 from api.cli.rendering import Output, driver, emit, gib, nothing, table, when
+from api.cli.telemetry import node_telemetry
 
 if TYPE_CHECKING:
     from api.services.reads.bodies import NodeBody
 
 node_app = typer.Typer(
     no_args_is_help=True,
-    help="compute nodes over the HTTP API: list, show (MODELFORGE_SERVER, MODELFORGE_TOKEN)",
+    help="compute nodes over the HTTP API: list, show, telemetry (MODELFORGE_SERVER, MODELFORGE_TOKEN)",
 )
 
 
@@ -112,3 +113,6 @@ def node_show(
         gpu_table(gpus, {found.id: found}, output)
     else:
         nothing("GPUs on this node")
+
+
+node_app.command("telemetry")(node_telemetry)

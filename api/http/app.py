@@ -27,6 +27,7 @@ from api.http.agent import agent_routers
 from api.http.console import ConsolePlugin
 from api.http.context import DEPENDENCIES, AppContext, operator_guard
 from api.http.decommission import decommission_routers
+from api.http.telemetry import TELEMETRY_ROUTES
 from api.services.errors import Conflict, DomainError, Unavailable
 from api.services.inventory import EventSummary, RefreshOutcome
 from api.services.metrics import exposition
@@ -336,7 +337,15 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-HARDWARE_ROUTES: list[Any] = [refresh, list_nodes, get_node, list_accelerators, get_accelerator, list_events]
+HARDWARE_ROUTES: list[Any] = [
+    refresh,
+    list_nodes,
+    get_node,
+    list_accelerators,
+    get_accelerator,
+    list_events,
+    *TELEMETRY_ROUTES,
+]
 
 
 def create_app(

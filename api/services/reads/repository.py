@@ -1,6 +1,6 @@
 """HardwareRepository: the read side as the one object the routes and the console take. It holds
-the read module of each kind (nodes, accelerators, the fleet, the log), which callers ask
-directly, and the one liveness policy and clock by which they all judge."""
+the read module of each kind (nodes, accelerators, the fleet, the log, telemetry history), which
+callers ask directly, and the one liveness policy and clock by which they all judge."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from api.services.reads.events import EventReads
 from api.services.reads.fleet import FleetReads
 from api.services.reads.liveness import LivenessPolicy
 from api.services.reads.nodes import NodeReads
+from api.services.reads.telemetry import TelemetryReads
 
 
 class HardwareRepository:
@@ -32,3 +33,4 @@ class HardwareRepository:
         self.accelerators = AcceleratorReads(pool)
         self.fleet = FleetReads(pool, self.liveness, clock)
         self.events = EventReads(pool)
+        self.telemetry = TelemetryReads(pool)

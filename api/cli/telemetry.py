@@ -1,0 +1,165 @@
+"""`modelforge-hw gpu telemetry` and `node telemetry`: a GPU's or a host's telemetry history over
+the HTTP API, one row per metric with its range over the window and a sparkline of the bucket
+means (`-` where a bucket has no known value: a gap, or a metric the device does not report)."""
+
+from __future__ import annotations
+
+import enum
+import math
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from api.cli.errors import CliError
+from api.cli.moments import parse_moment
+from api.cli.remote import Api, Server, Token, TokenFile, connect, resolve_gpu, resolve_node
+from api.cli.rendering import Output as Documents
+from api.cli.rendering import emit, table, when
+
+if TYPE_CHECKING:
+    from api.services.reads.telemetry import TelemetryHistoryBody
+    from domain.telemetry_history import Series
+
+# A sparkline of this many buckets fits a 100-column terminal beside the metric and its range.
+CLI_POINTS = 40
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+class HistoryOutput(enum.StrEnum):
+    table = "table"
+    json = "json"
+
+
+OutputOpt = Annotated[HistoryOutput, typer.Option("--output", "-o", help="table or json.")]
+SinceOpt = Annotated[
+    str, typer.Option("--since", help="Start: a duration before now (6h, 2d) or an ISO 8601 time.")
+]
+UntilOpt = Annotated[
+    str | None,
+    typer.Option("--until", help="End (exclusive): a duration before now or an ISO 8601 time; default now."),
+]
+StepOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--step", min=1, help=f"Bucket width in seconds; default: {CLI_POINTS} buckets.", show_default=False
+    ),
+]
+
+
+def sparkline(means: list[float | None]) -> str:
+    """One character per bucket, scaled from the lowest mean to the highest; `-` without one."""
+    known = [m for m in means if m is not None]
+    if not known:
+        return "-" * len(means)
+    low, high = min(known), max(known)
+    top = len(SPARKS) - 1
+    return "".join(
+        "-" if m is None else SPARKS[0 if high == low else round((m - low) / (high - low) * top)]
+        for m in means
+    )
+
+
+def number(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return str(int(value)) if value.is_integer() else f"{value:.2f}"
+
+
+def overall(series: Series) -> tuple[float | None, float | None, float | None]:
+    """The window's min, mean (weighted by each bucket's known values) and max."""
+    buckets = [b for b in series.points if b.mean is not None]
+    if not buckets:
+        return None, None, None
+    weights = [b.states.get("known", 1) for b in buckets]
+    mean = math.fsum((b.mean or 0.0) * w for b, w in zip(buckets, weights, strict=True)) / sum(weights)
+    lows = [b.min for b in buckets if b.min is not None]
+    highs = [b.max for b in buckets if b.max is not None]
+    return min(lows), min(max(mean, min(lows)), max(highs)), max(highs)
+
+
+def seen(series: Series) -> str:
+    """The availability states other than `known` seen over the window, e.g. `unsupported`."""
+    states: dict[str, int] = {}
+    for bucket in series.points:
+        for state, count in bucket.states.items():
+            if state != "known":
+                states[state] = states.get(state, 0) + count
+    return ", ".join(f"{state} ×{count}" for state, count in sorted(states.items()))
+
+
+def history_table(body: TelemetryHistoryBody) -> None:
+    print(
+        f"{body.subject} {body.uuid or body.id}: {when(body.since)} .. {when(body.until)}, "
+        f"{body.step_seconds} s per bucket, {body.samples} samples"
+    )
+    rows = []
+    for series in body.series:
+        low, mean, high = overall(series)
+        rows.append(
+            [
+                series.metric,
+                number(low),
+                number(mean),
+                number(high),
+                sparkline([b.mean for b in series.points]),
+                seen(series),
+            ]
+        )
+    table(["METRIC", "MIN", "MEAN", "MAX", "HISTORY", "NOT KNOWN"], rows, ids=(0, 4))
+
+
+def fetch(api: Api, path: str, since: str, until: str | None, step: int | None) -> TelemetryHistoryBody:
+    """The history over the window the flags name (durations counted back from now)."""
+    import msgspec
+
+    from api.services.reads.telemetry import TelemetryHistoryBody
+
+    now = datetime.now(UTC)
+    end = parse_moment(until, now) if until is not None else now
+    start = parse_moment(since, now)
+    if start >= end:
+        raise CliError(f"--since ({when(start)}) must be before --until ({when(end)})")
+    if step is None:
+        step = max(1, math.ceil((end - start).total_seconds() / CLI_POINTS))
+    params = [("since", start.isoformat()), ("until", end.isoformat()), ("step", str(step))]
+    return msgspec.json.decode(api.get(path, params), type=TelemetryHistoryBody)
+
+
+def show(body: TelemetryHistoryBody, output: HistoryOutput) -> None:
+    if output is HistoryOutput.json:
+        emit(body, Documents.json)
+    else:
+        history_table(body)
+
+
+def gpu_telemetry(
+    gpu: Annotated[str, typer.Argument(help="GPU UUID, UUID prefix or id prefix.", show_default=False)],
+    server: Server,
+    token: Token = None,
+    token_file: TokenFile = None,
+    since: SinceOpt = "1h",
+    until: UntilOpt = None,
+    step: StepOpt = None,
+    output: OutputOpt = HistoryOutput.table,
+) -> None:
+    """One GPU's telemetry history: per metric its min, mean and max and a sparkline."""
+    api = connect(server, token, token_file)
+    found = resolve_gpu(api.accelerators(), gpu)
+    show(fetch(api, f"/hardware/accelerators/{found.id}/telemetry", since, until, step), output)
+
+
+def node_telemetry(
+    node: Annotated[str, typer.Argument(help="Node id, id prefix or hostname.", show_default=False)],
+    server: Server,
+    token: Token = None,
+    token_file: TokenFile = None,
+    since: SinceOpt = "1h",
+    until: UntilOpt = None,
+    step: StepOpt = None,
+    output: OutputOpt = HistoryOutput.table,
+) -> None:
+    """One node's host telemetry history: per metric its min, mean and max and a sparkline."""
+    api = connect(server, token, token_file)
+    found = resolve_node(api.nodes(), node)
+    show(fetch(api, f"/hardware/nodes/{found.id}/telemetry", since, until, step), output)

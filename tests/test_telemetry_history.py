@@ -1,0 +1,167 @@
+"""The telemetry history routes over a real PostgreSQL: an hour of seeded samples with a gap of
+ten minutes, a fan the GPU does not report, a report delivered late, a sample of another GPU and
+the per-kind events of older logs; the buckets, the refusals and the plan of the log's read."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from api.services.reads.telemetry import ACCELERATOR_SAMPLES, HOST_SAMPLES
+from api.services.scopes import OperatorTokens
+from tests.telemetry_support import BASE, WINDOW, seed
+
+
+async def _fixture(make_api: Any) -> tuple[Any, str, dict[str, Any]]:
+    api = make_api()
+    await api.refresh()
+    node_id = (await api.get("/api/v1/hardware/nodes")).json()["items"][0]["id"]
+    acc = (await api.get("/api/v1/hardware/accelerators")).json()["items"][0]
+    await seed(api.pool, node_id, acc["id"], acc["uuid"])
+    return api, node_id, acc
+
+
+def _series(body: dict[str, Any], metric: str) -> list[dict[str, Any]]:
+    return next(s["points"] for s in body["series"] if s["metric"] == metric)
+
+
+async def test_accelerator_history_buckets_gaps_and_unsupported(make_api) -> None:  # type: ignore[no-untyped-def]
+    api, node_id, acc = await _fixture(make_api)
+    r = await api.get(f"/api/v1/hardware/accelerators/{acc['id']}/telemetry", params={**WINDOW, "step": 300})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["subject"], body["node_id"], body["uuid"], body["step_seconds"]) == (
+        "accelerator",
+        node_id,
+        acc["uuid"],
+        300,
+    )
+    # 49 snapshots, the older release's sample and the late report; not the one observed before.
+    assert body["samples"] == 51
+    temperature = _series(body, "temperature_celsius")
+    assert len(temperature) == 12
+    assert [p["count"] for p in temperature] == [5, 6, 5, 5, 0, 0, 5, 5, 5, 5, 5, 5]
+    assert temperature[0] == {
+        "start": "2026-11-30T10:00:00Z",
+        "count": 5,
+        "states": {"known": 5},
+        "min": 40.0,
+        "mean": 42.0,
+        "max": 44.0,
+    }
+    # the gap: no number at all, never 0
+    assert temperature[4] == {
+        "start": "2026-11-30T10:20:00Z",
+        "count": 0,
+        "states": {},
+        "min": None,
+        "mean": None,
+        "max": None,
+    }
+    # the late report lands where it was observed (minute 5.5, its reading 45)
+    assert temperature[1]["count"] == 6 and abs(temperature[1]["mean"] - 280 / 6) < 1e-9
+    assert temperature[11]["max"] == 99.0  # minute 59: the older release's per-kind sample
+    fan = _series(body, "fan_speed_percent")
+    assert fan[0]["states"] == {"unsupported": 5} and fan[0]["mean"] is None
+    assert fan[4]["states"] == {}
+    # a metric no sample carries: every bucket empty
+    assert all(p["count"] == 0 and p["mean"] is None for p in _series(body, "clock_sm_mhz"))
+    assert {s["metric"] for s in body["series"]} >= {"power_watts", "performance_state"}
+
+
+async def test_node_history_reads_the_host_metrics(make_api) -> None:  # type: ignore[no-untyped-def]
+    api, node_id, _acc = await _fixture(make_api)
+    r = await api.get(f"/api/v1/hardware/nodes/{node_id}/telemetry", params={**WINDOW, "step": 600})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["subject"], body["id"], body["uuid"], body["samples"]) == ("node", node_id, None, 51)
+    assert [s["metric"] for s in body["series"]] == ["memory_available_bytes", "memory_total_bytes"]
+    available = _series(body, "memory_available_bytes")
+    assert [p["count"] for p in available] == [11, 10, 0, 10, 10, 10]
+    assert (available[0]["min"], available[0]["max"]) == (1000.0, 1009.0)
+    assert available[5]["max"] == 1059.0  # HOST_TELEMETRY_OBSERVED of an older release
+
+
+async def test_defaults_keep_a_series_under_500_points(make_api) -> None:  # type: ignore[no-untyped-def]
+    api, node_id, acc = await _fixture(make_api)
+    r = await api.get(f"/api/v1/hardware/accelerators/{acc['id']}/telemetry")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    until = datetime.fromisoformat(body["until"])
+    assert datetime.fromisoformat(body["since"]) == until - timedelta(hours=1)
+    assert abs((datetime.now(UTC) - until).total_seconds()) < 60
+    points = _series(body, "temperature_celsius")
+    assert 450 <= len(points) <= 500 and body["step_seconds"] == 8
+    # the refresh's own sample, just now, is in the last hour
+    assert body["samples"] == 1
+    r = await api.get(f"/api/v1/hardware/nodes/{node_id}/telemetry", params={"until": WINDOW["until"]})
+    assert r.json()["samples"] == 51 and r.json()["since"] == "2026-11-30T10:00:00Z"
+
+
+async def test_refusals_name_the_parameter(make_api) -> None:  # type: ignore[no-untyped-def]
+    api, node_id, acc = await _fixture(make_api)
+    path = f"/api/v1/hardware/accelerators/{acc['id']}/telemetry"
+
+    async def problem(params: dict[str, Any], route: str = path) -> dict[str, Any]:
+        r = await api.get(route, params=params)
+        assert r.status_code == 400, r.text
+        assert r.headers["content-type"].startswith("application/problem+json")
+        return r.json()  # type: ignore[no-any-return]
+
+    assert (await problem({**WINDOW, "step": 0}))["parameter"] == "step"
+    too_many = await problem({**WINDOW, "step": 1})
+    assert too_many["parameter"] == "step" and "3600 points" in too_many["detail"]
+    day = {"since": (BASE - timedelta(days=1)).isoformat(), "until": BASE.isoformat()}
+    assert (await problem({**day, "step": 30}, f"/api/v1/hardware/nodes/{node_id}/telemetry"))[
+        "parameter"
+    ] == "step"
+    backwards = await problem({"since": WINDOW["until"], "until": WINDOW["since"]})
+    assert backwards["parameter"] == "since" and "before" in backwards["detail"]
+    assert (await problem({"since": WINDOW["since"], "until": WINDOW["since"]}))["parameter"] == "since"
+    bad_time = await problem({"since": "yesterday"})
+    assert "since" in str(bad_time), bad_time
+    assert "step" in str(await problem({"step": "often"}))
+    for route in (
+        f"/api/v1/hardware/accelerators/{'0' * 32}/telemetry",
+        "/api/v1/hardware/nodes/nope/telemetry",
+    ):
+        r = await api.get(route)
+        assert r.status_code == 404 and r.headers["content-type"].startswith("application/problem+json")
+
+
+async def test_1964_points_pass(make_api) -> None:  # type: ignore[no-untyped-def]
+    api, _node_id, acc = await _fixture(make_api)
+    day = {"since": (BASE - timedelta(days=1)).isoformat(), "until": BASE.isoformat(), "step": 44}
+    r = await api.get(f"/api/v1/hardware/accelerators/{acc['id']}/telemetry", params=day)
+    assert r.status_code == 200 and len(_series(r.json(), "power_watts")) == 1964
+
+
+async def test_a_viewer_reads_the_history(make_api) -> None:  # type: ignore[no-untyped-def]
+    api, node_id, acc = await _fixture(make_api)
+    viewer = {"Authorization": f"Bearer {(await OperatorTokens(api.pool).create(ttl_seconds=3600)).token}"}
+    for path in (
+        f"/api/v1/hardware/accelerators/{acc['id']}/telemetry",
+        f"/api/v1/hardware/nodes/{node_id}/telemetry",
+    ):
+        r = await api.client.get(path, params=WINDOW, headers=viewer)
+        assert r.status_code == 200 and r.json()["samples"] == 51, r.text
+        assert (await api.client.get(path, params=WINDOW)).status_code == 401
+
+
+async def test_the_history_reads_one_stream_by_index(make_api) -> None:  # type: ignore[no-untyped-def]
+    """The log's read finds the node's observations by an index on its stream in every segment,
+    never by a scan of the whole log (with a fleet's data PostgreSQL takes
+    `events_stream_observation_received_idx`: docs/telemetry.md)."""
+    api, node_id, acc = await _fixture(make_api)
+    async with api.pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL enable_seqscan = off")
+        for sql, args in (
+            (ACCELERATOR_SAMPLES, (node_id, BASE, BASE + timedelta(hours=1), acc["uuid"])),
+            (HOST_SAMPLES, (node_id, BASE, BASE + timedelta(hours=1))),
+        ):
+            plan = [r[0] for r in await conn.fetch("EXPLAIN " + sql, *args)]
+            scans = [line for line in plan if " on events" in line]
+            conditions = [line for line in plan if "Index Cond" in line or "Recheck Cond" in line]
+            assert scans and len(conditions) >= len(scans), plan
+            assert not any("Seq Scan" in line for line in scans), plan
+            assert all("stream_id = " in line for line in conditions), plan
