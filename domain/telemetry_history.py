@@ -22,6 +22,8 @@ from collectors.facts import Fact, Known
 DEFAULT_POINTS = 500
 MAX_POINTS = 2000
 MIN_STEP_SECONDS = 1
+# A bucket wider than a year is no history any more (and keeps the arithmetic on dates in range).
+MAX_STEP_SECONDS = 366 * 86400
 
 
 class Sample(msgspec.Struct, frozen=True):
@@ -84,8 +86,10 @@ def window(since: datetime, until: datetime, step_seconds: int | None) -> Window
         )
     if step_seconds is None:
         step_seconds = default_step(since, until)
-    if step_seconds < MIN_STEP_SECONDS:
-        raise WindowRefused("step", f"step must be at least {MIN_STEP_SECONDS} s (got {step_seconds})")
+    if not MIN_STEP_SECONDS <= step_seconds <= MAX_STEP_SECONDS:
+        raise WindowRefused(
+            "step", f"step must be {MIN_STEP_SECONDS} s to {MAX_STEP_SECONDS} s (got {step_seconds})"
+        )
     points = points_in(since, until, step_seconds)
     if points > MAX_POINTS:
         raise WindowRefused(

@@ -108,7 +108,7 @@ async def test_refusals_name_the_parameter(make_api) -> None:  # type: ignore[no
         assert r.headers["content-type"].startswith("application/problem+json")
         return r.json()  # type: ignore[no-any-return]
 
-    assert (await problem({**WINDOW, "step": 0}))["parameter"] == "step"
+    assert "step" in str(await problem({**WINDOW, "step": 0}))
     too_many = await problem({**WINDOW, "step": 1})
     assert too_many["parameter"] == "step" and "3600 points" in too_many["detail"]
     day = {"since": (BASE - timedelta(days=1)).isoformat(), "until": BASE.isoformat()}
@@ -121,6 +121,8 @@ async def test_refusals_name_the_parameter(make_api) -> None:  # type: ignore[no
     bad_time = await problem({"since": "yesterday"})
     assert "since" in str(bad_time), bad_time
     assert "step" in str(await problem({"step": "often"}))
+    assert "step" in str(await problem({"step": 10**12}))
+    assert (await problem({"until": "0001-01-01T00:30:00Z"}))["parameter"] == "until"
     for route in (
         f"/api/v1/hardware/accelerators/{'0' * 32}/telemetry",
         "/api/v1/hardware/nodes/nope/telemetry",

@@ -11,8 +11,8 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, QueryParameter
 
 from api.services.reads.repository import HardwareRepository
-from api.services.reads.telemetry import TelemetryHistoryBody, checked_window
-from domain.telemetry_history import DEFAULT_POINTS, MAX_POINTS, Window
+from api.services.reads.telemetry import TelemetryHistoryBody, checked_window, invalid_parameter
+from domain.telemetry_history import DEFAULT_POINTS, MAX_POINTS, MAX_STEP_SECONDS, MIN_STEP_SECONDS, Window
 
 DEFAULT_SPAN = timedelta(hours=1)
 
@@ -23,8 +23,10 @@ Until = Annotated[datetime | None, QueryParameter(description="end of the window
 Step = Annotated[
     int | None,
     QueryParameter(
+        ge=MIN_STEP_SECONDS,
+        le=MAX_STEP_SECONDS,
         description=f"bucket width in seconds, at least 1; default: at most {DEFAULT_POINTS} points. "
-        f"More than {MAX_POINTS} points per series is refused"
+        f"More than {MAX_POINTS} points per series is refused",
     ),
 ]
 
@@ -38,7 +40,10 @@ def _window(
     repository: HardwareRepository, since: datetime | None, until: datetime | None, step: int | None
 ) -> Window:
     end = _aware(until) if until is not None else repository.clock()
-    start = _aware(since) if since is not None else end - DEFAULT_SPAN
+    try:
+        start = _aware(since) if since is not None else end - DEFAULT_SPAN
+    except OverflowError as exc:
+        raise invalid_parameter("until", "until is too early for the default since (until - 1 h)") from exc
     return checked_window(start, end, step)
 
 
@@ -46,7 +51,7 @@ def _window(
     "/hardware/accelerators/{accelerator_id:str}/telemetry",
     summary="One accelerator's telemetry history, downsampled (since, until, step)",
 )
-async def accelerator_telemetry(
+async def get_accelerator_telemetry(
     repository: NamedDependency[HardwareRepository],
     accelerator_id: FromPath[str],
     since: Since = None,
@@ -60,7 +65,7 @@ async def accelerator_telemetry(
     "/hardware/nodes/{node_id:str}/telemetry",
     summary="One node's host telemetry history, downsampled (since, until, step)",
 )
-async def node_telemetry(
+async def get_node_telemetry(
     repository: NamedDependency[HardwareRepository],
     node_id: FromPath[str],
     since: Since = None,
@@ -70,4 +75,4 @@ async def node_telemetry(
     return await repository.telemetry.node(node_id, _window(repository, since, until, step))
 
 
-TELEMETRY_ROUTES: list[Any] = [accelerator_telemetry, node_telemetry]
+TELEMETRY_ROUTES: list[Any] = [get_accelerator_telemetry, get_node_telemetry]

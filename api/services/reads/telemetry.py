@@ -85,9 +85,12 @@ def checked_window(since: datetime, until: datetime, step_seconds: int | None) -
     try:
         return window(since, until, step_seconds)
     except WindowRefused as refused:
-        raise InvalidRequest(
-            "invalid-parameter", "Invalid parameter", refused.detail, parameter=refused.parameter
-        ) from refused
+        raise invalid_parameter(refused.parameter, refused.detail) from refused
+
+
+def invalid_parameter(parameter: str, detail: str) -> InvalidRequest:
+    """A 400 whose `parameter` member names the query parameter at fault."""
+    return InvalidRequest("invalid-parameter", "Invalid parameter", detail, parameter=parameter)
 
 
 class TelemetryReads:
