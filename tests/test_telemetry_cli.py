@@ -85,7 +85,7 @@ async def test_gpu_and_node_telemetry_tables_and_json(server: ServerProcess) -> 
     lines = shown.stdout.splitlines()
     assert lines[0].startswith(f"accelerator {GPU_UUID}: 2026-11-30 10:00:00Z .. 2026-11-30 11:00:00Z")
     assert "300 s per bucket, 51 samples" in lines[0]
-    assert lines[1].split() == ["METRIC", "MIN", "MEAN", "MAX", "HISTORY", "NOT", "KNOWN"]
+    assert lines[1].split() == ["METRIC", "MIN", "MEAN", "MAX", "HISTORY", "OTHER", "STATES"]
     # 40..59 and 70..99 a minute, and 45 delivered late: a mean of 70; the gap is `--`.
     metric, low, mean, high, spark = _row(shown.stdout, "temperature_celsius")
     assert (metric, low, mean, high) == ("temperature_celsius", "40", "70", "99")
@@ -134,3 +134,22 @@ async def test_a_viewer_reads_it_and_a_window_too_fine_is_refused(
     assert backwards.returncode != 0 and "must be before" in backwards.stderr
     unknown = await hw_async("gpu", "telemetry", "GPU-ffff", env=env)
     assert unknown.returncode == 5, unknown.stderr
+
+
+def test_sparkline_and_states_of_a_series() -> None:
+    from datetime import timedelta
+
+    from api.cli.telemetry import seen, sparkline
+    from collectors.facts import UNKNOWN, Known
+    from domain.telemetry_history import Sample, downsample, window
+    from tests.telemetry_support import BASE
+
+    assert sparkline([1.0, None, 8.0, 4.5]) == "▁-█▅"
+    assert sparkline([3.0, 3.0]) == "▁▁" and sparkline([None, None]) == "--"
+    w = window(BASE, BASE + timedelta(minutes=2), 60)
+    samples = [
+        Sample(BASE, {"performance_state": Known("P0")}),
+        Sample(BASE + timedelta(seconds=70), {"performance_state": UNKNOWN}),
+    ]
+    (pstate,) = downsample(w, samples, ["performance_state"])
+    assert seen(pstate) == "known ×1, not numbers, unknown ×1"

@@ -79,13 +79,17 @@ def overall(series: Series) -> tuple[float | None, float | None, float | None]:
 
 
 def seen(series: Series) -> str:
-    """The availability states other than `known` seen over the window, e.g. `unsupported`."""
+    """The availability states other than `known` seen over the window (`unsupported ×3`), and
+    known values that are not numbers (a performance state, `P0`), which have no range to show."""
     states: dict[str, int] = {}
     for bucket in series.points:
         for state, count in bucket.states.items():
-            if state != "known":
-                states[state] = states.get(state, 0) + count
-    return ", ".join(f"{state} ×{count}" for state, count in sorted(states.items()))
+            states[state] = states.get(state, 0) + count
+    known = states.pop("known", 0)
+    words = [f"{state} ×{count}" for state, count in sorted(states.items())]
+    if known and all(b.mean is None for b in series.points):
+        words.insert(0, f"known ×{known}, not numbers")
+    return ", ".join(words)
 
 
 def history_table(body: TelemetryHistoryBody) -> None:
@@ -106,7 +110,7 @@ def history_table(body: TelemetryHistoryBody) -> None:
                 seen(series),
             ]
         )
-    table(["METRIC", "MIN", "MEAN", "MAX", "HISTORY", "NOT KNOWN"], rows, ids=(0, 4))
+    table(["METRIC", "MIN", "MEAN", "MAX", "HISTORY", "OTHER STATES"], rows, ids=(0, 4))
 
 
 def fetch(api: Api, path: str, since: str, until: str | None, step: int | None) -> TelemetryHistoryBody:
