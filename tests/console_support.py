@@ -15,12 +15,13 @@ import asyncpg
 import msgspec
 
 from api.services.inventory import HardwareInventoryService
+from api.wiring import event_store
 from collectors.facts import UNSUPPORTED, Known, Unavailable
 from collectors.gpu_health import RETIRED_PAGES, XidOccurrence
 from collectors.identity import NodeIdentity
 from collectors.observations import AcceleratorObservation, HardwareObservation
 from domain.node import node_id_for
-from ledger.events import EventMetadata
+from ledger.events import AcceleratorSample, EventMetadata, NewEvent, NodeTelemetryObserved
 from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS
 from tests.builders import gpu, host, pending_remap, scan, signals, uncorrected_ecc, with_health
@@ -105,3 +106,36 @@ async def seed_fleet(pool: asyncpg.Pool) -> datetime:
     await report(service, ONLINE, _gpus(with_missing=False, xid_at=xid_at), kernel="6.8.0-50-generic")
     await caught_up(pool)
     return before_changes
+
+
+CHART_HOST = "chart-host"
+
+
+async def seed_chart_history(pool: asyncpg.Pool) -> str:
+    """A GPU without a power sensor on CHART_HOST, with 50 minutes of samples every 15 s up to now
+    and ten silent minutes (20 to 30 minutes ago) among them; returns its accelerator id."""
+    base = gpu(42)
+    sensorless = msgspec.structs.replace(base, telemetry={**base.telemetry, "power_watts": UNSUPPORTED})
+    await report(HardwareInventoryService(EventStore(pool, ALL_PROJECTIONS)), CHART_HOST, [sensorless])
+    async with pool.acquire() as conn:
+        acc_id: str = await conn.fetchval(
+            "SELECT accelerator_id FROM hw_accelerators WHERE uuid = $1", sensorless.uuid
+        )
+    now = datetime.now(UTC)
+    events = []
+    for k in range(199, 0, -1):  # oldest first, as an agent sends them
+        at = now - timedelta(seconds=15 * k)
+        if timedelta(minutes=20) <= now - at < timedelta(minutes=30):
+            continue
+        sample = AcceleratorSample(
+            accelerator_id=acc_id,
+            uuid=sensorless.uuid,
+            telemetry={"temperature_celsius": Known(40 + k % 7), "power_watts": UNSUPPORTED},
+        )
+        payload = NodeTelemetryObserved(
+            telemetry={"memory_available_bytes": Known(3 * 2**30 + k)}, storage=[], accelerators=[sample]
+        )
+        meta = EventMetadata(received_at=at, source="agent", observed_at=at)
+        events.append(NewEvent(payload=payload, metadata=meta))
+    await event_store(pool).append(node_id(CHART_HOST), None, events)
+    return acc_id

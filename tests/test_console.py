@@ -18,6 +18,7 @@ from api.services.reads.repository import HardwareRepository
 from ledger.db import init_connection
 from runtime.secrets import digest
 from tests.console_support import (
+    CHART_HOST,
     FAILED_GPU,
     MISSING_GPU,
     NO_FAN_GPU,
@@ -28,6 +29,7 @@ from tests.console_support import (
     caught_up,
     node_id,
     report,
+    seed_chart_history,
     seed_fleet,
 )
 
@@ -426,3 +428,29 @@ async def test_assets_are_served_here_and_pages_load_nothing_from_elsewhere(cons
         assert all(
             re.search(rf'<label for="{i}"', html) for i in re.findall(r'<(?:input|select) id="([^"]+)"', html)
         )
+
+
+async def test_gpu_and_node_pages_chart_the_window_with_gaps_as_gaps(console: Console) -> None:
+    """The chart history of console_support: the 1 h chart (30 s buckets) draws two runs of about
+    40 buckets each, the ten silent minutes as a gap, the power as not supported, and metrics
+    never reported as such."""
+    acc_id = await seed_chart_history(console.pool)
+    await console.login()
+
+    html = await console.page(f"/console/gpus/{acc_id}")
+    assert 'data-window="1h"' in html
+    temperature = html.split('data-chart="temperature_celsius"', 1)[1].split("</svg>", 1)[0]
+    runs = [int(n) for n in re.findall(r'<polyline class="line" data-points="(\d+)"', temperature)]
+    assert len(runs) == 2, runs  # the ten silent minutes are a gap
+    assert 75 <= sum(runs) <= 82, runs  # 40 minutes of 30 s buckets, each drawn once
+    assert re.search(r'data-chart="power_watts">Power draw: not supported<', html)
+    assert re.search(r'data-chart="clock_sm_mhz">SM clock \(MHz\): no known value in this window<', html)
+
+    wider = await console.page(f"/console/gpus/{acc_id}?window=6h")
+    assert 'data-window="6h"' in wider and '<strong aria-current="true">6h</strong>' in wider
+    assert "window must be one of 1h, 6h, 24h" in await console.page(
+        f"/console/gpus/{acc_id}?window=7d", status=400
+    )
+    node = await console.page(f"/console/nodes/{node_id(CHART_HOST)}")
+    host = node.split('data-chart="memory_available_bytes"', 1)[1].split("</svg>", 1)[0]
+    assert len(re.findall(r'<polyline class="line"', host)) == 2

@@ -32,7 +32,16 @@ from selenium.webdriver.support.wait import WebDriverWait
 from api.http.console.routes import COOKIE
 from ledger.db import create_pool
 from tests.agent_support import OPERATOR, OPERATOR_TOKEN, ROOT, ServerProcess, clean_env
-from tests.console_support import MISSING_GPU, NO_FAN_GPU, ONLINE, STALE, ZERO_FAN_GPU, node_id, seed_fleet
+from tests.console_support import (
+    MISSING_GPU,
+    NO_FAN_GPU,
+    ONLINE,
+    STALE,
+    ZERO_FAN_GPU,
+    node_id,
+    seed_chart_history,
+    seed_fleet,
+)
 
 SHOTS = ROOT / "docs" / "console"
 APT_TIMEOUT = 900
@@ -181,6 +190,7 @@ async def test_every_page_in_a_browser(server: ServerProcess, browser: WebDriver
     pool = await create_pool(database_dsn)
     try:
         before_changes = await seed_fleet(pool)
+        chart_gpu = await seed_chart_history(pool)
         async with pool.acquire() as conn:
             missing_id = await conn.fetchval(
                 "SELECT accelerator_id FROM hw_accelerators WHERE uuid = $1", MISSING_GPU
@@ -207,8 +217,8 @@ async def test_every_page_in_a_browser(server: ServerProcess, browser: WebDriver
     counts = {
         e.get_attribute("data-count"): e.text for e in browser.find_elements(By.CSS_SELECTOR, "#counts dd")
     }
-    assert counts["total"] == "4" and counts["local"] == "1" and counts["stale"] == "1"
-    assert len(rows(browser, "fleet")) == 4
+    assert counts["total"] == "5" and counts["local"] == "1" and counts["stale"] == "1"
+    assert len(rows(browser, "fleet")) == 5
     online = next(r for r in rows(browser, "fleet") if r.startswith(ONLINE))
     assert "1 missing" in online and "NVIDIA H200" in online and "online" in online
     assert "1 degraded" in online
@@ -287,6 +297,26 @@ async def test_every_page_in_a_browser(server: ServerProcess, browser: WebDriver
         retired.text.startswith("not supported") and retired.value_of_css_property("font-style") == "italic"
     )
     shot(browser, "gpu-health")
+
+    # Charts: the seeded hour drawn by Chromium as two lines with the silence between them.
+    browser.get(f"{base}/console/gpus/{chart_gpu}")
+    wait_for(browser, "#charts")
+    lines = browser.find_elements(By.CSS_SELECTOR, 'svg[data-chart="temperature_celsius"] polyline.line')
+    assert len(lines) == 2
+    assert 75 <= sum(int(e.get_attribute("data-points") or 0) for e in lines) <= 82
+    boxes = [
+        browser.execute_script("const b = arguments[0].getBBox(); return [b.x, b.x + b.width];", e)
+        for e in lines
+    ]
+    (_, first_end), (second_start, _) = sorted(boxes)
+    chart_width = browser.execute_script(
+        "return document.querySelector('svg[data-chart=temperature_celsius]').viewBox.baseVal.width"
+    )
+    # Ten minutes of an hour: about a sixth of the plot lies between the two lines, drawn as nothing.
+    assert second_start - first_end > chart_width / 10, boxes
+    power = browser.find_element(By.CSS_SELECTOR, 'p[data-chart="power_watts"]')
+    assert power.text == "Power draw: not supported"
+    shot(browser, "gpu-charts")
 
     # Decommission preview (read-only).
     browser.get(f"{base}/console/nodes/{node_id(ONLINE)}/decommission")

@@ -22,12 +22,14 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.params import Body, FromPath, FromQuery, QueryParameter
 from litestar.response import Redirect, Template
 
-from api.http.console import views
+from api.http.console import labels, views
+from api.http.console.charts import CHART_BUCKETS, GPU_CHARTS, HOST_CHARTS, WINDOWS, Chart, charts_of
 from api.http.context import AppContext
 from api.services.reads.bodies import AcceleratorBody, EventBody, NodeBody
 from api.services.reads.cursors import BadCursor
 from api.services.reads.fleet import FleetQuery
 from api.services.reads.gpu_health import gpu_health_overview
+from api.services.reads.telemetry import checked_window
 from api.services.scopes import OperatorTokens
 from ledger.events import EventClass
 from runtime.secrets import matches
@@ -117,6 +119,23 @@ def _choice(value: str | None, allowed: tuple[str, ...], name: str) -> str:
 
 
 _AS_OF_PAGES = ("fleet.html.j2", "node.html.j2", "gpu.html.j2")
+
+
+class ChartWindow(msgspec.Struct, frozen=True):
+    name: str  # "1h" | "6h" | "24h"
+    since: datetime
+    until: datetime
+
+    @property
+    def step_seconds(self) -> int:
+        return int((self.until - self.since).total_seconds()) // CHART_BUCKETS
+
+
+def _chart_window(request: Request[Any, Any, Any], value: str | None, moment: datetime | None) -> ChartWindow:
+    """The charts' window, ending at the page's moment (now, or its as-of moment)."""
+    name = _choice(value, tuple(WINDOWS), "window") or "1h"
+    until = moment or _ctx(request).repository.clock()
+    return ChartWindow(name=name, since=until - WINDOWS[name], until=until)
 
 
 def _page(template: str, as_of: datetime | None, **context: Any) -> Template:
@@ -286,9 +305,13 @@ def _gpu_order(a: AcceleratorBody) -> tuple[int, int, str]:
 
 @get("/nodes/{node_id:str}", name="console-node")
 async def node_page(
-    request: Request[Any, Any, Any], node_id: FromPath[str], as_of: FromQuery[str | None] = None
+    request: Request[Any, Any, Any],
+    node_id: FromPath[str],
+    as_of: FromQuery[str | None] = None,
+    window: FromQuery[str | None] = None,
 ) -> Template:
     moment = _as_of(as_of)
+    chart_window = _chart_window(request, window, moment)
     node = await _node(request, node_id, moment)
     accelerators = sorted(await _accelerators(request, node_id, moment), key=_gpu_order)
     page = await _ctx(request).repository.events.page(
@@ -297,10 +320,15 @@ async def node_page(
     timeline = page.items
     changed = next((e for e in timeline if e.global_position == node.fingerprint_position), None)
     metric_names = sorted({m for a in accelerators for m in a.telemetry})
+    host_history = await _ctx(request).repository.telemetry.node(
+        node_id, checked_window(chart_window.since, chart_window.until, chart_window.step_seconds)
+    )
     return _page(
         "node.html.j2",
         moment,
         node=node,
+        chart_window=chart_window,
+        charts=charts_of(host_history, HOST_CHARTS, labels.fact_label),
         accelerators=accelerators,
         metric_names=metric_names,
         timeline=timeline,
@@ -318,9 +346,13 @@ def _after(moment: datetime | None) -> datetime | None:
 
 @get("/gpus/{accelerator_id:str}", name="console-gpu")
 async def gpu_page(
-    request: Request[Any, Any, Any], accelerator_id: FromPath[str], as_of: FromQuery[str | None] = None
+    request: Request[Any, Any, Any],
+    accelerator_id: FromPath[str],
+    as_of: FromQuery[str | None] = None,
+    window: FromQuery[str | None] = None,
 ) -> Template:
     moment = _as_of(as_of)
+    chart_window = _chart_window(request, window, moment)
     c = _ctx(request)
     current = await c.repository.accelerators.get(accelerator_id)
     if current is None:
@@ -340,10 +372,16 @@ async def gpu_page(
         event_class="lifecycle",
     )
     history = history_page.items
+    gpu_history = await c.repository.telemetry.accelerator(
+        accelerator_id, checked_window(chart_window.since, chart_window.until, chart_window.step_seconds)
+    )
+    charts: list[Chart] = charts_of(gpu_history, GPU_CHARTS, labels.fact_label)
     return _page(
         "gpu.html.j2",
         moment,
         gpu=acc,
+        chart_window=chart_window,
+        charts=charts,
         node=node,
         metric_names=sorted(acc.telemetry),
         history=history,
