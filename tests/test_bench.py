@@ -15,7 +15,7 @@ from bench.harness import OpenLoop, Sample, StatementCounter, cpu_ticks, steal_s
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("bench", ["ingest", "ledger", "api", "replay"])
+@pytest.mark.parametrize("bench", ["ingest", "ledger", "api", "replay", "history"])
 def test_each_benchmark_imports_and_explains_itself(bench: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", f"bench.{bench}", "--help"],

@@ -1,0 +1,243 @@
+"""Telemetry history benchmark: one GPU's 24 h of retained samples, read through the real HTTP
+server, against the same server's `GET accelerators/{id}` as the baseline.
+
+    python -m bench.history             # 1,000 nodes x 8 GPUs, 200 requests per endpoint
+    python -m bench.history --quick     # a smoke run: 100 nodes, 20 requests per endpoint
+
+1. Fill (untimed) a throwaway database as bench.api does (`--fill fold`): every node observed once,
+   its read models and events COPYed in. Then ONE node gets `--hours` (24) of
+   NODE_TELEMETRY_OBSERVED every `--interval` (10) s, observed and received over the last 24 h,
+   COPYed into the log's day segments (made ahead as the server makes them), so the history's
+   index search and segment pruning meet a realistic log. Then VACUUM ANALYZE.
+2. Serve the product as an operator starts it (`modelforge-hw serve`).
+3. Sequential requests on one keep-alive connection, interleaved in rounds: the baseline
+   `GET /api/v1/hardware/accelerators/{id}`, then
+   `GET .../accelerators/{id}/telemetry?since=now-24h&until=now` with the default step and with
+   `step=60`. Every history response must count every sample of the window.
+
+Target: the 24 h history p99 < 100 ms (with the default step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import msgspec
+
+from bench import harness as h
+from bench.api import EVENT_COLUMNS, STEADY_LIVENESS, fill_by_fold
+from bench.fleet import node_key, node_observation
+
+TARGET_P99_MS = 100.0
+# Distinct snapshots cycled through the day: values vary as a GPU's do, without reconciling every
+# one of the day's samples.
+VARIETY = 64
+
+
+def snapshots(node: int, count: int, seed: int) -> list[Any]:
+    """`count` NODE_TELEMETRY_OBSERVED payloads of node `node` as `reconcile` writes them."""
+    from collectors.identity import NodeIdentity
+    from domain.node import NodeState, node_id_for
+    from domain.reconcile import reconcile
+    from ledger.events import NodeTelemetryObserved
+
+    node_id, rng = node_id_for(node_key(node)), random.Random(seed)
+    out: list[Any] = []
+    for _ in range(min(count, VARIETY)):
+        payloads = reconcile(
+            node_observation(node, rng),
+            NodeState(node_id=node_id),
+            NodeIdentity(node_key(node), "configured"),
+        )
+        out.extend(p for p in payloads if isinstance(p, NodeTelemetryObserved))
+    return out
+
+
+async def fill_history(pool: Any, node: int, hours: float, interval: float, now: datetime) -> tuple[str, int]:
+    """Append node `node`'s snapshots every `interval` s over the `hours` before `now` to its
+    stream, each in the day segment of its receive time; returns the node id and the count."""
+    from domain.node import node_id_for
+    from ledger.events import SCHEMA_VERSION, EventMetadata, NewEvent
+
+    node_id = node_id_for(node_key(node))
+    count = int(hours * 3600 / interval)
+    payloads = snapshots(node, count, 20261203)
+    start = now - timedelta(hours=hours)
+    rng = random.Random(7)
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.fetch(
+            "SELECT mf_ensure_segments($1::date, $2::date)", start.date(), (now + timedelta(days=1)).date()
+        )
+        days = {r["day"] for r in await conn.fetch("SELECT day FROM event_segments")}
+        position = await conn.fetchval("SELECT max(global_position) FROM events")
+        version = await conn.fetchval("SELECT version FROM streams WHERE stream_id = $1", node_id)
+        rows: list[tuple[Any, ...]] = []
+        for k in range(count):
+            # Observed mid-interval (inside the window however `now` is rounded), received up to
+            # two seconds later, as an agent's report arrives.
+            observed = start + timedelta(seconds=(k + 0.5) * interval)
+            received = observed + timedelta(seconds=rng.uniform(0.05, 2.0))
+            meta = EventMetadata(
+                received_at=received,
+                source="agent",
+                observed_at=observed,
+                agent_stream="telemetry",
+                agent_sequence=2 + k,
+            )
+            e = NewEvent(payload=payloads[k % len(payloads)], metadata=meta)
+            day = received.astimezone(UTC).date()
+            assert day in days, f"no segment for {day}"  # made above, as the server makes them ahead
+            rows.append(
+                (
+                    position + 1 + k, e.event_id, node_id, version + 1 + k, e.event_type, e.event_class,
+                    SCHEMA_VERSION, msgspec.Raw(msgspec.json.encode(e.payload)),
+                    msgspec.Raw(msgspec.json.encode(e.metadata)), received, received,
+                    day,
+                )
+            )  # fmt: skip
+        await conn.copy_records_to_table("events", records=rows, columns=[*EVENT_COLUMNS, "segment"])
+        await conn.execute("UPDATE streams SET version = $2 WHERE stream_id = $1", node_id, version + count)
+        await conn.execute(
+            "SELECT setval(pg_get_serial_sequence('events', 'global_position'), $1)", position + count
+        )
+    return node_id, count
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = h.parser(__doc__)
+    p.add_argument("--nodes", type=int, default=1_000, help="nodes of 8 GPUs (default 1,000)")
+    p.add_argument("--hours", type=float, default=24.0, help="hours of one node's history (default 24)")
+    p.add_argument("--interval", type=float, default=10.0, help="seconds between its samples (default 10)")
+    p.add_argument("--requests", type=int, default=200, help="requests per endpoint (default 200)")
+    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds (default 4)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.nodes, args.requests, args.rounds = 100, 20, 2
+    return args
+
+
+async def timed(conn: h.HttpConnection, path: str, n: int, sample: h.Sample) -> bytes:
+    """`n` sequential GETs of `path`; their latencies into `sample`; the last body."""
+    body = b""
+    t_start = time.perf_counter()
+    for _ in range(n):
+        t0 = time.perf_counter()
+        status, body = await conn.request(b"GET", path.encode(), h.bearer(h.OPERATOR_TOKEN))
+        sample.latencies.append(time.perf_counter() - t0)
+        sample.ops += 1
+        if status != 200:
+            sample.error(f"GET {path}: {status} {body[:200]!r}")
+    sample.usage.seconds += time.perf_counter() - t_start
+    return body
+
+
+def iso(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def run(args: argparse.Namespace) -> int:
+    from ledger.db import create_pool
+    from ledger.schema import migrate
+    from projections.inventory import ALL_PROJECTIONS
+    from projections.rebuild import rebuild_outdated
+
+    report = h.Report("history")
+    await h.describe_environment(report, "telemetry history")
+    async with (
+        h.throwaway_database("history", keep=args.keep) as db,
+        h.workdir("history", keep=args.keep) as work,
+    ):
+        server: h.Process | None = None
+        try:
+            now = datetime.now(UTC).replace(microsecond=0)
+            pool = await create_pool(db.dsn, min_size=1, max_size=4)
+            try:
+                async with pool.acquire() as conn:
+                    await migrate(conn)
+                await rebuild_outdated(pool, ALL_PROJECTIONS)
+                t0 = time.perf_counter()
+                events = await fill_by_fold(pool, args.nodes, random.Random(20261130))
+                node_id, count = await fill_history(pool, 0, args.hours, args.interval, now)
+                async with pool.acquire() as conn:
+                    await conn.execute("VACUUM ANALYZE")
+                    accelerator = await conn.fetchval(
+                        "SELECT min(accelerator_id) FROM hw_accelerators WHERE node_id = $1", node_id
+                    )
+                    segments = await conn.fetchval("SELECT count(*) FROM event_segments")
+            finally:
+                await pool.close()
+            print(f"fill: {args.nodes:,} nodes ({events:,} events), then {count:,} snapshots of one node over "
+                  f"{args.hours:g} h, {segments} day segments, in {time.perf_counter() - t0:.0f} s (untimed)")  # fmt: skip
+
+            server = await h.start_product_server(
+                db.dsn, work, "server", log_level="WARNING", settings=STEADY_LIVENESS
+            )
+            base = f"/api/v1/hardware/accelerators/{accelerator}"
+            window = f"since={iso(now - timedelta(hours=args.hours))}&until={iso(now)}"
+            endpoints = [
+                (h.Sample("baseline: GET accelerators/{id}"), base),
+                (h.Sample(f"telemetry history {args.hours:g}h (default step)"), f"{base}/telemetry?{window}"),
+                (
+                    h.Sample(f"telemetry history {args.hours:g}h (step=60)"),
+                    f"{base}/telemetry?{window}&step=60",
+                ),
+            ]
+            conn = await h.HttpConnection.open(server.port)
+            try:
+                # Correctness before speed (and one warm-up each): every sample of the window counted.
+                for sample, path in endpoints:
+                    body = await timed(conn, path, 1, h.Sample("warm-up"))
+                    if "telemetry" in path:
+                        got = msgspec.json.decode(body)
+                        # The node's first report (the fleet fill's) may fall in the window too.
+                        assert count <= got["samples"] <= count + 1, (
+                            f"{path}: {got['samples']} samples, not {count}"
+                        )
+                        sample.units = got["step_seconds"]
+                        print(f"{sample.name}: {len(got['series'])} series x "
+                              f"{len(got['series'][0]['points']) if got['series'] else 0} points, "
+                              f"step {got['step_seconds']} s, {len(body) / 1e3:.0f} kB")  # fmt: skip
+                per_round = max(1, args.requests // args.rounds)
+                print(f"load: one client, sequential, {per_round} requests per endpoint x {args.rounds} "
+                      f"round(s), interleaved")  # fmt: skip
+                for _ in range(args.rounds):
+                    for sample, path in endpoints:
+                        await timed(conn, path, per_round, sample)
+            finally:
+                conn.close()
+
+            h.table(
+                ["endpoint", "requests", "req/s", "p50 ms", "p99 ms", "errors"],
+                [[s.name, s.ops, s.rate, s.ms(50), s.ms(99), s.errors] for s, _ in endpoints],
+            )
+            baseline = endpoints[0][0]
+            print()
+            for s, _ in endpoints[1:]:
+                print(f"{s.name} p50 / p99: {s.ms(50):.1f} / {s.ms(99):.1f} ms")
+                print(f"{s.name} p99 / baseline p99: {s.ms(99) / baseline.ms(99):.1f}x")
+            for s, _ in endpoints:
+                report.row(**s.as_row())
+            for s, _ in endpoints[1:]:
+                report.ratio(h.Ratio(f"{s.name} p99 ms", s.ms(99), TARGET_P99_MS, at_least=False))
+                report.ratio(h.Ratio(f"{s.name} p99 / baseline p99", s.ms(99) / baseline.ms(99), None))
+            report.finish(args.json)
+            for s, _ in endpoints:
+                for e in s.error_samples:
+                    print(f"error: {e}")
+            return 1 if any(s.errors for s, _ in endpoints) else 0
+        finally:
+            if server is not None:
+                server.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return h.main(run, parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
