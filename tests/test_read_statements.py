@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.services.reads import accelerators, fleet, nodes
+from api.services.reads import accelerators, discovery, fleet, nodes
 from api.services.reads.statement import Query, Statement, slots_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,8 +57,8 @@ def test_values_never_reach_the_text(values: list[str]) -> None:
 
 @pytest.mark.parametrize(
     ("shape", "arity"),
-    [(nodes._page, 4), (accelerators._page, 4), (fleet._page, 6)],
-    ids=["nodes", "accelerators", "fleet"],
+    [(nodes._page, 4), (accelerators._page, 4), (fleet._page, 6), (discovery._statement, 2)],
+    ids=["nodes", "accelerators", "fleet", "discovery"],
 )
 def test_every_shape_of_every_filtered_read_numbers_its_parameters_densely(shape: object, arity: int) -> None:
     for flags in itertools.product((False, True), repeat=arity):

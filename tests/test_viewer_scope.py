@@ -42,7 +42,7 @@ def test_the_matrix_covers_reads_and_writes() -> None:
     reads = [r for r in routes if viewer_may(*r)]
     writes = [r for r in routes if not viewer_may(*r)]
     assert ("GET", "/metrics") in reads and ("GET", "/api/v1/hardware/nodes") in reads
-    assert ("GET", "/api/v1/hardware/events") in reads
+    assert ("GET", "/api/v1/hardware/events") in reads and ("GET", "/api/v1/sd/prometheus") in reads
     for must_refuse in (
         ("POST", "/api/v1/hardware/refresh"),
         ("POST", "/api/v1/enrollment-tokens"),

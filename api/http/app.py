@@ -27,6 +27,7 @@ from api.http.agent import agent_routers
 from api.http.console import ConsolePlugin
 from api.http.context import DEPENDENCIES, AppContext, operator_guard
 from api.http.decommission import decommission_routers
+from api.http.discovery import DISCOVERY_ROUTES
 from api.http.telemetry import TELEMETRY_ROUTES
 from api.services.errors import Conflict, DomainError, Unavailable
 from api.services.inventory import EventSummary, RefreshOutcome
@@ -345,6 +346,7 @@ HARDWARE_ROUTES: list[Any] = [
     get_accelerator,
     list_events,
     *TELEMETRY_ROUTES,
+    *DISCOVERY_ROUTES,
 ]
 
 

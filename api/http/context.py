@@ -138,6 +138,6 @@ async def operator_guard(connection: ASGIConnection[Any, Any, Any, Any], _: Base
         raise Forbidden(
             "insufficient-scope",
             "Insufficient scope",
-            "a viewer token may only read metrics, the inventory and the audit log",
+            "a viewer token may only read metrics, the inventory, the audit log and service discovery",
         )
     raise NotAuthorizedException("the bearer token is not a valid operator token")

@@ -76,6 +76,7 @@ OPERATION_TAGS = {
     "/api/v1/agent-credentials": "enrollment",
     "/api/v1/agent-streams": "enrollment",
     "/metrics": "metrics",
+    "/api/v1/sd/": "discovery",
 }
 # Longer prefixes first: lease and decommission routes live under /hardware/nodes/{id}/.
 _SUBTAGS = {"/leases": "leases", "/decommission": "decommission"}

@@ -1,10 +1,11 @@
 """Operator token scopes: the admin token may do everything; a `viewer` token may only read.
 
 A viewer token (`mfv_<id>_<secret>`, minted by `modelforge-hw viewer-token create`) reads metrics,
-the inventory (nodes, accelerators, leases) and the audit log: GET/HEAD on `/metrics` and
-`/api/v1/hardware/...`. Every other operator route (refresh, enrollment tokens, credentials, agent
-streams, leases and decommission writes) answers 403 problem+json `insufficient-scope` to it, so
-a Prometheus server or a dashboard holds a credential that cannot change the fleet.
+the inventory (nodes, accelerators, leases), the audit log and the service discovery targets:
+GET/HEAD on `/metrics`, `/api/v1/hardware/...` and `/api/v1/sd/...`. Every other operator route
+(refresh, enrollment tokens, credentials, agent streams, leases and decommission writes) answers
+403 problem+json `insufficient-scope` to it, so a Prometheus server or a dashboard holds a
+credential that cannot change the fleet.
 
 Only the SHA-256 of the secret is stored (table `operator_tokens`); revocation and expiry are
 checked on every request, nothing is cached.
@@ -21,7 +22,7 @@ from runtime.secrets import matches, mint, parse
 
 PREFIX = "mfv"
 READ_METHODS = frozenset({"GET", "HEAD"})
-READ_PATHS = ("/metrics", "/api/v1/hardware/")
+READ_PATHS = ("/metrics", "/api/v1/hardware/", "/api/v1/sd/")
 
 
 class ViewerToken(msgspec.Struct, frozen=True):
@@ -46,8 +47,9 @@ class UnknownToken(LookupError):
 
 
 def viewer_may(method: str, path: str) -> bool:
-    """What a viewer token may do: read metrics and the hardware inventory and audit log."""
-    return method.upper() in READ_METHODS and (path == "/metrics" or path.startswith(READ_PATHS[1]))
+    """What a viewer token may do: read metrics, the hardware inventory and audit log, and the
+    service discovery targets (Prometheus' http_sd)."""
+    return method.upper() in READ_METHODS and (path == "/metrics" or path.startswith(READ_PATHS[1:]))
 
 
 def _status(revoked_at: datetime | None, expires_at: datetime | None, now: datetime) -> str:

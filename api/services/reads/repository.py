@@ -1,6 +1,7 @@
 """HardwareRepository: the read side as the one object the routes and the console take. It holds
-the read module of each kind (nodes, accelerators, the fleet, the log, telemetry history), which
-callers ask directly, and the one liveness policy and clock by which they all judge."""
+the read module of each kind (nodes, accelerators, the fleet, the log, telemetry history, service
+discovery), which callers ask directly, and the one liveness policy and clock by which they all
+judge."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import asyncpg
 
 from api.services.clock import central_now
 from api.services.reads.accelerators import AcceleratorReads
+from api.services.reads.discovery import DiscoveryReads
 from api.services.reads.events import EventReads
 from api.services.reads.fleet import FleetReads
 from api.services.reads.liveness import LivenessPolicy
@@ -34,3 +36,4 @@ class HardwareRepository:
         self.fleet = FleetReads(pool, self.liveness, clock)
         self.events = EventReads(pool)
         self.telemetry = TelemetryReads(pool)
+        self.discovery = DiscoveryReads(pool, self.liveness, clock)
