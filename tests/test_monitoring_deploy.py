@@ -1,8 +1,10 @@
 """deploy/prometheus and deploy/grafana: checked by promtool, and kept in step with the metrics
 catalog (api/services/metrics/catalog.py), so a renamed metric cannot leave a silent alert or an empty panel.
+The service discovery job reads the server's http_sd route with the viewer token and keeps the
+health label.
 
-promtool comes from Debian's `prometheus` package; when it is missing this installs it with
-apt-get, and FAILS (never skips) when it cannot.
+promtool (and prometheus) come from Debian's `prometheus` package; when it is missing this installs
+it with apt-get, and FAILS (never skips) when it cannot.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from api.services.metrics.catalog import METRICS
 from tests.test_deploy import _apt_install
@@ -31,15 +34,20 @@ ALERTS = (
 )
 
 
-def promtool_path() -> str:
-    """promtool, installed with apt-get when missing; the calling test fails when it cannot be."""
-    path = shutil.which("promtool")
+def prometheus_tool(name: str) -> str:
+    """`promtool` or `prometheus`, installed with apt-get when missing; the calling test fails
+    when it cannot be."""
+    path = shutil.which(name)
     if path is None:
         why = _apt_install("prometheus")
-        path = shutil.which("promtool")
+        path = shutil.which(name)
         if path is None:
-            pytest.fail(f"promtool (Debian package prometheus) cannot be installed: {why or 'not on PATH'}")
+            pytest.fail(f"{name} (Debian package prometheus) cannot be installed: {why or 'not on PATH'}")
     return path
+
+
+def promtool_path() -> str:
+    return prometheus_tool("promtool")
 
 
 @pytest.fixture(scope="session")
@@ -64,6 +72,30 @@ def test_promtool_checks_the_scrape_config(promtool: str, prometheus_dir: Path) 
     done = promtool_run(promtool, prometheus_dir, "check", "config", "prometheus.yml")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 rule files found" in done.stdout
+
+
+def discovery_job(config: dict) -> dict:  # type: ignore[type-arg]
+    jobs = [j for j in config["scrape_configs"] if "http_sd_configs" in j]
+    assert len(jobs) == 1, "one service discovery job"
+    return jobs[0]  # type: ignore[no-any-return]
+
+
+def test_the_discovery_job_reads_the_sd_route_with_the_viewer_token_and_keeps_health(
+    promtool: str, prometheus_dir: Path
+) -> None:
+    config = yaml.safe_load((prometheus_dir / "prometheus.yml").read_text(encoding="utf-8"))
+    job = discovery_job(config)
+    (sd,) = job["http_sd_configs"]
+    assert "/api/v1/sd/prometheus" in sd["url"]
+    assert sd["authorization"] == {"type": "Bearer", "credentials_file": "modelforge-viewer-token"}
+    kept = {r["target_label"]: r["source_labels"] for r in job["relabel_configs"]}
+    assert kept["health"] == ["__meta_modelforge_health"]
+    assert kept["node_id"] == ["__meta_modelforge_node_id"]
+    # promtool checks the job itself: without its URL the configuration is refused.
+    del sd["url"]
+    (prometheus_dir / "broken.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    done = promtool_run(promtool, prometheus_dir, "check", "config", "broken.yml")
+    assert done.returncode != 0 and "url" in (done.stdout + done.stderr).lower(), done.stdout + done.stderr
 
 
 def test_promtool_checks_the_alert_rules(promtool: str, prometheus_dir: Path) -> None:
