@@ -10,9 +10,15 @@ from typing import Any
 
 import pytest
 
+from api.services.inventory import HardwareInventoryService
+from api.services.reads.discovery import TargetLabels
 from api.services.scopes import OperatorTokens
-from tests.console_support import OFFLINE, ONLINE, STALE, node_id, seed_fleet
+from ledger.store import EventStore
+from projections.inventory import ALL_PROJECTIONS
+from tests.builders import gpu
+from tests.console_support import OFFLINE, ONLINE, STALE, node_id, report, seed_fleet
 from tests.test_decommission import enrolled_node, execute, preview
+from tests.test_monitoring_deploy import ROOT
 
 SD = "/api/v1/sd/prometheus"
 META = "__meta_modelforge_"
@@ -67,6 +73,16 @@ async def test_one_target_group_per_node_not_decommissioned_with_its_labels(make
         assert labels[META + "health"] == node["health"]["status"]
         assert labels[META + "driver_version"] == (node["driver_version"] or "")
         assert group["targets"] == [f"{node['hostname']}:9400"]
+
+
+async def test_a_node_without_a_hostname_has_no_address_and_is_left_out(make_api) -> None:  # type: ignore[no-untyped-def]
+    api = make_api()
+    service = HardwareInventoryService(EventStore(api.pool, ALL_PROJECTIONS))
+    await report(service, "", [gpu(1)], ago=1)
+    await report(service, "gpu-named", [gpu(2)], ago=1)
+    nodes = (await api.get("/api/v1/hardware/nodes")).json()["items"]
+    assert sorted(n["hostname"] or "" for n in nodes) == ["", "gpu-named"]
+    assert [g["targets"] for g in (await api.get(SD)).json()] == [["gpu-named:9400"]]
 
 
 async def test_port_and_filters_narrow_as_on_nodes(make_api) -> None:  # type: ignore[no-untyped-def]
@@ -153,3 +169,10 @@ async def test_the_openapi_document_names_the_route_and_its_labels(make_api) -> 
             "driver_version",
         )
     )
+
+
+def test_the_integrations_doc_names_every_label() -> None:
+    doc = (ROOT / "docs" / "integrations.md").read_text(encoding="utf-8")
+    for name in TargetLabels.__struct_encode_fields__:
+        assert f"`{name}`" in doc, name
+    assert "## Prometheus service discovery" in doc and "/api/v1/sd/prometheus" in doc
