@@ -1,8 +1,9 @@
-"""Ingest benchmark (issues 4 and 12): simulated agents reporting to `modelforge-hw serve` over
+"""Ingest benchmark (issues 4, 12 and 33): simulated agents reporting to `modelforge-hw serve` over
 HTTP, next to the ledger-only append ceiling, in one run on one throwaway database.
 
     python -m bench.ingest              # 1,000 nodes, 2 rounds x 10 s per tier, open loop 60 s
     python -m bench.ingest --quick      # under 2 minutes: 500 nodes, 2 rounds x 3 s, open loop 15 s
+    python -m bench.ingest --quick --baseline CHECKOUT   # under 3 minutes: both, same PostgreSQL
 
 Agents (simulated, no NVML): nodes of 8 GPUs (bench/fleet.py), each enrolled over HTTP (an
 enrollment token from the operator API, then `POST /agent/enroll`), then one `inventory` report
@@ -26,11 +27,19 @@ Measured:
   /hardware/refresh` of the server's own host) and per ceiling append, counted on the wire by
   the harness's StatementCounter (a proxy between a separate server process and PostgreSQL), with
   the transactions they make;
-- with `--baseline CHECKOUT`: the http tier and the statement counts of another checkout of the
-  product (its own `serve`, database and agents), interleaved with this one's.
+- steady window: `--steady-reports` (5,000) telemetry reports only, to one checkout's server at a
+  time with nothing else of this run writing: `WAL per report` (that database's WAL records, read
+  back with pg_walinspect, since the WAL position is the cluster's) and `storage per snapshot`
+  (the growth of every partition of `events` with TOAST and indexes over the NODE_TELEMETRY_OBSERVED
+  events appended), printed with the closed loop's server and PostgreSQL CPU per report;
+- with `--baseline CHECKOUT`: the http tier, the steady window and the statement counts of another
+  checkout of the product (its own `serve`, database and agents), interleaved with this one's, and
+  this checkout's figures over the baseline's.
 
 Targets (issue 12): >= 1,000 reports/s closed loop with p99 < 100 ms; the open loop at 1,000/s
 keeps up without a growing backlog; <= 1 ms of server CPU and <= 1 ms of PostgreSQL CPU per report.
+Targets (issue 33), this checkout over the baseline: WAL per report and storage per snapshot <= 0.35,
+reports/s >= 0.95, p99 <= 1/0.95, server CPU per report <= 0.5, PostgreSQL CPU per report <= 0.6.
 """
 
 from __future__ import annotations
@@ -390,6 +399,124 @@ class Target:
         return cls(label, tree, db, server, agents)
 
 
+STEADY_REPORTS = 5000  # the steady window's reports per checkout (--quick: 2,000)
+SNAPSHOTS = "SELECT count(*) FROM events WHERE event_type = 'NODE_TELEMETRY_OBSERVED'"
+
+
+@dataclass
+class Steady:
+    """A window of steady telemetry reports of one checkout, nothing else of this run writing
+    meanwhile: what they cost in WAL and in the log's bytes."""
+
+    reports: int  # accepted
+    errors: int
+    snapshots: int  # NODE_TELEMETRY_OBSERVED events appended in the window
+    log_bytes: int  # growth of `events`: every partition with its TOAST and indexes
+    wal: h.WalShare
+
+    @property
+    def wal_per_report(self) -> float | None:
+        """The database's own WAL records per report; the cluster's WAL when they cannot be read."""
+        wal = self.wal.database if self.wal.database is not None else self.wal.total
+        return wal / self.reports if self.reports else None
+
+    @property
+    def storage_per_snapshot(self) -> float | None:
+        return self.log_bytes / self.snapshots if self.snapshots else None
+
+    def as_row(self, who: str) -> dict[str, Any]:
+        return {
+            "name": f"steady telemetry window ({who})",
+            "reports": self.reports,
+            "errors": self.errors,
+            "snapshots": self.snapshots,
+            "log_bytes": self.log_bytes,
+            "wal_bytes_per_report": self.wal_per_report,
+            "storage_bytes_per_snapshot": self.storage_per_snapshot,
+            "wal_cluster_bytes": self.wal.total,
+            "wal_records_bytes": self.wal.records,
+            "wal_database_bytes": self.wal.database,
+            "wal_database_fpi_bytes": self.wal.database_fpi,
+        }
+
+
+async def log_figures(dsn: str) -> tuple[int, int]:
+    """(bytes of `events`: every partition with its TOAST and indexes, telemetry snapshots in it)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        size = await conn.fetchval(
+            f"SELECT sum(pg_total_relation_size(relid)) FROM ({h.LOG_PARTITIONS}) leaves"
+        )
+        return int(size), int(await conn.fetchval(SNAPSHOTS))
+    finally:
+        await conn.close()
+
+
+async def steady_window(target: Target, reports: int, connections: int, wal: h.WalInspector) -> Steady:
+    """`reports` telemetry reports (no inventory report among them) to `target`'s server alone,
+    closed loop; the other checkout's server idles meanwhile."""
+    conns = [await h.HttpConnection.open(target.server.port) for _ in range(connections)]
+    groups = [target.agents[c::connections] for c in range(connections)]
+    per = -(-reports // connections)
+    accepted, errors = 0, 0
+
+    async def worker(c: int) -> None:
+        nonlocal accepted, errors
+        for k in range(per):
+            try:
+                await groups[c][k % len(groups[c])].send(conns[c], "telemetry")
+            except Exception as exc:
+                errors += 1
+                if errors <= 3:
+                    print(f"  error (steady window, {target.label}): {exc!r}"[:300])
+            else:
+                accepted += 1
+
+    size0, snapshots0 = await log_figures(target.db.dsn)
+    start = await wal.position()
+    try:
+        await asyncio.gather(*(worker(c) for c in range(connections)))
+    finally:
+        for conn in conns:
+            conn.close()
+    end = await wal.position()
+    size1, snapshots1 = await log_figures(target.db.dsn)
+    share = await wal.share(start, end, target.db.name)
+    return Steady(accepted, errors, snapshots1 - snapshots0, size1 - size0, share)
+
+
+def print_per_report(who: str, steady: Steady | None, http: h.Sample) -> None:
+    """The figures issue 33 compares, on lines of their own: WAL and storage from the steady
+    window, CPU from the closed loop (its rounds interleaved with the other checkout's)."""
+    wal = steady.wal_per_report if steady is not None else None
+    storage = steady.storage_per_snapshot if steady is not None else None
+    server, db = http.per_op("server_cpu"), http.per_op("db_cpu")
+    print(f"{who}:")
+    print(f"  WAL per report: {'n/a' if wal is None else f'{wal:,.0f}'} B")
+    print(f"  storage per snapshot: {'n/a' if storage is None else f'{storage:,.0f}'} B")
+    print(f"  server CPU per report: {'n/a' if server is None else f'{server:.3f}'} ms")
+    print(f"  PostgreSQL CPU per report: {'n/a' if db is None else f'{db:.3f}'} ms")
+
+
+def this_over_baseline(
+    report: h.Report, steady: Steady, bsteady: Steady, http: h.Sample, base: h.Sample
+) -> None:
+    """Issue 33's targets: this checkout's figures over the baseline's, same run, same PostgreSQL."""
+
+    def over(a: float | None, b: float | None) -> float:
+        return a / b if a is not None and b else float("nan")
+
+    report.ratio(h.Ratio("WAL per steady report, this / baseline", over(steady.wal_per_report, bsteady.wal_per_report), 0.35, at_least=False))  # fmt: skip
+    report.ratio(h.Ratio("storage per snapshot, this / baseline", over(steady.storage_per_snapshot, bsteady.storage_per_snapshot), 0.35, at_least=False))  # fmt: skip
+    report.ratio(h.Ratio("this checkout / baseline (http reports/s)", over(http.rate, base.rate), 0.95, h.cost_ratio(http, base)))  # fmt: skip
+    report.ratio(h.Ratio("p99, this / baseline (closed loop)", over(http.ms(99), base.ms(99)), 1 / 0.95, at_least=False))  # fmt: skip
+    for attr, label, target in (("server_cpu", "server", 0.5), ("db_cpu", "PostgreSQL", 0.6)):
+        v = over(http.per_op(attr), base.per_op(attr))
+        report.ratio(h.Ratio(f"{label} CPU per report, this / baseline", v, target, at_least=False))
+
+
 RETENTION_STREAMS = 200  # the old snapshots are spread over this many simulated node streams
 
 
@@ -450,6 +577,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--open-seconds", type=float, default=60.0, help="open-loop length (default 60 s)")
     p.add_argument("--variants", type=int, default=3, help="pre-built observations per node (default 3)")
     p.add_argument("--count", type=int, default=400, help="reports in the statement-counting window")
+    p.add_argument(
+        "--steady-reports", type=int, default=STEADY_REPORTS,
+        help="telemetry reports per checkout in the steady window, where WAL and storage are measured "
+        f"(default {STEADY_REPORTS:,}; 0 skips it)",
+    )  # fmt: skip
     p.add_argument("--no-two-servers", dest="two_servers", action="store_false", help="skip two servers")
     p.add_argument("--no-open-loop", dest="open_loop", action="store_false", help="skip the open loop")
     p.add_argument("--no-count", dest="count_statements", action="store_false", help="skip the counting")
@@ -467,6 +599,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.nodes, args.rounds, args.duration, args.open_seconds, args.count = 500, 2, 3.0, 15.0, 200
+        args.steady_reports = min(args.steady_reports, 2000)
         args.retention_events = min(args.retention_events, 100_000)
     return args
 
@@ -521,6 +654,22 @@ async def run(args: argparse.Namespace) -> int:
                     bmeter.measure(Load(baseline.agents).http("", [baseline.server.port], c, args.duration))
                 )
                 base.merge(s, u)
+        # The steady windows, one checkout at a time, before anything else of this run writes:
+        # the WAL position is the cluster's, so each window has only that server's reports.
+        steady: Steady | None = None
+        bsteady: Steady | None = None
+        wal_note = ""
+        if args.steady_reports > 0:
+            wdb = await stack.enter_async_context(h.throwaway_database("wal", keep=args.keep))
+            wal = await h.WalInspector.open(wdb.dsn)
+            stack.push_async_callback(wal.close)
+            steady = await steady_window(this, args.steady_reports, c, wal)
+            if baseline is not None:
+                bsteady = await steady_window(baseline, args.steady_reports, c, wal)
+            wal_note = wal.why_not or (
+                "the bytes of the window's WAL records of that checkout's database (the relations they change,\n"
+                "the commits of its transactions), read back with pg_walinspect; other databases' are left out"
+            )
         # The ceiling after the http rounds, not between them: it appends to this checkout's
         # database and streams, which the baseline's never see, and interleaved it put this
         # checkout's http rounds 5-20 % behind an identical baseline's (docs/performance.md,
@@ -600,6 +749,29 @@ async def run(args: argparse.Namespace) -> int:
             report.row(**s.as_row())
             for e in s.error_samples:
                 print(f"  error ({s.name}): {e}")
+        if steady is not None:
+            windows = [("this checkout", steady)] + ([("baseline", bsteady)] if bsteady is not None else [])
+            lines = []
+            for who, w in windows:
+                report.row(**w.as_row(who))
+                others = w.wal.others
+                per = max(1, w.reports)
+                lines.append(
+                    f"  {who}: {w.reports:,} reports ({w.errors} errors), {w.snapshots:,} snapshots appended, "
+                    f"events +{w.log_bytes / 1024:,.0f} KiB;\n    the cluster's WAL position moved {w.wal.total / per:,.0f} B per report"
+                    + ("" if others is None else f" ({others / max(1, w.wal.total):.0%} of it other databases' records or none's)")
+                    + ("" if w.wal.database_fpi is None else f"; full-page images {w.wal.database_fpi / per:,.0f} B of the report's WAL")
+                )  # fmt: skip
+            report.note(
+                "steady window: telemetry reports only, one checkout's server at a time, nothing else of this run\n"
+                "writing meanwhile (the WAL position is the cluster's, and this PostgreSQL may be shared).\n"
+                f"WAL per report: {wal_note}.\n"
+                "storage per snapshot: the growth of every partition of `events` (table, TOAST, indexes) over the\n"
+                "NODE_TELEMETRY_OBSERVED events appended in the window.\n" + "\n".join(lines)
+            )  # fmt: skip
+        print_per_report("this checkout", steady, http)
+        if baseline is not None:
+            print_per_report(f"baseline ({args.baseline})", bsteady, base)
         report.note(
             f"group commit during the closed loop: {batches.size:.1f} reports per transaction"
             + (f" (baseline: {bbatches.size:.1f})" if bbatches is not None else "")
@@ -643,12 +815,14 @@ async def run(args: argparse.Namespace) -> int:
         report.ratio(
             h.Ratio("http / ceiling (reports/s)", http.rate / ceiling.rate, None, h.cost_ratio(http, ceiling))
         )
-        if baseline is not None:
+        if baseline is not None and steady is not None and bsteady is not None:
+            this_over_baseline(report, steady, bsteady, http, base)
+        elif baseline is not None:
             report.ratio(
                 h.Ratio(
                     "this checkout / baseline (http reports/s)",
                     http.rate / base.rate,
-                    None,
+                    0.95,
                     h.cost_ratio(http, base),
                 )
             )

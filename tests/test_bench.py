@@ -10,7 +10,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from bench.harness import OpenLoop, Sample, StatementCounter, cpu_ticks, steal_share
+from bench.harness import OpenLoop, Sample, StatementCounter, WalInspector, cpu_ticks, steal_share
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,6 +49,34 @@ async def test_statement_counter_counts_statements_round_trips_and_transactions(
     assert block.executions == 6, block
     assert block.transactions == 1, block
     assert block.round_trips < block.executions  # the executemany's rows share one round trip
+
+
+async def test_wal_of_one_database_is_told_from_the_clusters(database_dsn: str, empty_database: str) -> None:
+    # The WAL position is the cluster's: another database writing in the same window must not
+    # count as the measured database's WAL.
+    measured, other = await asyncpg.connect(database_dsn), await asyncpg.connect(empty_database)
+    wal = await WalInspector.open(empty_database)
+    try:
+        assert wal.why_not is None, wal.why_not
+        for conn in (measured, other):
+            await conn.execute("CREATE TABLE filler (x int, pad text)")
+        start = await wal.position()
+        for i in range(100):
+            await measured.execute("INSERT INTO filler VALUES ($1, repeat('m', 1000))", i)
+            await other.execute(
+                "INSERT INTO filler VALUES ($1, repeat('o', 1000)), ($1, repeat('o', 1000))", i
+            )
+        end = await wal.position()
+        name = await measured.fetchval("SELECT current_database()")
+        share = await wal.share(start, end, name)
+    finally:
+        await wal.close()
+        await measured.close()
+        await other.close()
+    assert share.database is not None and share.others is not None and share.records is not None
+    # 100 rows of ~1 KB and their commits; the other database's 200 rows are someone else's.
+    assert 100_000 < share.database < 150_000, share
+    assert share.others > 200_000 and share.total >= share.records > share.database, share
 
 
 def test_open_loop_backlog_growth_is_told_from_a_steady_queue() -> None:
