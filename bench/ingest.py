@@ -744,7 +744,7 @@ async def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
         print("  (CPU per report: server = the serve process(es), PG = the database's backends, client = this\n"
               "   process: the load generator, or the ceiling's append itself; WAL: how far the server's WAL\n"
-              "   position moved per report, so nothing else should write to that PostgreSQL meanwhile)")  # fmt: skip
+              "   position moved per report, whoever wrote it: the steady window below counts only its database's)")  # fmt: skip
         for s in samples:
             report.row(**s.as_row())
             for e in s.error_samples:
