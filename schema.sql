@@ -1,4 +1,4 @@
--- ModelForge hardware plane: the database schema of this release, schema version 7, whole.
+-- ModelForge hardware plane: the database schema of this release, schema version 8, whole.
 --
 -- `modelforge-hw migrate` (and `serve`, at start) creates a new database from this file, in one
 -- transaction. A database made by an older release is brought to the same schema by the numbered
@@ -122,6 +122,16 @@ CREATE INDEX events_permanent_stream_observation_received_idx
     ON events_permanent (stream_id, received_at) WHERE event_class = 'observation';
 CREATE INDEX events_permanent_type_idx ON events_permanent (event_type, global_position);
 CREATE INDEX events_permanent_recorded_at_idx ON events_permanent (recorded_at);
+-- A GPU's lifecycle events by its UUID, in commit order (its history across every node it was
+-- in), and the failures of every GPU (health changes into `failed`): lifecycle events all live in
+-- the permanent segment, so these are on it alone and the reads name the segment
+-- (docs/lemons.md). Telemetry never enters them.
+CREATE INDEX events_permanent_gpu_uuid_idx
+    ON events_permanent ((coalesce(data->>'uuid', data->>'accelerator_uuid')), tx_id, global_position)
+    WHERE event_class = 'lifecycle';
+CREATE INDEX events_permanent_gpu_failed_idx
+    ON events_permanent (global_position)
+    WHERE event_type = 'ACCELERATOR_HEALTH_CHANGED' AND data->>'after' = 'failed';
 ALTER TABLE events ATTACH PARTITION events_permanent FOR VALUES FROM ('infinity') TO (MAXVALUE);
 
 -- ---------------------------------------------------------------------------------------------
@@ -239,6 +249,8 @@ CREATE TABLE hw_accelerators (
 CREATE INDEX hw_accelerators_status_idx ON hw_accelerators (status, accelerator_id);
 -- `?health=failed` pages a few GPUs out of a large fleet without reading the others.
 CREATE INDEX hw_accelerators_health_idx ON hw_accelerators (health_status, accelerator_id);
+-- One GPU UUID's rows: one per node it was ever in (its history and its time in service).
+CREATE INDEX hw_accelerators_uuid_idx ON hw_accelerators (uuid);
 
 CREATE TABLE hw_node_storage (
     node_id      text NOT NULL,
@@ -407,5 +419,5 @@ CREATE TABLE mf_feed_listeners (
 \ir sql/triggers/events_permanent_no_truncate.sql
 \ir sql/triggers/events_notify_log.sql
 
--- This file is schema version 6: a database made from it has what every numbered step gives.
-INSERT INTO schema_version (version) SELECT generate_series(1, 7);
+-- This file is schema version 8: a database made from it has what every numbered step gives.
+INSERT INTO schema_version (version) SELECT generate_series(1, 8);

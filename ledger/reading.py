@@ -145,6 +145,9 @@ class LogFilter(msgspec.Struct, frozen=True):
     event_types: tuple[str, ...] = ()
     event_class: EventClass | None = None
     accelerator_uuid: str | None = None
+    # The lifecycle events of one GPU UUID, on every node: found by the permanent segment's
+    # `events_permanent_gpu_uuid_idx`, not by reading the log (docs/lemons.md).
+    gpu_uuid: str | None = None
     recorded_since: datetime | None = None  # inclusive
     recorded_until: datetime | None = None  # exclusive
 
@@ -170,6 +173,12 @@ _BY_STREAM = " AND events.stream_id = ${n}"
 _BY_TYPES = " AND events.event_type = ANY(${n}::text[])"
 _BY_CLASS = " AND events.event_class = ${n}"
 _BY_ACCELERATOR = " AND (events.data->>'uuid' = ${n} OR events.data->>'accelerator_uuid' = ${n})"
+# Lifecycle events all live in the permanent segment: naming it leaves the day segments out of the
+# plan, and the expression is the index's.
+_BY_GPU_LIFECYCLE = (
+    " AND events.segment = 'infinity' AND events.event_class = 'lifecycle'"
+    " AND coalesce(events.data->>'uuid', events.data->>'accelerator_uuid') = ${n}"
+)
 _RECORDED_SINCE = " AND events.recorded_at >= ${n}"
 _RECORDED_UNTIL = " AND events.recorded_at < ${n}"
 _IN_COMMIT_ORDER = " ORDER BY events.tx_id, events.global_position LIMIT ${n}"
@@ -201,6 +210,8 @@ def _log_query(after: Checkpoint, where: LogFilter, limit: int) -> _Statement:
         statement.add(_BY_CLASS, where.event_class)
     if where.accelerator_uuid is not None:
         statement.add(_BY_ACCELERATOR, where.accelerator_uuid)
+    if where.gpu_uuid is not None:
+        statement.add(_BY_GPU_LIFECYCLE, where.gpu_uuid)
     if where.recorded_since is not None:
         statement.add(_RECORDED_SINCE, where.recorded_since)
     if where.recorded_until is not None:

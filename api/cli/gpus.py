@@ -1,4 +1,5 @@
-"""`modelforge-hw gpu list|show|telemetry`: GPUs over the HTTP API, with their health verdict."""
+"""`modelforge-hw gpu list|show|telemetry|history|lemons`: GPUs over the HTTP API, with their health
+verdict."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from api.cli.gpu_history import gpu_history, gpu_lemons
 from api.cli.remote import Server, Token, TokenFile, connect, resolve_gpu, resolve_node
 from api.cli.rendering import Output, driver, emit, gib, nothing, table, when
 from api.cli.telemetry import gpu_telemetry
@@ -15,7 +17,9 @@ if TYPE_CHECKING:
     from api.services.reads.bodies import AcceleratorBody, HealthSignalsBody, NodeBody
     from collectors.facts import Fact
 
-gpu_app = typer.Typer(no_args_is_help=True, help="GPUs over the HTTP API: list, show, telemetry")
+gpu_app = typer.Typer(
+    no_args_is_help=True, help="GPUs over the HTTP API: list, show, telemetry, history, lemons"
+)
 
 OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table, wide, json or yaml.")]
 NodeOpt = Annotated[
@@ -166,3 +170,5 @@ def _signal_rows(signals: HealthSignalsBody) -> list[tuple[str, Fact]]:
 
 
 gpu_app.command("telemetry")(gpu_telemetry)
+gpu_app.command("history")(gpu_history)
+gpu_app.command("lemons")(gpu_lemons)

@@ -124,11 +124,12 @@ def resolve_node(nodes: list[NodeBody], ref: str) -> NodeBody:
 
 
 def resolve_gpu(gpus: list[AcceleratorBody], ref: str) -> AcceleratorBody:
-    """One GPU by its UUID, a UUID prefix (with or without `GPU-`), or an id prefix."""
+    """One GPU by its UUID, a UUID prefix (with or without `GPU-`), or an id prefix. A GPU moved
+    to another node has a row on each: the one it is in now (present, seen last) stands for it."""
     low = ref.lower()
     exact = [g for g in gpus if g.id == ref or g.uuid.lower() == low]
     if exact:
-        return exact[0]
+        return _current(exact)
     candidates = [
         g
         for g in gpus
@@ -136,9 +137,14 @@ def resolve_gpu(gpus: list[AcceleratorBody], ref: str) -> AcceleratorBody:
         or g.uuid.lower().startswith(low)
         or g.uuid.lower().removeprefix("gpu-").startswith(low)
     ]
-    if len(candidates) == 1:
-        return candidates[0]
+    if len({g.uuid for g in candidates}) == 1:
+        return _current(candidates)
     if not candidates:
         raise RemoteError(404, f"no GPU with a UUID or id starting with {ref!r}")
     listed = ", ".join(f"{g.uuid} (index {g.index})" for g in candidates[:10])
     raise CliError(f"{ref!r} matches {len(candidates)} GPUs: {listed}; give more of the UUID")
+
+
+def _current(rows: list[AcceleratorBody]) -> AcceleratorBody:
+    """Of one GPU's rows (or one row by id), where it is now: present first, then seen last."""
+    return max(rows, key=lambda g: (g.status == "active", g.last_seen_at))

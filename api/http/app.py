@@ -28,6 +28,7 @@ from api.http.console import ConsolePlugin
 from api.http.context import DEPENDENCIES, AppContext, operator_guard
 from api.http.decommission import decommission_routers
 from api.http.discovery import DISCOVERY_ROUTES
+from api.http.gpu_history import GPU_HISTORY_ROUTES
 from api.http.telemetry import TELEMETRY_ROUTES
 from api.services.errors import Conflict, DomainError, Unavailable
 from api.services.inventory import EventSummary, RefreshOutcome
@@ -347,6 +348,7 @@ HARDWARE_ROUTES: list[Any] = [
     list_events,
     *TELEMETRY_ROUTES,
     *DISCOVERY_ROUTES,
+    *GPU_HISTORY_ROUTES,
 ]
 
 

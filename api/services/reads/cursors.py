@@ -23,6 +23,7 @@ _Position = Annotated[int, msgspec.Meta(ge=0, le=MAX_POSITION)]
 _IdCursor = tuple[Literal["id"], _Id]
 _LogCursor = tuple[Literal["log"], _TxId, _Position]
 _FleetCursor = tuple[Literal["fleet"], _Id, _Id]
+_GpuHistoryCursor = tuple[Literal["gpu-history"], _TxId, _Position]
 
 
 def _encode(parts: tuple[Any, ...]) -> str:
@@ -77,4 +78,13 @@ def encode_log_cursor(checkpoint: Checkpoint) -> str:
 
 def decode_log_cursor(cursor: str) -> Checkpoint:
     _, tx_id, position = _decode(cursor, _LogCursor)
+    return Checkpoint(tx_id, position)
+
+
+def encode_gpu_history_cursor(checkpoint: Checkpoint) -> str:
+    return _encode(("gpu-history", checkpoint.tx_id, checkpoint.position))
+
+
+def decode_gpu_history_cursor(cursor: str) -> Checkpoint:
+    _, tx_id, position = _decode(cursor, _GpuHistoryCursor)
     return Checkpoint(tx_id, position)

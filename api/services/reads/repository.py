@@ -1,7 +1,7 @@
 """HardwareRepository: the read side as the one object the routes and the console take. It holds
 the read module of each kind (nodes, accelerators, the fleet, the log, telemetry history, service
-discovery), which callers ask directly, and the one liveness policy and clock by which they all
-judge."""
+discovery, a GPU's history by UUID, lemon GPUs), which callers ask directly, and the one liveness
+policy and clock by which they all judge."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from api.services.reads.accelerators import AcceleratorReads
 from api.services.reads.discovery import DiscoveryReads
 from api.services.reads.events import EventReads
 from api.services.reads.fleet import FleetReads
+from api.services.reads.gpu_history import GpuHistoryReads
+from api.services.reads.lemons import LemonReads
 from api.services.reads.liveness import LivenessPolicy
 from api.services.reads.nodes import NodeReads
 from api.services.reads.telemetry import TelemetryReads
@@ -37,3 +39,5 @@ class HardwareRepository:
         self.events = EventReads(pool)
         self.telemetry = TelemetryReads(pool)
         self.discovery = DiscoveryReads(pool, self.liveness, clock)
+        self.gpu_history = GpuHistoryReads(pool)
+        self.lemons = LemonReads(pool, clock)
