@@ -141,8 +141,10 @@ def resolve_gpu(gpus: list[AcceleratorBody], ref: str) -> AcceleratorBody:
         return _current(candidates)
     if not candidates:
         raise RemoteError(404, f"no GPU with a UUID or id starting with {ref!r}")
-    listed = ", ".join(f"{g.uuid} (index {g.index})" for g in candidates[:10])
-    raise CliError(f"{ref!r} matches {len(candidates)} GPUs: {listed}; give more of the UUID")
+    # One line per GPU, though a GPU moved between nodes has a row on each.
+    distinct = list({g.uuid: g for g in candidates}.values())
+    listed = ", ".join(f"{g.uuid} (index {g.index})" for g in distinct[:10])
+    raise CliError(f"{ref!r} matches {len(distinct)} GPUs: {listed}; give more of the UUID")
 
 
 def _current(rows: list[AcceleratorBody]) -> AcceleratorBody:
