@@ -5,11 +5,13 @@ UUID is a 404 and a bad `since` a 400, as problem+json; the reads use their inde
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from api.http.console.routes import COOKIE
 from api.services.reads.lemons import FAILURES
 from api.services.scopes import OperatorTokens
 from ledger.reading import Checkpoint, LogFilter, _log_query
@@ -185,3 +187,29 @@ async def test_the_reads_use_their_indexes(api: Any) -> None:
             )
         )
         assert "events_permanent_gpu_failed_idx" in plan, plan
+
+
+async def test_the_console_lists_the_lemons(api: Any) -> None:
+    viewer = (await OperatorTokens(api.pool).create(ttl_seconds=3600)).token
+    r = await api.client.post("/console/login", data={"token": viewer, "next": "/console/lemons"})
+    assert r.status_code == 303, r.text
+    api.client.cookies.set(COOKIE, viewer)
+    page = await api.client.get("/console/lemons")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html"), page.text
+    html = page.text
+    assert '<a href="/console/lemons">Lemons</a>' in html  # in the nav of every page
+    assert "2 GPUs failed between" in html
+    ranks = re.findall(r'<tr data-gpu="([^"]+)" data-rank="(\d+)">', html)
+    assert ranks == [(MOVED, "1"), (STEADY, "2")]
+    first = html[html.index(f'data-gpu="{MOVED}"') : html.index(f'data-gpu="{STEADY}"')]
+    assert f'data-node="{NODE_A}"' in first and f'data-node="{NODE_B}"' in first
+    assert "lemon-a</a> (missing" in first and "xid_79" in first
+    history = (await api.get(HISTORY)).json()["items"]
+    assert f'data-position="{history[2]["global_position"]}"' in first
+    recent = await api.client.get("/console/lemons", params={"since": "6d"})
+    assert re.findall(r'data-rank="(\d+)"', recent.text) == ["1"] and STEADY in recent.text
+    refused = await api.client.get("/console/lemons", params={"since": "lately"})
+    assert refused.status_code == 400 and "lately" in refused.text
+    api.client.cookies.clear()
+    signed_out = await api.client.get("/console/lemons")
+    assert signed_out.status_code == 303

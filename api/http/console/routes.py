@@ -24,6 +24,7 @@ from litestar.response import Redirect, Template
 
 from api.http.console import labels, views
 from api.http.console.charts import CHART_BUCKETS, GPU_CHARTS, HOST_CHARTS, WINDOWS, Chart, charts_of
+from api.http.console.lemons import lemons_page
 from api.http.context import AppContext
 from api.services.reads.bodies import AcceleratorBody, EventBody, NodeBody
 from api.services.reads.cursors import BadCursor
@@ -31,6 +32,7 @@ from api.services.reads.fleet import FleetQuery
 from api.services.reads.gpu_health import gpu_health_overview
 from api.services.reads.telemetry import checked_window
 from api.services.scopes import OperatorTokens
+from domain.lemons import SinceRefused
 from ledger.events import EventClass
 from runtime.secrets import matches
 
@@ -531,6 +533,7 @@ def console_routers() -> list[Router]:
         NotAuthorizedException: _to_login,
         NotFoundException: _not_found,
         BadInput: _bad_input,
+        SinceRefused: _bad_input,
     }
     public = Router(
         path="/console",
@@ -541,7 +544,15 @@ def console_routers() -> list[Router]:
     )
     pages = Router(
         path="/console",
-        route_handlers=[fleet, node_page, gpu_page, decommission_preview, events_page, events_feed],
+        route_handlers=[
+            fleet,
+            node_page,
+            gpu_page,
+            decommission_preview,
+            events_page,
+            events_feed,
+            lemons_page,
+        ],
         guards=[console_guard],
         exception_handlers=handlers,  # type: ignore[arg-type]
         after_request=_security_headers,
