@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from api.cli.errors import RemoteError
 from api.cli.moments import parse_moment
 from api.cli.remote import Api, Server, Token, TokenFile, connect, resolve_gpu
 from api.cli.rendering import Output, emit, nothing, table, when
@@ -121,8 +122,13 @@ def gpu_history(
     import msgspec
 
     api = connect(server, token, token_file)
-    found = resolve_gpu(api.accelerators(), gpu)
-    body, events = read_history(api, found.uuid)
+    try:
+        # A whole UUID as the ledger has it needs no listing of the fleet.
+        body, events = read_history(api, gpu)
+    except RemoteError as exc:
+        if exc.status != 404:
+            raise
+        body, events = read_history(api, resolve_gpu(api.accelerators(), gpu).uuid)
     whole = msgspec.structs.replace(body, items=events, has_more=False)
     if emit(whole, output):
         return
