@@ -330,12 +330,12 @@ class Meter:
 
 WAL_OF_DATABASE = r"""
 WITH r AS (
-    SELECT xid::text AS xid, record_length,
+    SELECT xid::text AS xid_text, record_length,
            fpi_length, substring(block_ref FROM 'rel \d+/(\d+)/') AS db
     FROM pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)
-), mine AS (SELECT DISTINCT xid FROM r WHERE db = $3 AND xid <> '0')
+), mine AS (SELECT DISTINCT xid_text FROM r WHERE db = $3 AND xid_text <> '0')
 SELECT coalesce(sum(record_length) FILTER (
-           WHERE db = $3 OR (db IS NULL AND xid IN (SELECT xid FROM mine))), 0)::bigint AS database,
+           WHERE db = $3 OR (db IS NULL AND xid_text IN (SELECT xid_text FROM mine))), 0)::bigint AS database,
        coalesce(sum(fpi_length) FILTER (WHERE db = $3), 0)::bigint AS database_fpi,
        coalesce(sum(record_length), 0)::bigint AS records
 FROM r
