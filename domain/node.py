@@ -103,15 +103,26 @@ class AcceleratorState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # The XIDs recorded lately (within XID_WINDOW of the newest, at most MAX_RECENT_XIDS): what
     # the verdict counts and what a repeated report of the same occurrence is recognized by.
     xids: list[XidOccurrence] = []
+    # The node stream version of each of `xids` (0: recorded before versions were kept), in the
+    # same order: what a verdict names as its evidence.
+    xid_versions: list[int] = []
+
+    def xid_version(self, xid: XidOccurrence) -> int:
+        versions = self.xid_versions if len(self.xid_versions) == len(self.xids) else [0] * len(self.xids)
+        return next((v for x, v in zip(self.xids, versions, strict=True) if x == xid), 0)
 
 
 MAX_RECENT_XIDS = 64
 
 
-def _remember_xid(xids: list[XidOccurrence], new: XidOccurrence) -> list[XidOccurrence]:
-    kept = sorted([*xids, new], key=lambda x: (x.at, x.code))
-    newest = kept[-1].at
-    return [x for x in kept if x.at > newest - XID_WINDOW][-MAX_RECENT_XIDS:]
+def _remember_xid(
+    acc: AcceleratorState, new: XidOccurrence, version: int
+) -> tuple[list[XidOccurrence], list[int]]:
+    versions = acc.xid_versions if len(acc.xid_versions) == len(acc.xids) else [0] * len(acc.xids)
+    kept = sorted([*zip(acc.xids, versions, strict=True), (new, version)], key=lambda p: (p[0].at, p[0].code))
+    newest = kept[-1][0].at
+    kept = [p for p in kept if p[0].at > newest - XID_WINDOW][-MAX_RECENT_XIDS:]
+    return [x for x, _v in kept], [v for _x, v in kept]
 
 
 class LastRun(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -442,6 +453,7 @@ def evolve(state: NodeState, event: RecordedEvent) -> NodeState:
                 # A (re)discovered GPU is judged afresh by the same refresh; its XIDs still count.
                 health=HEALTHY,
                 xids=previous.xids if previous else [],
+                xid_versions=previous.xid_versions if previous else [],
             )
             s = msgspec.structs.replace(s, accelerators={**s.accelerators, p.uuid: acc})
         case AcceleratorMissing():
@@ -487,8 +499,10 @@ def evolve(state: NodeState, event: RecordedEvent) -> NodeState:
         case AcceleratorXidObserved():
             acc0 = s.accelerators.get(p.uuid)
             if acc0 is not None:
-                xids = _remember_xid(acc0.xids, XidOccurrence(code=p.code, at=p.at))
-                acc = msgspec.structs.replace(acc0, xids=xids)
+                xids, versions = _remember_xid(
+                    acc0, XidOccurrence(code=p.code, at=p.at), event.stream_version
+                )
+                acc = msgspec.structs.replace(acc0, xids=xids, xid_versions=versions)
                 s = msgspec.structs.replace(s, accelerators={**s.accelerators, p.uuid: acc})
         case InventoryStatusChanged():
             s = msgspec.structs.replace(

@@ -20,7 +20,7 @@ from collectors.facts import Fact, TemporarilyFailed, Unavailable, Unknown
 from collectors.gpu_health import AcceleratorHealthSignals, XidOccurrence
 from collectors.identity import NodeIdentity
 from collectors.observations import ACCELERATOR_INVENTORY_FACTS, AcceleratorObservation, HardwareObservation
-from domain.health import HEALTHY, HealthVerdict, judge, recent_xids
+from domain.health_policy import DEFAULT_POLICY, HEALTHY, HealthPolicy, HealthVerdict, evaluate
 from domain.node import AcceleratorState, NodeState, accelerator_id_for
 from ledger.events import (
     AcceleratorDiscovered,
@@ -99,9 +99,13 @@ def _accelerator_changes(
 
 
 def reconcile(
-    observation: HardwareObservation, state: NodeState, identity: NodeIdentity
+    observation: HardwareObservation,
+    state: NodeState,
+    identity: NodeIdentity,
+    policy: HealthPolicy = DEFAULT_POLICY,
 ) -> list[EventPayload]:
-    """The events that bring `state` in line with `observation`."""
+    """The events that bring `state` in line with `observation`; GPU verdicts by `policy` (the
+    health policy in force, docs/health-policy.md)."""
     events: list[EventPayload] = []
     host = observation.host
     nvml = observation.nvml
@@ -163,7 +167,8 @@ def reconcile(
                 )
             )
 
-    events.extend(_health_events(observation, state))
+    health = _health_events(observation, state, policy, state.stream_version + len(events))
+    events.extend(health)
 
     if nvml.status == "complete":
         for gpu_uuid, acc in sorted(state.accelerators.items()):
@@ -192,7 +197,16 @@ def reconcile(
             )
         )
 
-    # Telemetry: one observation event for the whole snapshot, never audit noise.
+    # Telemetry: one observation event for the whole snapshot, never audit noise. It is the last
+    # event of the append, so its stream version is known now: the verdicts name it as evidence.
+    sample_version = state.stream_version + len(events) + 1
+    if any(isinstance(e, AcceleratorHealthChanged) for e in health):
+        events = [
+            msgspec.structs.replace(e, evidence=[*(v for v in e.evidence if v != _SAMPLE), sample_version])
+            if isinstance(e, AcceleratorHealthChanged) and _SAMPLE in e.evidence
+            else e
+            for e in events
+        ]
     events.append(
         NodeTelemetryObserved(
             telemetry=dict(host.telemetry),
@@ -211,8 +225,15 @@ def reconcile(
     return events
 
 
-def _health_events(observation: HardwareObservation, state: NodeState) -> list[EventPayload]:
-    """Each new XID once, and a verdict change (domain/health.py) of each observed GPU.
+# Stands for the stream version of this refresh's telemetry snapshot until it is known.
+_SAMPLE = -1
+
+
+def _health_events(
+    observation: HardwareObservation, state: NodeState, policy: HealthPolicy, version: int
+) -> list[EventPayload]:
+    """Each new XID once, and a verdict change (`policy`) of each observed GPU; `version` is the
+    stream version of the last event before these.
 
     Follows the inventory events of the same refresh, whose fold judges a (re)discovered GPU
     afresh, so `before` is `healthy` for it. A GPU the scan could not list (XID 79: fallen off
@@ -220,22 +241,23 @@ def _health_events(observation: HardwareObservation, state: NodeState) -> list[E
     events: list[EventPayload] = []
     now = observation.observed_at
     nvml = observation.nvml
-    judged: list[tuple[str, AcceleratorHealthSignals | None, list[XidOccurrence], HealthVerdict]] = []
+    judged: list[tuple[str, AcceleratorHealthSignals | None, list[XidOccurrence], HealthVerdict, bool]] = []
     for obs in nvml.accelerators:
         acc = state.accelerators.get(obs.uuid)
         before = acc.health if acc is not None and acc.status == "active" else HEALTHY
-        judged.append((obs.uuid, obs.health, obs.health.xids if obs.health is not None else [], before))
+        judged.append((obs.uuid, obs.health, obs.health.xids if obs.health is not None else [], before, True))
     listed = {obs.uuid for obs in nvml.accelerators}
     for gpu_uuid, xids in sorted(nvml.unlisted_xids.items()):
         acc = state.accelerators.get(gpu_uuid)
         if acc is None or gpu_uuid in listed:
             continue  # a GPU never inventoried has no accelerator to attach them to
         last = acc.telemetry.health if acc.telemetry is not None else None
-        judged.append((gpu_uuid, last, xids, acc.health))
-    for gpu_uuid, signals, reported, before in judged:
+        judged.append((gpu_uuid, last, xids, acc.health, False))
+    for gpu_uuid, signals, reported, before, sampled in judged:
         acc = state.accelerators.get(gpu_uuid)
         accelerator_id = accelerator_id_for(state.node_id, gpu_uuid)
         known = list(acc.xids) if acc is not None else []
+        versions = {x: acc.xid_version(x) for x in known} if acc is not None else {}
         seen = {(x.code, x.at) for x in known}
         for xid in reported:
             if (xid.code, xid.at) in seen:
@@ -245,10 +267,16 @@ def _health_events(observation: HardwareObservation, state: NodeState) -> list[E
             events.append(
                 AcceleratorXidObserved(accelerator_id=accelerator_id, uuid=gpu_uuid, code=xid.code, at=xid.at)
             )
+            versions[xid] = version + len(events)
         # The XIDs of this report were drained during its collection, after `observed_at` was
         # taken: judged at the latest of them, so they count at once rather than a refresh later.
-        after = judge(signals, recent_xids(known, max([now, *(x.at for x in reported)])))
+        previous = acc.telemetry.health if sampled and acc is not None and acc.telemetry is not None else None
+        at = max([now, *(x.at for x in reported)])
+        after, counted = evaluate(policy, signals, known, at, previous)
         if after != before:
+            evidence = sorted({versions.get(x, 0) for x in counted} - {0})
+            if sampled:
+                evidence.append(_SAMPLE)
             events.append(
                 AcceleratorHealthChanged(
                     accelerator_id=accelerator_id,
@@ -258,6 +286,8 @@ def _health_events(observation: HardwareObservation, state: NodeState) -> list[E
                     action=after.action,
                     reasons=list(after.reasons),
                     before_reasons=[r.code for r in before.reasons],
+                    policy_digest=policy.digest,
+                    evidence=evidence,
                 )
             )
     return events

@@ -108,6 +108,11 @@ class AcceleratorHealthChanged(_Event, frozen=True, tag="ACCELERATOR_HEALTH_CHAN
     action: HealthAction
     reasons: list[HealthReason]
     before_reasons: list[str] = []  # the previous verdict's reason codes
+    # The SHA-256 of the health policy that decided it (HEALTH_POLICY_APPLIED; None: the rules
+    # shipped before policies were data) and the node stream versions of the events that caused
+    # it: the XIDs its rules counted and the telemetry snapshot whose signals it judged.
+    policy_digest: str | None = None
+    evidence: list[int] = []
 
 
 class AcceleratorXidObserved(_Event, frozen=True, tag="ACCELERATOR_XID_OBSERVED"):
@@ -187,6 +192,25 @@ class CredentialIssued(_Event, frozen=True, tag="CREDENTIAL_ISSUED"):
 class CredentialRevoked(_Event, frozen=True, tag="CREDENTIAL_REVOKED"):
     credential_id: str
     reason: str
+
+
+# --- lifecycle: the GPU health policy (docs/health-policy.md) -------------------------------
+# One stream holds every policy an operator applied; the newest is in force.
+
+HEALTH_POLICY_STREAM = "health-policy"
+
+
+def is_health_policy_stream(stream_id: str) -> bool:
+    return stream_id == HEALTH_POLICY_STREAM
+
+
+class HealthPolicyApplied(_Event, frozen=True, tag="HEALTH_POLICY_APPLIED"):
+    """An operator put a GPU health policy in force: its name, the SHA-256 of its text (what every
+    later ACCELERATOR_HEALTH_CHANGED names) and the text itself, exactly as applied."""
+
+    name: str
+    digest: str
+    policy: str
 
 
 # --- lifecycle: work leases and permanent decommission (docs/NODE_DECOMMISSION.md) -------------
@@ -309,6 +333,7 @@ EventPayload: TypeAlias = (
     | WorkLeaseReleased
     | NodeDecommissioned
     | NodeRevivalRefused
+    | HealthPolicyApplied
 )
 
 OBSERVATION_TYPES: frozenset[type[_Event]] = frozenset(

@@ -9,7 +9,12 @@ from typing import Any
 import msgspec
 
 from domain.node import NodeState, evolve
-from ledger.events import RecordedEvent, is_decommission_audit_stream, is_enrollment_token_stream
+from ledger.events import (
+    RecordedEvent,
+    is_decommission_audit_stream,
+    is_enrollment_token_stream,
+    is_health_policy_stream,
+)
 from projections.agent import CREDENTIALS, ENROLLMENT_TOKEN_PROJECTION, agent_rows
 from projections.framework import Projection, Row, Rows, TableSpec
 
@@ -106,7 +111,8 @@ class InventoryProjection(Projection[NodeState]):
     # 2: GPU health verdicts, recent XIDs and health signals.
     # 3: the recent XIDs on the accelerator row (hw_accelerators.health_xids), for the API and /metrics.
     # 4: a GPU's telemetry row points at the event holding its sample instead of copying it.
-    version = 4
+    # 5: the node stream versions of the XIDs a GPU remembers (the evidence of its verdicts).
+    version = 5
     tables = (
         NODES,
         ACCELERATORS,
@@ -121,8 +127,13 @@ class InventoryProjection(Projection[NodeState]):
     state_type = NodeState
 
     def handles(self, stream_id: str) -> bool:
-        # Token streams: projections.agent. Refused-revival audit streams: events only, no read model.
-        return not (is_enrollment_token_stream(stream_id) or is_decommission_audit_stream(stream_id))
+        # Token streams: projections.agent. Refused-revival audit streams and the health policy
+        # stream: events only, no read model.
+        return not (
+            is_enrollment_token_stream(stream_id)
+            or is_decommission_audit_stream(stream_id)
+            or is_health_policy_stream(stream_id)
+        )
 
     def initial(self, stream_id: str) -> NodeState:
         return NodeState(node_id=stream_id)
