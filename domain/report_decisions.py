@@ -15,6 +15,7 @@ import msgspec
 
 from collectors.identity import NodeIdentity
 from collectors.observations import HardwareObservation
+from domain.health_policy import DEFAULT_POLICY, HealthPolicy
 from domain.node import NodeState
 from domain.reconcile import reconcile
 from ledger.events import EventMetadata, NewEvent
@@ -124,7 +125,11 @@ def sequence_refusal(
 
 
 def decide_report(
-    state: NodeState, item: ReportItem, last: int | None, recent: dict[str, str]
+    state: NodeState,
+    item: ReportItem,
+    last: int | None,
+    recent: dict[str, str],
+    policy: HealthPolicy = DEFAULT_POLICY,
 ) -> ReportDecision:
     """A report against its node's folded state and its stream's position: refused, an unchanged
     retry, or accepted (the events to append, the gap, the digests kept for retries)."""
@@ -152,6 +157,7 @@ def decide_report(
     kept = {k: v for k, v in recent.items() if int(k) > seq - RECENT_REPORT_DIGESTS}
     kept[str(seq)] = item.digest
     events = [
-        NewEvent(payload=p, metadata=metadata) for p in reconcile(item.observation, state, item.identity)
+        NewEvent(payload=p, metadata=metadata)
+        for p in reconcile(item.observation, state, item.identity, policy)
     ]
     return AcceptedReport(events=events, last=last, gap=max(0, gap), recent=kept)

@@ -19,6 +19,7 @@ from api.cli.decommission import decommission_app, lease_app
 from api.cli.enrollment import credential_app, token_app
 from api.cli.errors import PROGRAM, exit_code_for
 from api.cli.gpus import gpu_app
+from api.cli.health import health_app
 from api.cli.nodes import node_app
 from api.cli.scopes import viewer_app
 from runtime.logs import configure_logging_from_settings
@@ -69,6 +70,7 @@ app.add_typer(agent_app, name="agent")
 # From any workstation, over the HTTP API.
 app.add_typer(node_app, name="node")
 app.add_typer(gpu_app, name="gpu")
+app.add_typer(health_app, name="health")
 app.command("events")(events.events)
 app.command("completion")(shells.completion)
 

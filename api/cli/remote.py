@@ -1,4 +1,5 @@
-"""The HTTP API as the read commands (`node`, `gpu`, `events`) use it: the server's URL
+"""The HTTP API as the read commands (`node`, `gpu`, `events`) and the operator's `health`
+commands use it: the server's URL
 (`MODELFORGE_SERVER`) and a token (`MODELFORGE_TOKEN`, or a file named by `--token-file` /
 `MODELFORGE_TOKEN_FILE`), no database credentials, so they run from any workstation.
 
@@ -52,10 +53,32 @@ class Api:
         )
 
     def get(self, path: str, params: list[tuple[str, str]] | None = None) -> bytes:
+        return self._send("GET", path, params=params)
+
+    def post(self, path: str, body: object, *, timeout: float | None = None) -> bytes:
+        """An operator request with a JSON body (`timeout`: for one the server may work on long)."""
+        return self._send("POST", path, body=msgspec.json.encode(body), timeout=timeout)
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: list[tuple[str, str]] | None = None,
+        body: bytes | None = None,
+        timeout: float | None = None,
+    ) -> bytes:
         import httpx
 
         try:
-            r = self.client.get(path, params=tuple(params or ()))
+            r = self.client.request(
+                method,
+                path,
+                params=tuple(params or ()),
+                content=body,
+                headers={"Content-Type": "application/json"} if body is not None else None,
+                timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else httpx.Timeout(10.0, read=timeout),
+            )
         except httpx.HTTPError as exc:
             raise RemoteError(
                 0, f"cannot reach {self.base}: {exc} (check MODELFORGE_SERVER and that the server runs)"

@@ -29,6 +29,7 @@ from api.http.context import DEPENDENCIES, AppContext, operator_guard
 from api.http.decommission import decommission_routers
 from api.http.discovery import DISCOVERY_ROUTES
 from api.http.gpu_history import GPU_HISTORY_ROUTES
+from api.http.health_policy import health_policy_routers
 from api.http.telemetry import TELEMETRY_ROUTES
 from api.services.errors import Conflict, DomainError, Unavailable
 from api.services.inventory import EventSummary, RefreshOutcome
@@ -371,6 +372,7 @@ def create_app(
             metrics,
             *agent_routers(),
             *decommission_routers(),
+            *health_policy_routers(),
             *(extra_routers or []),
             api_docs.assets_router(),
         ],

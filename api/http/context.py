@@ -18,6 +18,7 @@ from api.services.credentials import CredentialService
 from api.services.decommission import DecommissionService
 from api.services.enrollment import EnrollmentService
 from api.services.errors import Forbidden
+from api.services.health_policy import HealthPolicies
 from api.services.inventory import HardwareInventoryService
 from api.services.reads.repository import HardwareRepository
 from api.services.reports import ReportService
@@ -89,6 +90,10 @@ def _decommission(state: State) -> DecommissionService:
     return _context(state).services.decommission
 
 
+def _health_policies(state: State) -> HealthPolicies:
+    return _context(state).services.inventory.health_policies
+
+
 def _repository(state: State) -> HardwareRepository:
     return _context(state).services.repository
 
@@ -106,6 +111,7 @@ DEPENDENCIES = {
     "credentials": Provide(_credentials, sync_to_thread=False),
     "reports": Provide(_reports, sync_to_thread=False),
     "decommission": Provide(_decommission, sync_to_thread=False),
+    "health_policies": Provide(_health_policies, sync_to_thread=False),
     "repository": Provide(_repository, sync_to_thread=False),
     "audit": Provide(_audit, sync_to_thread=False),
 }

@@ -20,9 +20,11 @@ import msgspec
 import structlog
 
 from api.services.errors import NodeIsDecommissioned
+from api.services.health_policy import HealthPolicies
 from collectors.collector import HostCollector, NvmlCollector, observe
 from collectors.identity import NodeIdentity
 from collectors.observations import HardwareObservation, HostCollectionError
+from domain.health_policy import DEFAULT_POLICY, HealthPolicy
 from domain.node import NodeState, node_id_for
 from domain.reconcile import reconcile
 from ledger.events import (
@@ -87,12 +89,18 @@ async def open_node(
 
 
 def reconcile_decision(
-    identity: NodeIdentity, observation: HardwareObservation, metadata: EventMetadata
+    identity: NodeIdentity,
+    observation: HardwareObservation,
+    metadata: EventMetadata,
+    policy: HealthPolicy = DEFAULT_POLICY,
 ) -> Callable[[NodeState], list[NewEvent]]:
-    """The pure decision of a refresh or a report: the reconciler's events, with their metadata."""
+    """The pure decision of a refresh or a report: the reconciler's events, with their metadata;
+    GPU verdicts by `policy`, the health policy in force."""
 
     def decide(state: NodeState) -> list[NewEvent]:
-        return [NewEvent(payload=p, metadata=metadata) for p in reconcile(observation, state, identity)]
+        return [
+            NewEvent(payload=p, metadata=metadata) for p in reconcile(observation, state, identity, policy)
+        ]
 
     return decide
 
@@ -114,6 +122,8 @@ class HardwareInventoryService:
         # The seed: refresh is process-serialized. The stream lock serializes across processes.
         self._refresh_lock = asyncio.Lock()
         self.counters = IngestCounters()
+        # The GPU health policy in force, for every decision of this process.
+        self.health_policies = HealthPolicies(store)
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -156,6 +166,7 @@ class HardwareInventoryService:
         records INVENTORY_FAILED in a separate transaction and returns that outcome."""
         t0 = started if started is not None else time.perf_counter()
         node_id = node_id_for(identity.key)
+        await self.health_policies.fresh()
         try:
             async with open_node(self.nodes, node_id) as stream:
                 committed = await self.reconcile_in(stream, identity, observation, metadata)
@@ -186,7 +197,8 @@ class HardwareInventoryService:
     ) -> Committed[NodeState]:
         """Reconcile an observation inside an open unit of work (a refresh's own, or an agent
         report's, which also checks and advances its sequence under the same lock)."""
-        committed = await stream.decide(reconcile_decision(identity, observation, metadata))
+        policy = self.health_policies.current
+        committed = await stream.decide(reconcile_decision(identity, observation, metadata, policy))
         self.reconciled(stream.stream_id, committed, metadata.source)
         return committed
 

@@ -226,6 +226,7 @@ class ReportService:
         of its own)."""
         try:
             item = report_item(principal, raw, self.clock(), sent_at)
+            await self.inventory.health_policies.fresh()
             ack = await self.group_commit.run(item.node_id, item)
         except (InvalidRequest, Forbidden):
             await self.credentials.reverify(principal)
@@ -272,7 +273,7 @@ class ReportService:
             row = positions.get((item.node_id, item.stream))
             last: int | None = row["last_sequence"] if row is not None else None
             recent: dict[str, str] = (row["recent"] if row is not None else None) or {}
-            decision = decide_report(node.state, item, last, recent)
+            decision = decide_report(node.state, item, last, recent, self.inventory.health_policies.current)
             if isinstance(decision, AcceptedReport):
                 accepted.append((k, node, item, decision))
                 outcomes.append(None)
@@ -306,7 +307,9 @@ class ReportService:
             ):
                 return None
             recent = msgspec.json.decode(position.recent, type=dict[str, str])
-            decision = decide_report(state, item, position.last_sequence, recent)
+            decision = decide_report(
+                state, item, position.last_sequence, recent, self.inventory.health_policies.current
+            )
             if not isinstance(decision, AcceptedReport) or not decision.events:
                 return None
             decided.append((position, decision))
