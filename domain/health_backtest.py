@@ -130,6 +130,8 @@ def judge_at(
     policy: HealthPolicy, conditions: frozenset[Condition], xids: Sequence[XidOccurrence], at: datetime
 ) -> HealthVerdict:
     """A verdict from signal conditions and remembered XIDs at `at`."""
+    if not conditions and not xids:
+        return HEALTHY
     signal = [r.reason for r in policy.signal_rules if (r.signal, r.at_least) in conditions]
     reasons, _ = xid_reasons(policy, xids, at)
     return verdict_of([*signal, *reasons])
@@ -160,8 +162,19 @@ class _Policies:
         return self.by_digest.get(digest or "", DEFAULT_POLICY)
 
 
-def _windows(policy: HealthPolicy, code: int) -> set[timedelta]:
-    return {r.window for r in policy.xid_rules if code in r.codes}
+_WINDOWS: dict[str, dict[int, frozenset[timedelta]]] = {}
+
+
+def _windows(policy: HealthPolicy, code: int) -> frozenset[timedelta]:
+    """The windows the policy counts XID `code` in (cached per policy digest)."""
+    by_code = _WINDOWS.get(policy.digest)
+    if by_code is None:
+        by_code = {}
+        for r in policy.xid_rules:
+            for c in r.codes:
+                by_code[c] = by_code.get(c, frozenset()) | {r.window}
+        _WINDOWS[policy.digest] = by_code
+    return by_code.get(code, frozenset())
 
 
 class _Run:

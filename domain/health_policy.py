@@ -328,6 +328,21 @@ def signal_reasons(
     return [r.reason for r in policy.signal_rules if _holds(r, signals, previous)]
 
 
+_BY_CODE: dict[str, dict[int, tuple[int, ...]]] = {}
+
+
+def _rules_by_code(policy: HealthPolicy) -> dict[int, tuple[int, ...]]:
+    """XID code -> the indexes of the policy's rules that count it (cached per digest)."""
+    index = _BY_CODE.get(policy.digest)
+    if index is None:
+        found: dict[int, list[int]] = {}
+        for k, rule in enumerate(policy.xid_rules):
+            for code in rule.codes:
+                found.setdefault(code, []).append(k)
+        index = _BY_CODE[policy.digest] = {c: tuple(ks) for c, ks in found.items()}
+    return index
+
+
 def xid_reasons(
     policy: HealthPolicy, xids: Iterable[XidOccurrence], now: datetime
 ) -> tuple[list[HealthReason], list[XidOccurrence]]:
@@ -335,7 +350,11 @@ def xid_reasons(
     remembered = list(xids)
     reasons: list[HealthReason] = []
     evidence: list[XidOccurrence] = []
-    for rule in policy.xid_rules:
+    if not remembered:
+        return reasons, evidence
+    index = _rules_by_code(policy)
+    chosen = sorted({k for x in remembered for k in index.get(x.code, ())})
+    for rule in (policy.xid_rules[k] for k in chosen):
         counted = [x for x in remembered if x.code in rule.codes and now - rule.window < x.at <= now]
         if len(counted) >= rule.count:
             reasons.append(rule.reason)

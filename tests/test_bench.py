@@ -15,7 +15,7 @@ from bench.harness import OpenLoop, Sample, StatementCounter, WalInspector, cpu_
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("bench", ["ingest", "ledger", "api", "replay", "history"])
+@pytest.mark.parametrize("bench", ["ingest", "ledger", "api", "replay", "history", "health_backtest"])
 def test_each_benchmark_imports_and_explains_itself(bench: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", f"bench.{bench}", "--help"],

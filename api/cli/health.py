@@ -133,8 +133,11 @@ def health_backtest(
     token: Token = None,
     token_file: TokenFile = None,
     since: Annotated[
-        float, typer.Option("--since", parser=parse_duration, help="the window: 1h .. 400d back from now")
-    ] = 30 * 86400.0,
+        float | None,
+        typer.Option(
+            "--since", parser=parse_duration, help="the window: 1h .. 400d back from now (default 30d)"
+        ),
+    ] = None,
     output: OutputOpt = Output.table,
 ) -> None:
     """fold the log with a candidate policy: GPUs whose verdict would differ (writes nothing)"""
@@ -145,7 +148,8 @@ def health_backtest(
     items: list[Any] = []
     cursor: str | None = None
     while True:
-        request = BacktestRequest(policy=text, since_seconds=int(since), cursor=cursor, limit=1000)
+        window = int(since if since is not None else 30 * 86400)
+        request = BacktestRequest(policy=text, since_seconds=window, cursor=cursor, limit=1000)
         page = msgspec.json.decode(
             api.post("/hardware/health/backtest", request, timeout=BACKTEST_READ_SECONDS), type=BacktestBody
         )

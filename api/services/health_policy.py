@@ -46,6 +46,19 @@ _HEALTH_EVENTS = (
 )
 
 
+# The newest health event, by type (each a backward scan of events_type_idx): a backtest's pages
+# share one fold while it does not move.
+_HEALTH_HEAD = (
+    "SELECT greatest("
+    "(SELECT max(global_position) FROM events WHERE event_type = $1), "
+    "(SELECT max(global_position) FROM events WHERE event_type = $2), "
+    "(SELECT max(global_position) FROM events WHERE event_type = $3), "
+    "(SELECT max(global_position) FROM events WHERE event_type = $4))"
+)
+# How long the pages of one backtest are answered from its fold.
+KEEP_BACKTEST_SECONDS = 300.0
+
+
 class PolicyBody(msgspec.Struct, frozen=True):
     """The policy in force: `since_position` is the HEALTH_POLICY_APPLIED that put it in force
     (None: the shipped default, never applied)."""
@@ -109,6 +122,14 @@ def _body(policy: HealthPolicy, event: RecordedEvent | None) -> PolicyBody:
     )
 
 
+class _Kept(msgspec.Struct, frozen=True):
+    made: float
+    since: datetime
+    until: datetime
+    events: int
+    result: Backtest
+
+
 class HealthPolicies:
     """The policy in force, as this process's decisions see it: read from the log at most every
     RECHECK_SECONDS (`fresh`), at once after an apply through this process."""
@@ -120,6 +141,7 @@ class HealthPolicies:
         self._version = 0
         self._checked = float("-inf")
         self._lock = asyncio.Lock()
+        self._backtests: dict[tuple[str, int, int], _Kept] = {}
 
     @property
     def current(self) -> HealthPolicy:
@@ -180,9 +202,19 @@ class HealthPolicies:
                 field="since_seconds",
             )
         in_force = await self.fresh(force=True)
-        since = now - timedelta(seconds=request.since_seconds)
-        history = await self._history(started)
-        result: Backtest = await asyncio.to_thread(backtest, history, candidate, since=since, until=now)
+        async with self.store.pool.acquire() as conn:
+            head: int = await conn.fetchval(_HEALTH_HEAD, *BACKTEST_EVENT_TYPES) or 0
+        key = (candidate.digest, request.since_seconds, head)
+        kept = self._backtests.get(key)
+        if kept is not None and time.monotonic() - kept.made < KEEP_BACKTEST_SECONDS:
+            # The next page of a backtest of the same log: the same fold, not another.
+            since, now, events, result = kept.since, kept.until, kept.events, kept.result
+        else:
+            since = now - timedelta(seconds=request.since_seconds)
+            history = await self._history(started)
+            events = len(history)
+            result = await asyncio.to_thread(backtest, history, candidate, since=since, until=now)
+            self._backtests = {key: _Kept(time.monotonic(), since, now, events, result)}
         after = [d for d in result.differences if request.cursor is None or d.accelerator_id > request.cursor]
         page = after[: request.limit]
         more = len(after) > len(page)
@@ -191,7 +223,7 @@ class HealthPolicies:
             candidate=candidate.digest,
             since=since,
             until=now,
-            events=len(history),
+            events=events,
             summary=result.summary,
             unobservable=result.unobservable,
             items=page,
