@@ -83,6 +83,17 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403",
 include-operation-id = "listLemons"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403"]
 
+# A health policy is a TOML document inside a JSON string, validated by its own rules (known
+# signals, positive windows, XIDs in range), which JSON Schema cannot say: a schema-valid body may
+# get 400 naming the line and key; every other check still holds for them.
+[[operations]]
+include-operation-id = "applyHealthPolicy"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "409"]
+
+[[operations]]
+include-operation-id = "backtestHealthPolicy"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403"]
+
 # The change feed holds an empty page up to `wait` seconds by design; a fuzzer's long waits
 # would only burn the run's time.
 [[operations]]

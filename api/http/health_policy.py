@@ -33,12 +33,12 @@ def _actor(given: str | None) -> str:
 
 
 @get("/hardware/health/policy", summary="The GPU health policy in force: name, digest, since, text")
-async def show_policy(health_policies: NamedDependency[HealthPolicies]) -> PolicyBody:
+async def show_health_policy(health_policies: NamedDependency[HealthPolicies]) -> PolicyBody:
     return await health_policies.in_force()
 
 
 @post("/hardware/health/policy", status_code=200, summary="Put a GPU health policy in force (audited)")
-async def apply_policy(
+async def apply_health_policy(
     health_policies: NamedDependency[HealthPolicies], data: JSONBody[ApplyRequest]
 ) -> PolicyBody:
     return await health_policies.apply(data.policy, _actor(data.actor))
@@ -49,7 +49,7 @@ async def apply_policy(
     status_code=200,
     summary="Backtest a GPU health policy on the log: GPUs whose verdict would differ (writes nothing)",
 )
-async def backtest_policy(
+async def backtest_health_policy(
     health_policies: NamedDependency[HealthPolicies], data: JSONBody[BacktestRequest]
 ) -> BacktestBody:
     return await health_policies.backtest(data, central_now())
@@ -60,7 +60,7 @@ def health_policy_routers() -> list[Router]:
     return [
         Router(
             path="/api/v1",
-            route_handlers=[show_policy, apply_policy, backtest_policy],
+            route_handlers=[show_health_policy, apply_health_policy, backtest_health_policy],
             guards=[operator_guard],
             security=[{"bearer": []}],
         )
