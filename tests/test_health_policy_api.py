@@ -13,6 +13,7 @@ import httpx
 
 from api.services.health_policy import HealthPolicies
 from api.services.inventory import HardwareInventoryService
+from api.services.scopes import OperatorTokens
 from collectors.gpu_health import XidOccurrence
 from domain.health_policy import DEFAULT_POLICY, load_policy
 from ledger.events import (
@@ -80,6 +81,12 @@ async def test_a_bad_policy_is_refused_naming_line_and_key_and_nothing_changes(
     assert (await client.get(POLICY, headers=AUTH)).json()["digest"] == DEFAULT_POLICY.digest
     r = await client.post(POLICY, json={"policy": XID_13_THRICE}, headers={"Authorization": "Bearer nope"})
     assert r.status_code == 401
+    # A viewer token reads the policy in force; applying and backtesting are the operator's.
+    viewer = {"Authorization": f"Bearer {(await OperatorTokens(pool).create(ttl_seconds=None)).token}"}
+    assert (await client.get(POLICY, headers=viewer)).status_code == 200
+    assert (await client.post(POLICY, json={"policy": XID_13_THRICE}, headers=viewer)).status_code == 403
+    assert (await client.post(BACKTEST, json={"policy": XID_13_THRICE}, headers=viewer)).status_code == 403
+    assert await log_size(pool) == before
 
 
 async def test_applied_policy_decides_names_its_digest_and_evidence_and_rebuilds_exactly(
