@@ -52,8 +52,9 @@ CREATE TABLE events (
     event_class      text NOT NULL
         CONSTRAINT events_event_class_check CHECK (event_class IN ('lifecycle', 'observation')),
     schema_version   integer NOT NULL,
-    data             jsonb NOT NULL,
-    metadata         jsonb NOT NULL,
+    -- The event as jsonb (every lifecycle event, readable in SQL), or NULL where `body` holds it.
+    data             jsonb,
+    metadata         jsonb,
     recorded_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
     -- Tamper evidence for lifecycle events: hash = sha256(prev_hash || canonical bytes).
     prev_hash        bytea,
@@ -64,6 +65,15 @@ CREATE TABLE events (
     -- The UTC day an observation was received, where that day has a segment of its own;
     -- 'infinity' (the permanent segment) for everything else.
     segment          date NOT NULL DEFAULT 'infinity',
+    -- An observation stored compact (ledger/compact.py): its metadata and payload as bytes that
+    -- PostgreSQL neither parses nor compresses again; `data` and `metadata` are NULL then.
+    body             bytea,
+    -- Of a node's telemetry snapshot stored compact: the digest of the GPUs it samples
+    -- (mf_sampled), which retention compares instead of reading the snapshot.
+    sampled          uuid,
+    CONSTRAINT events_body_check CHECK (CASE WHEN body IS NULL THEN data IS NOT NULL AND metadata IS NOT NULL
+                                             ELSE data IS NULL AND metadata IS NULL
+                                                  AND event_class = 'observation' END),
     -- A partitioned table's unique keys contain its partition key. Lifecycle events are all in
     -- the permanent segment, so their event ids and stream versions are unique by these keys
     -- alone; a stream's versions across segments are unique because every append holds the
@@ -271,9 +281,8 @@ CREATE TABLE hw_host_telemetry (
 ) WITH (fillfactor = 50);
 
 -- Each GPU's newest sample: when it was taken and received, and the event that holds it. The
--- sample itself (metrics and health signals) is read from that event (mf_accelerator_sample,
--- mf_samples): a copy in this row would have PostgreSQL parse every report's eight samples a
--- second time and write them twice. Retention always keeps each GPU's newest sample
+-- sample itself (metrics and health signals) is read from that event (api/services/reads/samples.py):
+-- a copy in this row would write every report's eight samples twice. Retention always keeps each GPU's newest sample
 -- (docs/retention.md), so the event is there.
 CREATE TABLE hw_accelerator_telemetry (
     accelerator_id  text PRIMARY KEY,
@@ -408,8 +417,7 @@ CREATE TABLE mf_feed_listeners (
 \ir sql/functions/mf_append.sql
 \ir sql/functions/mf_ensure_segments.sql
 \ir sql/functions/mf_read_changes.sql
-\ir sql/functions/mf_samples.sql
-\ir sql/functions/mf_accelerator_sample.sql
+\ir sql/functions/mf_sampled.sql
 \ir sql/functions/mf_refuse_lifecycle_change.sql
 \ir sql/functions/mf_refuse_truncate.sql
 \ir sql/functions/mf_notify_log.sql

@@ -24,14 +24,17 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from ledger.compact import UndecodableBody, decode_body
 from ledger.events import EventClass, RecordedEvent, decode_metadata, decode_payload
 
 # The one column list of an event row. JSON columns come back as text under names of their own
-# (decoding them with msgspec is faster than asyncpg's json codec, and no alias shadows a column).
+# (decoding them with msgspec is faster than asyncpg's json codec, and no alias shadows a column);
+# an event stored compact has its body instead (ledger/compact.py).
 EVENT_COLUMNS = (
     "events.global_position, events.stream_id, events.stream_version, events.event_id, "
     "events.event_type, events.event_class, events.schema_version, "
-    "events.data::text AS data_json, events.metadata::text AS metadata_json, events.recorded_at"
+    "events.data::text AS data_json, events.metadata::text AS metadata_json, events.body, "
+    "events.recorded_at"
 )
 
 # xid8 is unsigned 64-bit, but a cluster consuming a million ids a second needs 290,000 years to
@@ -95,12 +98,21 @@ def _raw_json(text: str) -> Any:
 LogEntry = RecordedEvent | StoredEvent
 
 
+def _undecodable_body(body: bytes) -> str:
+    """A compact body the catalog refuses, shown as what it is: its bytes, hex."""
+    return msgspec.json.encode({"compact_body_hex": body.hex()}).decode()
+
+
 def event_from_row(row: asyncpg.Record) -> RecordedEvent:
     """Decode one event row (selected with EVENT_COLUMNS). Raises UndecodableEvent naming it."""
     try:
-        payload = decode_payload(row["data_json"])
-        metadata = decode_metadata(row["metadata_json"])
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        body = row["body"]
+        if body is not None:
+            payload, metadata = decode_body(body)
+        else:
+            payload = decode_payload(row["data_json"])
+            metadata = decode_metadata(row["metadata_json"])
+    except (msgspec.ValidationError, msgspec.DecodeError, UndecodableBody) as exc:
         raise UndecodableEvent(
             row["stream_id"], row["stream_version"], row["global_position"], str(exc)
         ) from exc
@@ -131,8 +143,8 @@ def entry_from_row(row: asyncpg.Record) -> LogEntry:
             event_type=row["event_type"],
             event_class=row["event_class"],
             schema_version=row["schema_version"],
-            data_json=row["data_json"],
-            metadata_json=row["metadata_json"],
+            data_json=row["data_json"] if row["body"] is None else _undecodable_body(row["body"]),
+            metadata_json=row["metadata_json"] if row["body"] is None else "null",
             recorded_at=row["recorded_at"],
             error=exc.reason,
         )

@@ -40,22 +40,28 @@ _BATCH = 20_000
 # `data->>'accelerator_id'` is null for host telemetry) exists: the newest always stays. A node's
 # snapshot (NODE_TELEMETRY_OBSERVED) goes only if a newer snapshot samples every accelerator it
 # samples, so each accelerator's newest sample stays too (that of a GPU left out of an incomplete
-# scan, which keeps its last telemetry, and that of a GPU gone missing). `e` is the old event, `n`
+# scan, which keeps its last telemetry, and that of a GPU gone missing). Where either is stored
+# compact (ledger/compact.py) the two are compared by the digest of the GPUs they sample
+# (mf_sampled): the newer one must sample the same GPUs, which keeps a little more than the jsonb
+# rule where a scan sampled more GPUs than the one before, never less. `e` is the old event, `n`
 # the newer one.
 _NEWER_OF_SAME_KIND = """
             n.stream_id = e.stream_id AND n.stream_version > e.stream_version
             AND n.event_class = 'observation' AND n.event_type = e.event_type
             AND (n.data->>'accelerator_id') IS NOT DISTINCT FROM (e.data->>'accelerator_id')
             AND (e.event_type <> 'NODE_TELEMETRY_OBSERVED'
-                 OR coalesce(n.data->'accelerators', '[]') @> (
-                     SELECT coalesce(jsonb_agg(jsonb_build_object('uuid', a->'uuid')), '[]')
-                     FROM jsonb_array_elements(coalesce(e.data->'accelerators', '[]')) a))"""
+                 OR CASE WHEN n.body IS NULL AND e.body IS NULL
+                         THEN coalesce(n.data->'accelerators', '[]') @> (
+                             SELECT coalesce(jsonb_agg(jsonb_build_object('uuid', a->'uuid')), '[]')
+                             FROM jsonb_array_elements(coalesce(e.data->'accelerators', '[]')) a)
+                         ELSE mf_sampled(n.data, n.sampled) = mf_sampled(e.data, e.sampled) END)"""
 # Newer events in the log.
 _NEWER_IN_LOG = "SELECT 1 FROM events n WHERE" + _NEWER_OF_SAME_KIND
 # Newer events in the log or in a detached day's table (`{table}`).
 _NEWER_IN_LOG_OR_DAY = (
-    "SELECT 1 FROM (SELECT stream_id, stream_version, event_class, event_type, data FROM events "
-    "UNION ALL SELECT stream_id, stream_version, event_class, event_type, data FROM {table}) n WHERE"
+    "SELECT 1 FROM (SELECT stream_id, stream_version, event_class, event_type, data, body, sampled "
+    "FROM events UNION ALL SELECT stream_id, stream_version, event_class, event_type, data, body, "
+    "sampled FROM {table}) n WHERE"
     + _NEWER_OF_SAME_KIND
 )
 
@@ -87,8 +93,11 @@ WITH rows AS (
     SELECT e.global_position, e.stream_id, e.stream_version, e.event_type,
            CASE WHEN e.event_type <> 'NODE_TELEMETRY_OBSERVED'
                 THEN e.data->>'accelerator_id' END AS accelerator,
-           CASE WHEN e.event_type = 'NODE_TELEMETRY_OBSERVED'
-                THEN jsonb_path_query_array(e.data, '$.accelerators[*].uuid') END AS sampled
+           -- What a snapshot samples: its GPUs' UUIDs, or of one stored compact the digest of them
+           -- (so two compact snapshots compare equal when they sample the same GPUs).
+           CASE WHEN e.event_type <> 'NODE_TELEMETRY_OBSERVED' THEN NULL
+                WHEN e.body IS NULL THEN jsonb_path_query_array(e.data, '$.accelerators[*].uuid')
+                ELSE jsonb_build_array(e.sampled::text) END AS sampled
     FROM {table} e
     WHERE e.event_class = 'observation' AND e.stream_id BETWEEN $1 AND $2"""
 _DAY_CANDIDATES = """

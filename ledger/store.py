@@ -12,12 +12,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import asyncpg
 import msgspec
 import structlog
 
+from ledger.compact import encode_body, is_compact, sampled_digest
 from ledger.events import (
     SCHEMA_VERSION,
     EventMetadata,
@@ -163,10 +164,11 @@ def _translate(exc: asyncpg.PostgresError, stream_id: str, expected: int | None)
 # mf_append_many, or the kept checkpoints for mf_append_kept.
 _APPEND_SQL = {
     "mf_append_many": "SELECT out_stream_index, out_global_position, out_stream_version, "
-    "out_already_stored, out_recorded_at FROM mf_append_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+    "out_already_stored, out_recorded_at "
+    "FROM mf_append_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
     "mf_append_kept": "SELECT out_stream_index, out_global_position, out_stream_version, "
     "out_already_stored, out_recorded_at "
-    "FROM mf_append_kept($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+    "FROM mf_append_kept($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
 }
 # A batch already stored, as stored.
 _STORED_EVENTS = "SELECT " + EVENT_COLUMNS + " FROM events WHERE event_id = ANY($1) ORDER BY global_position"
@@ -176,8 +178,27 @@ _STREAM_EVENTS = (
     "ORDER BY stream_version"
 )
 
-# An event as validated for the log: (payload bytes, decoded payload), (metadata bytes, decoded).
-_Encoded = tuple[tuple[bytes, EventPayload], tuple[bytes, EventMetadata]]
+
+
+class _Encoded(NamedTuple):
+    """An event as validated for the log: its jsonb (data, metadata) or its compact body (with
+    the digest of the GPUs it samples), and the payload and metadata decoded back from them."""
+
+    data: bytes | None
+    metadata_json: bytes | None
+    body: bytes | None
+    sampled: uuid.UUID | None
+    payload: EventPayload
+    metadata: EventMetadata
+
+
+def _encode(event: NewEvent) -> _Encoded:
+    if is_compact(event.payload):
+        body, payload, meta = encode_body(event.payload, event.metadata)
+        return _Encoded(None, None, body, sampled_digest(payload), payload, meta)
+    data, payload = validate_payload(event.payload)
+    metadata_json, meta = validate_metadata(event.metadata)
+    return _Encoded(data, metadata_json, None, None, payload, meta)
 
 
 class EventStore:
@@ -345,9 +366,7 @@ class EventStore:
     def _encoded(self, requests: Sequence[AppendRequest]) -> list[list[_Encoded]]:
         if any(not r.events for r in requests):
             raise ValueError("append needs at least one event per stream")
-        return [
-            [(validate_payload(e.payload), validate_metadata(e.metadata)) for e in r.events] for r in requests
-        ]
+        return [[_encode(e) for e in r.events] for r in requests]
 
     async def _send(
         self,
@@ -375,8 +394,11 @@ class EventStore:
                 [e.event_type for e in flat],
                 [e.event_class for e in flat],
                 [SCHEMA_VERSION] * len(flat),
-                [msgspec.Raw(d) for (d, _), _m in codes],
-                [msgspec.Raw(m) for _d, (m, _) in codes],
+                [None if c.data is None else msgspec.Raw(c.data) for c in codes],
+                [None if c.metadata_json is None else msgspec.Raw(c.metadata_json) for c in codes],
+                [c.body for c in codes],
+                [c.metadata.received_at for c in codes],
+                [c.sampled for c in codes],
                 *extra,
             )
         except asyncpg.PostgresError as exc:
@@ -416,13 +438,11 @@ class EventStore:
                     event_class=event.event_class,
                     schema_version=SCHEMA_VERSION,
                     # Fold what the log will give back on rebuild (decoded once, by the validation).
-                    payload=payload,
-                    metadata=meta,
+                    payload=code.payload,
+                    metadata=code.metadata,
                     recorded_at=row["out_recorded_at"],
                 )
-                for row, event, ((_, payload), (_, meta)) in zip(
-                    stream_rows, request.events, per, strict=True
-                )
+                for row, event, code in zip(stream_rows, request.events, per, strict=True)
             ]
             results.append(None)
             fresh.append((i, recorded))

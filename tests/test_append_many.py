@@ -296,7 +296,8 @@ async def test_a_malformed_call_is_refused_and_writes_nothing(
                 "SELECT * FROM mf_append_many($1, ARRAY[NULL, NULL]::bigint[], $2, $3, "
                 "ARRAY['HOST_TELEMETRY_OBSERVED', 'HOST_TELEMETRY_OBSERVED'], "
                 "ARRAY['observation', 'observation'], ARRAY[1, 1], ARRAY[$4::jsonb, $4::jsonb], "
-                "ARRAY[$5::jsonb, $5::jsonb])",
+                "ARRAY[$5::jsonb, $5::jsonb], ARRAY[NULL, NULL]::bytea[], ARRAY[now(), now()], "
+                "ARRAY[NULL, NULL]::uuid[])",
                 stream_ids,
                 counts,
                 [uuid.uuid4(), uuid.uuid4()],

@@ -13,6 +13,7 @@ import msgspec
 
 from api.services.metrics.samples import known_text
 from api.services.reads.liveness import LIVENESS, LivenessPolicy
+from api.services.reads.samples import Sample, samples_at
 from api.services.reads.statement import Query
 from runtime.process import older_collections_deferred
 
@@ -67,6 +68,12 @@ _NODES = Query(
 ).build()
 
 
+def _builtins(value: object) -> dict[str, Any]:
+    """A sample's part in the stored JSON form the samples of a scrape are read in."""
+    out: dict[str, Any] = msgspec.to_builtins(value)
+    return out
+
+
 def _slices(rows: list[asyncpg.Record], size: int = 250) -> Iterator[list[asyncpg.Record]]:
     """A fleet's rows in slices: turned into rows one slice at a time, with the event loop free
     between them (80,000 GPUs at once hold agent reports up for over a second)."""
@@ -86,7 +93,9 @@ def _node_row(r: asyncpg.Record) -> NodeRow:
     )
 
 
-def _gpu_row(r: asyncpg.Record) -> GpuRow:
+def _gpu_row(r: asyncpg.Record, sample: Sample | None) -> GpuRow:
+    # a missing GPU's last telemetry is history, not a current reading
+    current = sample if r["status"] == "active" else None
     return GpuRow(
         node_id=r["node_id"],
         hostname=r["hostname"] or "",
@@ -96,13 +105,12 @@ def _gpu_row(r: asyncpg.Record) -> GpuRow:
         model=known_text(r["name"]),
         pci_bus_id=known_text(r["pci_bus_id"]),
         driver_version=known_text(r["driver_version"]),
-        # a missing GPU's last telemetry is history, not a current reading
-        telemetry=dict(r["metrics"] or {}) if r["status"] == "active" else {},
+        telemetry=_builtins(current.metrics) if current is not None else {},
         # The verdict and the XIDs are the ledger's record, not a reading: kept when missing.
         health_status=r["health_status"],
         health_action=r["health_action"],
         health_reasons=[(x["code"], x["status"], x["action"]) for x in r["health_reasons"] or []],
-        health_signals=r["health_signals"] if r["status"] == "active" else None,
+        health_signals=_builtins(current.health) if current is not None and current.health else None,
         last_xid=r["last_xid"] if isinstance(r["last_xid"], int) else None,
     )
 
@@ -121,20 +129,16 @@ async def _read_snapshot(
 ) -> Snapshot:
     async with pool.acquire() as conn, conn.transaction(readonly=True, isolation="repeatable_read"):
         node_rows = await conn.fetch(_NODES.sql, *_NODES.args(liveness.values(now)))
-        # Each GPU's sample from the event its telemetry row points at (schema.sql, mf_samples:
-        # every such event read once for all of its GPUs).
         gpu_rows = await conn.fetch(
-            "WITH t AS MATERIALIZED (SELECT accelerator_id, position FROM hw_accelerator_telemetry), "
-            "samples AS MATERIALIZED (SELECT * FROM mf_samples(ARRAY(SELECT DISTINCT position FROM t))) "
             "SELECT a.node_id, n.hostname, a.uuid, a.status, a.device_index, a.name, a.pci_bus_id, "
-            "a.driver_version, s.out_sample->'telemetry' AS metrics, a.health_status, a.health_action, "
-            "a.health_reasons, a.health_xids->-1->'code' AS last_xid, "
-            "nullif(s.out_sample->'health', 'null'::jsonb) AS health_signals FROM hw_accelerators a "
+            "a.driver_version, t.position, a.health_status, a.health_action, "
+            "a.health_reasons, a.health_xids->-1->'code' AS last_xid FROM hw_accelerators a "
             "JOIN hw_nodes n ON n.node_id = a.node_id "
-            "LEFT JOIN t ON t.accelerator_id = a.accelerator_id "
-            "LEFT JOIN samples s ON s.out_position = t.position AND s.out_uuid = a.uuid "
+            "LEFT JOIN hw_accelerator_telemetry t ON t.accelerator_id = a.accelerator_id "
             "WHERE a.status IN ('active', 'missing') AND n.status = 'active' ORDER BY a.node_id, a.uuid"
         )
+        # Each GPU's sample from the event its telemetry row points at, every event read once.
+        samples = await samples_at(conn, (r["position"] for r in gpu_rows if r["status"] == "active"))
         counts = await conn.fetch("SELECT status, count(*) AS n FROM hw_accelerators GROUP BY status")
         head = await conn.fetchval("SELECT coalesce(max(global_position), 0) FROM events")
         folded = await conn.fetchval("SELECT coalesce(max(position), 0) FROM projection_state")
@@ -144,7 +148,7 @@ async def _read_snapshot(
         await asyncio.sleep(0)
     gpus: list[GpuRow] = []
     for rows in _slices(gpu_rows):
-        gpus.extend(_gpu_row(r) for r in rows)
+        gpus.extend(_gpu_row(r, samples.get((r["position"], r["uuid"]))) for r in rows)
         await asyncio.sleep(0)
     return Snapshot(
         nodes=nodes,

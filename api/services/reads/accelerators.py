@@ -12,6 +12,7 @@ import msgspec
 from api.services.reads.bodies import AcceleratorBody, AcceleratorHealthBody, HealthSignalsBody
 from api.services.reads.cursors import decode_id_cursor, id_page
 from api.services.reads.facts import plain
+from api.services.reads.samples import samples_at, signals_body
 from api.services.reads.statement import Query, Statement
 from collectors.facts import Fact
 from collectors.gpu_health import XidOccurrence
@@ -47,6 +48,9 @@ class AcceleratorRow(msgspec.Struct):
     health_xids: list[XidOccurrence] | None
     # The stored signals carry an empty `xids` (XIDs are lifecycle events): not decoded, not shown.
     health_signals: HealthSignalsBody | None
+    # The event holding the GPU's latest sample (its metrics and signals are read from there:
+    # api/services/reads/samples.py); an as-of row has them from its fold instead.
+    sample_position: int | None = None
 
 
 _rows = msgspec.json.Decoder(list[AcceleratorRow])
@@ -58,20 +62,19 @@ def accelerator_row(record: dict[str, Any]) -> AcceleratorRow:
 
 
 # The telemetry row is joined per accelerator (LATERAL ... OFFSET 0 keeps the planner from a merge
-# join that reads the telemetry index from its start up to the page's cursor on every page), and
-# its sample is read from the event it points at (schema.sql, mf_accelerator_sample).
+# join that reads the telemetry index from its start up to the page's cursor on every page); its
+# sample is read from the event it points at afterwards (`with_samples`).
 ACCELERATOR_SELECT: LiteralString = (
     "SELECT a.accelerator_id, a.node_id, a.uuid, a.status, a.device_index, a.pci_bus_id, a.name, "
     "a.memory_total_bytes, a.compute_capability, a.mig_mode, a.driver_version, a.cuda_driver_version, "
     "a.first_seen_at, greatest(a.last_seen_at, t.received_at) AS last_seen_at, a.missing_since, "
-    "m.metrics AS metrics, t.observed_at AS telemetry_observed_at, "
-    "a.health_status, a.health_action, a.health_reasons, a.health_xids, m.health_signals "
+    "NULL::jsonb AS metrics, t.observed_at AS telemetry_observed_at, t.position AS sample_position, "
+    "a.health_status, a.health_action, a.health_reasons, a.health_xids, NULL::jsonb AS health_signals "
     "FROM hw_accelerators a "
     "LEFT JOIN LATERAL ("
     "SELECT x.observed_at, x.received_at, x.position FROM hw_accelerator_telemetry x "
     "WHERE x.accelerator_id = a.accelerator_id OFFSET 0"
-    ") t ON true "
-    "LEFT JOIN LATERAL mf_accelerator_sample(t.position, a.uuid) m ON true"
+    ") t ON true"
 )
 # A page of `ACCELERATOR_SELECT` rows as one JSON array: the rows' statement goes in between.
 _PAGE_HEAD: LiteralString = "SELECT coalesce(json_agg(p ORDER BY p.accelerator_id), '[]')::text FROM ("
@@ -169,9 +172,22 @@ class AcceleratorReads:
         }
         async with self.pool.acquire() as conn:
             rows = _rows.decode(await conn.fetchval(statement.sql, *statement.args(values)))
+            rows = await with_samples(conn, rows[:limit]) + rows[limit:]
         return id_page(rows, limit, accelerator_body)
 
     async def get(self, accelerator_id: str) -> AcceleratorBody | None:
         async with self.pool.acquire() as conn:
-            rows = _rows.decode(await conn.fetchval(_ONE.sql, accelerator_id))
+            rows = await with_samples(conn, _rows.decode(await conn.fetchval(_ONE.sql, accelerator_id)))
         return accelerator_body(rows[0]) if rows else None
+
+
+async def with_samples(conn: asyncpg.Connection, rows: list[AcceleratorRow]) -> list[AcceleratorRow]:
+    """The rows with each GPU's metrics and health signals from the event holding its sample."""
+    samples = await samples_at(conn, (r.sample_position for r in rows))
+    out = []
+    for r in rows:
+        sample = samples.get((r.sample_position, r.uuid)) if r.sample_position is not None else None
+        if sample is not None:
+            r = msgspec.structs.replace(r, metrics=sample.metrics, health_signals=signals_body(sample.health))
+        out.append(r)
+    return out

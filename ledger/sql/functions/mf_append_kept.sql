@@ -9,7 +9,8 @@
 CREATE OR REPLACE FUNCTION mf_append_kept(
     p_stream_ids text[], p_expected_versions bigint[], p_counts integer[], p_event_ids uuid[],
     p_event_types text[], p_event_classes text[], p_schema_versions integer[], p_data jsonb[],
-    p_metadata jsonb[], p_projection text, p_known_versions bigint[], p_known_positions bigint[],
+    p_metadata jsonb[], p_bodies bytea[], p_received timestamptz[], p_sampled uuid[],
+    p_projection text, p_known_versions bigint[], p_known_positions bigint[],
     p_known_rebuild timestamptz
 ) RETURNS TABLE (out_stream_index integer, out_global_position bigint, out_stream_version bigint,
                out_already_stored boolean, out_recorded_at timestamptz)
@@ -33,6 +34,7 @@ BEGIN
         SELECT a.out_stream_index, a.out_global_position, a.out_stream_version, a.out_already_stored,
                a.out_recorded_at
         FROM mf_append_many(p_stream_ids, p_expected_versions, p_counts, p_event_ids, p_event_types,
-                            p_event_classes, p_schema_versions, p_data, p_metadata, true) a;
+                            p_event_classes, p_schema_versions, p_data, p_metadata, p_bodies,
+                            p_received, p_sampled, true) a;
 END;
 $$;

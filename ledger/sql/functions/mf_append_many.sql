@@ -9,7 +9,11 @@
 --     (already_stored) and writes nothing; part of it stored raises MF422;
 --   * a tombstoned stream takes no event (SQLSTATE MF410); NODE_DECOMMISSIONED tombstones it;
 --   * lifecycle events are hash-chained per stream (mf_event_hash);
---   * an observation goes to the segment of the UTC day it was received, if that day has one.
+--   * an observation goes to the segment of the UTC day it was received (`p_received[k]`, the
+--     metadata's received_at), if that day has one;
+--   * an event is stored as jsonb (`p_data[k]`, `p_metadata[k]`) or, an observation only, as a
+--     compact body (`p_bodies[k]`, ledger/compact.py; its data and metadata NULL), with
+--     `p_sampled[k]`, the digest of the GPUs a snapshot samples (retention compares it).
 -- Any refusal fails the whole call (and the caller's transaction).
 --
 -- The streams that take their events are written set-wise: one INSERT of all their events, one
@@ -24,7 +28,8 @@
 CREATE OR REPLACE FUNCTION mf_append_many(
     p_stream_ids text[], p_expected_versions bigint[], p_counts integer[], p_event_ids uuid[],
     p_event_types text[], p_event_classes text[], p_schema_versions integer[], p_data jsonb[],
-    p_metadata jsonb[], p_locked boolean DEFAULT false
+    p_metadata jsonb[], p_bodies bytea[], p_received timestamptz[], p_sampled uuid[],
+    p_locked boolean DEFAULT false
 ) RETURNS TABLE (out_stream_index integer, out_global_position bigint, out_stream_version bigint,
                out_already_stored boolean, out_recorded_at timestamptz)
 LANGUAGE plpgsql AS $$
@@ -67,7 +72,10 @@ BEGIN
        OR coalesce(array_length(p_counts, 1), 0) <> v_streams
        OR (SELECT sum(c) FROM unnest(p_counts) AS c) IS DISTINCT FROM v_n::bigint
        OR (SELECT min(c) FROM unnest(p_counts) AS c) < 1
-       OR (SELECT count(DISTINCT x) FROM unnest(p_stream_ids) AS x) <> v_streams THEN
+       OR (SELECT count(DISTINCT x) FROM unnest(p_stream_ids) AS x) <> v_streams
+       OR coalesce(array_length(p_bodies, 1), 0) <> v_n
+       OR coalesce(array_length(p_received, 1), 0) <> v_n
+       OR coalesce(array_length(p_sampled, 1), 0) <> v_n THEN
         RAISE EXCEPTION 'an append names each stream once, with one count of at least 1 per stream '
                         'and as many events as the counts add up to' USING ERRCODE = '22023';
     END IF;
@@ -124,7 +132,7 @@ BEGIN
             IF p_event_classes[k] = 'observation' THEN
                 -- A retry carries the same metadata, so it lands on the same segment and meets
                 -- its stored copy at the INSERT's arbiter below.
-                v_day := ((p_metadata[k] ->> 'received_at')::timestamptz AT TIME ZONE 'UTC')::date;
+                v_day := (p_received[k] AT TIME ZONE 'UTC')::date;
                 IF v_day IS DISTINCT FROM v_seen_day THEN
                     v_seen_day := v_day;
                     v_day_segment := coalesce((SELECT g.day FROM event_segments g WHERE g.day = v_day),
@@ -152,12 +160,13 @@ BEGIN
     WITH inserted AS (
         INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class,
                             schema_version, data, metadata, recorded_at, prev_hash, hash,
-                            received_at, segment)
+                            received_at, segment, body, sampled)
         SELECT u.id, p_stream_ids[u.si], u.v, u.t, u.c, u.sv, u.d, u.m, v_now, u.ph, u.h,
-               (u.m ->> 'received_at')::timestamptz, u.seg
+               u.r, u.seg, u.b, u.sd
         FROM unnest(p_event_ids, p_event_types, p_event_classes, p_schema_versions, p_data,
-                    p_metadata, v_index, v_versions, v_segments, v_prevs, v_hashes, v_take)
-             WITH ORDINALITY AS u(id, t, c, sv, d, m, si, v, seg, ph, h, w, n)
+                    p_metadata, v_index, v_versions, v_segments, v_prevs, v_hashes, v_take,
+                    p_bodies, p_received, p_sampled)
+             WITH ORDINALITY AS u(id, t, c, sv, d, m, si, v, seg, ph, h, w, b, r, sd, n)
         WHERE u.w
         ORDER BY u.n
         ON CONFLICT (event_id, segment) DO NOTHING
