@@ -74,13 +74,14 @@ async def fill_by_fold(pool: Any, nodes: int, rng: random.Random) -> int:
     """Fold each node's events with the inventory projection and COPY its rows into the live
     tables (what `rebuild` does into shadows); returns the events folded."""
     from ledger.events import SCHEMA_VERSION, RecordedEvent
+    from ledger.store import stored_form
     from projections.framework import STATE_TABLE
     from projections.inventory import INVENTORY
 
     specs = {t.name: t for t in INVENTORY.tables}
     rows: dict[str, list[tuple[Any, ...]]] = {name: [] for name in specs}
-    # The events too: a GPU's telemetry row points at the event that holds its sample, which the
-    # reads take from there (schema.sql, mf_accelerator_sample).
+    # The events too, stored as the log stores them: a GPU's telemetry row points at the event
+    # that holds its sample, which the reads take from there (api/services/reads/samples.py).
     log: list[tuple[Any, ...]] = []
     states: list[tuple[Any, ...]] = []
     streams: list[tuple[Any, ...]] = []
@@ -114,18 +115,21 @@ async def fill_by_fold(pool: Any, nodes: int, rng: random.Random) -> int:
                         payload=e.payload, metadata=e.metadata, recorded_at=e.metadata.received_at,
                     )
                 )  # fmt: skip
+                stored = stored_form(e)
                 log.append(
                     (
                         position, e.event_id, node_id, version, e.event_type, e.event_class, SCHEMA_VERSION,
-                        msgspec.Raw(msgspec.json.encode(e.payload)), msgspec.Raw(msgspec.json.encode(e.metadata)),
-                        e.metadata.received_at, e.metadata.received_at if e.event_class == "observation" else None,
+                        None if stored.data is None else msgspec.Raw(stored.data),
+                        None if stored.metadata_json is None else msgspec.Raw(stored.metadata_json),
+                        stored.body, stored.sampled,
+                        e.metadata.received_at, e.metadata.received_at,
                     )
                 )  # fmt: skip
             state = INVENTORY.fold_all(INVENTORY.initial(node_id), recorded)
             for table, table_rows in INVENTORY.rows(state).items():
                 rows[table].extend(table_rows)
             version, pos = INVENTORY.checkpoint_of(state)
-            states.append((INVENTORY.name, node_id, version, pos, msgspec.Raw(msgspec.json.encode(state))))
+            states.append((INVENTORY.name, node_id, version, pos, INVENTORY.encode_state(state)))
             lifecycle = sum(e.event_class == "lifecycle" for e in new)
             streams.append((node_id, len(recorded), lifecycle))
             total += len(recorded)
@@ -139,7 +143,7 @@ async def fill_by_fold(pool: Any, nodes: int, rng: random.Random) -> int:
 
 EVENT_COLUMNS = (
     "global_position", "event_id", "stream_id", "stream_version", "event_type", "event_class",
-    "schema_version", "data", "metadata", "recorded_at", "received_at",
+    "schema_version", "data", "metadata", "body", "sampled", "recorded_at", "received_at",
 )  # fmt: skip
 
 

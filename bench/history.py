@@ -63,6 +63,7 @@ async def fill_history(pool: Any, node: int, hours: float, interval: float, now:
     stream, each in the day segment of its receive time; returns the node id and the count."""
     from domain.node import node_id_for
     from ledger.events import SCHEMA_VERSION, EventMetadata, NewEvent
+    from ledger.store import stored_form
 
     node_id = node_id_for(node_key(node))
     count = int(hours * 3600 / interval)
@@ -92,12 +93,13 @@ async def fill_history(pool: Any, node: int, hours: float, interval: float, now:
             e = NewEvent(payload=payloads[k % len(payloads)], metadata=meta)
             day = received.astimezone(UTC).date()
             assert day in days, f"no segment for {day}"  # made above, as the server makes them ahead
+            stored = stored_form(e)
             rows.append(
                 (
                     position + 1 + k, e.event_id, node_id, version + 1 + k, e.event_type, e.event_class,
-                    SCHEMA_VERSION, msgspec.Raw(msgspec.json.encode(e.payload)),
-                    msgspec.Raw(msgspec.json.encode(e.metadata)), received, received,
-                    day,
+                    SCHEMA_VERSION, None if stored.data is None else msgspec.Raw(stored.data),
+                    None if stored.metadata_json is None else msgspec.Raw(stored.metadata_json),
+                    stored.body, stored.sampled, received, received, day,
                 )
             )  # fmt: skip
         await conn.copy_records_to_table("events", records=rows, columns=[*EVENT_COLUMNS, "segment"])

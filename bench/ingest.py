@@ -522,7 +522,7 @@ RETENTION_STREAMS = 200  # the old snapshots are spread over this many simulated
 
 async def fill_old_telemetry(pool: Any, events: int) -> date:
     """`events` NODE_TELEMETRY_OBSERVED snapshots received over the whole UTC day before yesterday
-    (copies of a real report's data and metadata) on that day's segment, as the product's appends
+    (copies of a real report's stored snapshot) on that day's segment, as the product's appends
     put them there, in `RETENTION_STREAMS` streams of their own, each ending with one snapshot
     received now: everything on the old day is prunable. Returns the day."""
     from ledger.segments import ensure_segments
@@ -536,9 +536,10 @@ async def fill_old_telemetry(pool: Any, events: int) -> date:
         await conn.execute(
             """
             INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class,
-                                schema_version, data, metadata, recorded_at, received_at, segment)
+                                schema_version, data, metadata, body, sampled, recorded_at,
+                                received_at, segment)
             SELECT gen_random_uuid(), 'retention-sim-' || s, v, e.event_type, e.event_class,
-                   e.schema_version, e.data, e.metadata, now(), r.at,
+                   e.schema_version, e.data, e.metadata, e.body, e.sampled, now(), r.at,
                    (r.at AT TIME ZONE 'UTC')::date
             FROM (SELECT * FROM events WHERE event_type = 'NODE_TELEMETRY_OBSERVED' LIMIT 1) e,
                  generate_series(1, $1) s, generate_series(1, $2) v,

@@ -184,7 +184,7 @@ def _health(h: AcceleratorHealthSignals) -> Dense:
         _fact(h.xid_events),
     ]
     if h.xids:
-        out.append([[x.xid, x.at] for x in h.xids])
+        out.append([[x.code, x.at] for x in h.xids])
     return out
 
 
@@ -294,7 +294,7 @@ def _unhealth(d: Dense) -> AcceleratorHealthSignals:
         retired_pages=_ungroup(d[4], RETIRED_PAGES_1),
         pcie_replay_count=_unfact(d[5]),
         xid_events=_unfact(d[6]),
-        xids=[XidOccurrence(xid=x[0], at=_at(x[1])) for x in d[7]] if len(d) > 7 else [],
+        xids=[XidOccurrence(code=x[0], at=_at(x[1])) for x in d[7]] if len(d) > 7 else [],
     )
 
 
@@ -364,27 +364,51 @@ def decode_body(body: bytes) -> tuple[NodeTelemetryObserved, EventMetadata]:
     return payload, metadata
 
 
-def gpu_samples(body: bytes) -> tuple[datetime | None, datetime, list[tuple[str, Dense]]]:
-    """The observed and received times of a compact snapshot and each GPU's (UUID, dense
-    telemetry), without building the rest: what a telemetry history reads of thousands of them."""
-    doc = msgspec.msgpack.decode(body)
-    m = doc[1]
-    return (
-        m[2] if len(m) > 2 else None,
-        m[0],
-        [(_unid(g[0], "GPU-"), g[2]) for g in doc[2][2]],
-    )
+# What a telemetry history reads of thousands of snapshots: the times and one GPU's telemetry (or
+# the host's), every other part left undecoded.
+_View: TypeAlias = tuple[
+    int,
+    msgspec.Raw,
+    tuple[msgspec.Raw, msgspec.Raw, list[tuple[msgspec.Raw, msgspec.Raw, msgspec.Raw, msgspec.Raw]]],
+]
+_view = msgspec.msgpack.Decoder(_View)
 
 
-def host_sample(body: bytes) -> tuple[datetime | None, datetime, Dense]:
-    doc = msgspec.msgpack.decode(body)
-    m = doc[1]
-    return (m[2] if len(m) > 2 else None, m[0], doc[2][0])
+def _times(raw: msgspec.Raw) -> tuple[datetime | None, datetime]:
+    m = msgspec.msgpack.decode(raw)
+    observed = m[2] if len(m) > 2 else None
+    return (observed if type(observed) is datetime else None), _at(m[0])
 
 
-def gpu_telemetry(dense: Dense) -> dict[str, Fact]:
-    return _ungroup(dense, GPU_TELEMETRY_1)
+def gpu_key(gpu_uuid: str) -> bytes:
+    """A GPU UUID as a compact body holds it, encoded (`gpu_sample`'s key)."""
+    return _encoder.encode(_id(gpu_uuid, _GPU_UUID, 4))
 
 
-def host_telemetry(dense: Dense) -> dict[str, Fact]:
-    return _ungroup(dense, HOST_TELEMETRY_1)
+def gpu_sample(body: bytes, key: bytes) -> tuple[datetime | None, datetime, dict[str, Fact] | None]:
+    """The observed and received times of a compact snapshot and the telemetry of the GPU whose
+    `gpu_key` is `key` (its last entry), None where the snapshot does not sample it."""
+    try:
+        _, m, (_, _, gpus) = _view.decode(body)
+        found = None
+        for g in gpus:
+            if bytes(g[0]) == key:
+                found = g[2]
+        observed, received = _times(m)
+        return (
+            observed,
+            received,
+            None if found is None else _ungroup(msgspec.msgpack.decode(found), GPU_TELEMETRY_1),
+        )
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, IndexError) as exc:
+        raise UndecodableBody(f"compact body: {exc}") from exc
+
+
+def host_sample(body: bytes) -> tuple[datetime | None, datetime, dict[str, Fact]]:
+    """The observed and received times of a compact snapshot and the host's telemetry."""
+    try:
+        _, m, (host, _, _) = _view.decode(body)
+        observed, received = _times(m)
+        return observed, received, _ungroup(msgspec.msgpack.decode(host), HOST_TELEMETRY_1)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, IndexError) as exc:
+        raise UndecodableBody(f"compact body: {exc}") from exc

@@ -25,7 +25,7 @@ import asyncpg
 import msgspec
 
 from ledger.compact import UndecodableBody, decode_body
-from ledger.events import EventClass, RecordedEvent, decode_metadata, decode_payload
+from ledger.events import EventClass, EventPayload, RecordedEvent, decode_metadata, decode_payload
 
 # The one column list of an event row. JSON columns come back as text under names of their own
 # (decoding them with msgspec is faster than asyncpg's json codec, and no alias shadows a column);
@@ -105,6 +105,7 @@ def _undecodable_body(body: bytes) -> str:
 
 def event_from_row(row: asyncpg.Record) -> RecordedEvent:
     """Decode one event row (selected with EVENT_COLUMNS). Raises UndecodableEvent naming it."""
+    payload: EventPayload
     try:
         body = row["body"]
         if body is not None:

@@ -61,8 +61,7 @@ _NEWER_IN_LOG = "SELECT 1 FROM events n WHERE" + _NEWER_OF_SAME_KIND
 _NEWER_IN_LOG_OR_DAY = (
     "SELECT 1 FROM (SELECT stream_id, stream_version, event_class, event_type, data, body, sampled "
     "FROM events UNION ALL SELECT stream_id, stream_version, event_class, event_type, data, body, "
-    "sampled FROM {table}) n WHERE"
-    + _NEWER_OF_SAME_KIND
+    "sampled FROM {table}) n WHERE" + _NEWER_OF_SAME_KIND
 )
 
 # The permanent segment's old observations, a batch at a time.
@@ -153,7 +152,7 @@ _KEEP_LATE = (
 INSERT INTO events OVERRIDING SYSTEM VALUE
 SELECT e.global_position, e.tx_id, e.event_id, e.stream_id, e.stream_version, e.event_type,
        e.event_class, e.schema_version, e.data, e.metadata, e.recorded_at, e.prev_hash, e.hash,
-       e.received_at, 'infinity'
+       e.received_at, 'infinity', e.body, e.sampled
 FROM {table} e JOIN kept k ON k.global_position = e.global_position
 """
 )

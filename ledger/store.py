@@ -179,8 +179,7 @@ _STREAM_EVENTS = (
 )
 
 
-
-class _Encoded(NamedTuple):
+class StoredForm(NamedTuple):
     """An event as validated for the log: its jsonb (data, metadata) or its compact body (with
     the digest of the GPUs it samples), and the payload and metadata decoded back from them."""
 
@@ -192,13 +191,14 @@ class _Encoded(NamedTuple):
     metadata: EventMetadata
 
 
-def _encode(event: NewEvent) -> _Encoded:
+def stored_form(event: NewEvent) -> StoredForm:
+    """How the log stores an event (what mf_append_many takes for it), validated."""
     if is_compact(event.payload):
         body, payload, meta = encode_body(event.payload, event.metadata)
-        return _Encoded(None, None, body, sampled_digest(payload), payload, meta)
+        return StoredForm(None, None, body, sampled_digest(payload), payload, meta)
     data, payload = validate_payload(event.payload)
     metadata_json, meta = validate_metadata(event.metadata)
-    return _Encoded(data, metadata_json, None, None, payload, meta)
+    return StoredForm(data, metadata_json, None, None, payload, meta)
 
 
 class EventStore:
@@ -289,7 +289,7 @@ class EventStore:
         self,
         conn: asyncpg.Connection,
         requests: Sequence[AppendRequest],
-        encoded: Sequence[Sequence[_Encoded]],
+        encoded: Sequence[Sequence[StoredForm]],
         first: InlineProjection,
     ) -> list[AppendResult] | None:
         """`append_kept` where this store kept every stream's state of the first projection and
@@ -325,7 +325,7 @@ class EventStore:
         self,
         conn: asyncpg.Connection,
         requests: Sequence[AppendRequest],
-        encoded: Sequence[Sequence[_Encoded]],
+        encoded: Sequence[Sequence[StoredForm]],
         projection: str,
         kept: Sequence[KeptState],
         rebuild: datetime,
@@ -363,16 +363,16 @@ class EventStore:
         rows = await self._send(conn, requests, encoded, "mf_append_many", (locked,))
         return await self._recorded(conn, requests, encoded, rows)
 
-    def _encoded(self, requests: Sequence[AppendRequest]) -> list[list[_Encoded]]:
+    def _encoded(self, requests: Sequence[AppendRequest]) -> list[list[StoredForm]]:
         if any(not r.events for r in requests):
             raise ValueError("append needs at least one event per stream")
-        return [[_encode(e) for e in r.events] for r in requests]
+        return [[stored_form(e) for e in r.events] for r in requests]
 
     async def _send(
         self,
         conn: asyncpg.Connection,
         requests: Sequence[AppendRequest],
-        encoded: Sequence[Sequence[_Encoded]],
+        encoded: Sequence[Sequence[StoredForm]],
         function: Literal["mf_append_many", "mf_append_kept"],
         extra: tuple[object, ...],
     ) -> list[asyncpg.Record]:
@@ -415,7 +415,7 @@ class EventStore:
         self,
         conn: asyncpg.Connection,
         requests: Sequence[AppendRequest],
-        encoded: Sequence[Sequence[_Encoded]],
+        encoded: Sequence[Sequence[StoredForm]],
         rows: Sequence[asyncpg.Record],
     ) -> list[AppendResult]:
         """The appended events as recorded, folded into the inline projections (one write each)."""

@@ -15,13 +15,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.services.inventory import HardwareInventoryService
 from collectors.identity import NodeIdentity
 from collectors.observations import HardwareObservation
-from ledger.events import EventMetadata
+from ledger.events import EventMetadata, NodeTelemetryObserved
+from ledger.reading import EVENT_COLUMNS, event_from_row
 from ledger.retention import prune_observations
 from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS
 from projections.rebuild import rebuild
 from tests.builders import gpu, host, scan
 from tests.fixtures_nvml import multi_gpu_scenario, rtx_4090_driver_535
+from tests.sample_reads import latest_temperatures
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -216,10 +218,15 @@ async def test_retention_bounds_observation_storage_and_rebuild_still_matches(st
             "SELECT min(received_at) FROM events WHERE event_class = 'observation' AND stream_id <> $1",
             (await conn.fetchval("SELECT node_id FROM hw_nodes WHERE hostname = 'node-0'")),
         )
-        lost_gpu_kept = await conn.fetchval(
-            "SELECT count(*) FROM events e JOIN hw_nodes n ON n.node_id = e.stream_id "
-            "WHERE n.hostname = 'node-0' AND e.event_type = 'NODE_TELEMETRY_OBSERVED' "
-            "AND jsonb_array_length(e.data->'accelerators') > 0"
+        node0 = [
+            event_from_row(r)
+            for r in await conn.fetch(
+                f"SELECT {EVENT_COLUMNS} FROM events JOIN hw_nodes n ON n.node_id = events.stream_id "
+                "WHERE n.hostname = 'node-0' AND events.event_type = 'NODE_TELEMETRY_OBSERVED'"
+            )
+        ]
+        lost_gpu_kept = sum(
+            1 for e in node0 if isinstance(e.payload, NodeTelemetryObserved) and e.payload.accelerators
         )
     per_window = keep // interval + 1  # reports received within the window, both ends included
     # One snapshot per report; beyond the window, only the lost GPU's newest sample.
@@ -252,25 +259,20 @@ async def test_retention_keeps_the_last_sample_of_a_gpu_an_incomplete_scan_left_
         await service.reconcile_observation(
             identity, obs, EventMetadata(received_at=at, source="agent", observed_at=at)
         )
-    query = (
-        "SELECT a.uuid, m.metrics->'temperature_celsius'->>'value' AS temp FROM hw_accelerator_telemetry t "
-        "JOIN hw_accelerators a USING (accelerator_id), mf_accelerator_sample(t.position, a.uuid) m "
-        "ORDER BY a.uuid, a.accelerator_id"
-    )
     async with store.pool.acquire() as conn:
-        before = [tuple(r) for r in await conn.fetch(query)]
+        before = await latest_temperatures(conn)
     assert [t for _, t in before] == ["35", "61"]  # GPU 1's last sample is the first report's
 
     result = await prune_observations(store.pool, keep=timedelta(hours=1), now=start + timedelta(days=3))
     async with store.pool.acquire() as conn:
         kept = await conn.fetchval("SELECT count(*) FROM events WHERE event_type = 'NODE_TELEMETRY_OBSERVED'")
-        after = [tuple(r) for r in await conn.fetch(query)]
+        after = await latest_temperatures(conn)
     assert result.deleted == 4, "the snapshots between GPU 1's last sample and the newest one go"
     assert kept == 2 and after == before
     report = await rebuild(store.pool, ALL_PROJECTIONS, verify=True)
     assert report.differences == []
     async with store.pool.acquire() as conn:
-        assert [tuple(r) for r in await conn.fetch(query)] == before
+        assert await latest_temperatures(conn) == before
 
 
 async def test_metrics_export_known_values_only(make_api) -> None:  # type: ignore[no-untyped-def]

@@ -35,6 +35,7 @@ from projections.inventory import ALL_PROJECTIONS, INVENTORY
 from projections.pointintime import accelerator_records, inventory_as_of
 from projections.rebuild import rebuild
 from tests.builders import T0, gpu, host, meta, pending_remap, scan, signals
+from tests.sample_reads import latest_samples
 
 IDENTITY = NodeIdentity(key="health-node", source="configured")
 
@@ -208,17 +209,14 @@ async def test_rebuild_and_as_of_reproduce_the_verdicts(store: EventStore) -> No
                 "SELECT uuid, health_status, health_action, health_reasons FROM hw_accelerators"
             )
         }
-        signals_row = await conn.fetchval(
-            "SELECT m.health_signals FROM hw_accelerator_telemetry t JOIN hw_accelerators a USING (accelerator_id), "
-            "mf_accelerator_sample(t.position, a.uuid) m WHERE a.uuid = $1",
-            gpu(1).uuid,
-        )
+        latest = {u: x for u, _, x in await latest_samples(conn)}[gpu(1).uuid]
         as_of = await inventory_as_of(conn, T0 + timedelta(days=365), node_id=node_id)
     assert live == {
         gpu(0).uuid: ("failed", "service", ["xid_79"]),
         gpu(1).uuid: ("degraded", "reset_gpu", ["row_remap_pending"]),
     }
-    assert signals_row["remapped_rows"]["pending"] == {"state": "known", "value": True}
+    assert latest is not None and latest.health is not None
+    assert latest.health.remapped_rows["pending"] == Known(True)
     records = {
         r["uuid"]: (r["health_status"], r["health_action"], [x["code"] for x in r["health_reasons"]])
         for r in accelerator_records(as_of.nodes[0])

@@ -22,13 +22,9 @@ from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS
 from projections.rebuild import rebuild
 from tests.builders import gpu, host, scan
+from tests.sample_reads import latest_temperatures
 
 START = datetime(2026, 11, 1, tzinfo=UTC)
-TELEMETRY = (
-    "SELECT a.uuid, m.metrics->'temperature_celsius'->>'value' AS temp FROM hw_accelerator_telemetry t "
-    "JOIN hw_accelerators a USING (accelerator_id), mf_accelerator_sample(t.position, a.uuid) m "
-    "ORDER BY a.uuid, a.accelerator_id"
-)
 
 
 async def partitions(conn: asyncpg.Connection) -> dict[str, int]:
@@ -98,7 +94,7 @@ async def test_retention_drops_a_past_day_whole_and_keeps_every_newest_sample(st
         await ensure_segments(conn, START.date(), ahead=2)  # 1-3 November
     await simulate(store, nodes=nodes, reports=12)  # every 6 h, 1 November 00:00 to 3 November 18:00
     async with store.pool.acquire() as conn:
-        before = await conn.fetch(TELEMETRY)
+        before = await latest_temperatures(conn)
         lifecycle = await conn.fetchval("SELECT count(*) FROM events WHERE event_class = 'lifecycle'")
         held = await partitions(conn)
     assert held["events_d20261101"] == nodes * 4 - 2
@@ -117,7 +113,7 @@ async def test_retention_drops_a_past_day_whole_and_keeps_every_newest_sample(st
         assert await conn.fetchval("SELECT count(*) FROM events WHERE event_class = 'lifecycle'") == lifecycle
         # the 2nd stays whole: a day segment goes only when all of its day is past the cutoff
         assert after["events_d20261102"] == held["events_d20261102"]
-        assert await conn.fetch(TELEMETRY) == before
+        assert await latest_temperatures(conn) == before
         kept = await conn.fetch(
             "SELECT n.hostname, e.segment::text AS seg, e.received_at FROM events e JOIN hw_nodes n ON n.node_id = e.stream_id "
             "WHERE e.event_class = 'observation' AND e.received_at < $1 ORDER BY 1",
@@ -129,7 +125,7 @@ async def test_retention_drops_a_past_day_whole_and_keeps_every_newest_sample(st
     report = await rebuild(store.pool, ALL_PROJECTIONS, verify=True)
     assert report.differences == []
     async with store.pool.acquire() as conn:
-        assert await conn.fetch(TELEMETRY) == before
+        assert await latest_temperatures(conn) == before
     again = await prune_observations(store.pool, keep=timedelta(hours=24), now=now)
     assert again.deleted == 0 and again.segments_dropped == []
 
@@ -141,7 +137,7 @@ async def test_a_retirement_cut_short_is_finished_by_the_next_pass(store: EventS
         await ensure_segments(conn, START.date(), ahead=1)
     await simulate(store, nodes=3, reports=8)  # 1 and 2 November
     async with store.pool.acquire() as conn:
-        before = await conn.fetch(TELEMETRY)
+        before = await latest_temperatures(conn)
         # what a pass does before its drop, without moving the kept observations first
         await conn.execute("DELETE FROM event_segments WHERE day = '2026-11-01'")
         await conn.execute("ALTER TABLE events DETACH PARTITION events_d20261101")
@@ -150,7 +146,7 @@ async def test_a_retirement_cut_short_is_finished_by_the_next_pass(store: EventS
     assert result.kept_past_day == 2  # node 0's GPU's last sample, node 1's last report, copied back
     async with store.pool.acquire() as conn:
         assert await conn.fetchval("SELECT count(*) FROM pg_class WHERE relname = 'events_d20261101'") == 0
-        assert await conn.fetch(TELEMETRY) == before
+        assert await latest_temperatures(conn) == before
     report = await rebuild(store.pool, ALL_PROJECTIONS, verify=True)
     assert report.differences == []
 

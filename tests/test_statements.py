@@ -25,6 +25,7 @@ from ledger.db import _keep_session, init_connection
 from tests.agent_support import report_body
 from tests.fakes.fake_pynvml import FakeNvml
 from tests.fixtures_nvml import multi_gpu_scenario
+from tests.sample_reads import latest_samples
 
 REPORT_STATEMENTS = 5  # BEGIN, locks + kept checkpoint checked + append, one write, advance, COMMIT
 OPENING_STATEMENTS = 7  # BEGIN, lock and state, position, append, one write, advance, COMMIT
@@ -187,13 +188,19 @@ async def test_a_report_keeps_gpu_metrics_in_its_event_not_in_the_nodes_checkpoi
         columns = await conn.fetch(
             "SELECT column_name FROM information_schema.columns WHERE table_name = 'hw_accelerator_telemetry'"
         )
-        metrics = await conn.fetch(
-            "SELECT m.metrics, e.stream_version FROM hw_accelerator_telemetry t "
-            "JOIN hw_accelerators a USING (accelerator_id) "
-            "JOIN events e ON e.global_position = t.position, "
-            "mf_accelerator_sample(t.position, a.uuid) m WHERE t.node_id = $1",
-            principal.node_id,
-        )
+        versions = {
+            r["global_position"]: r["stream_version"]
+            for r in await conn.fetch(
+                "SELECT e.global_position, e.stream_version FROM hw_accelerator_telemetry t "
+                "JOIN events e ON e.global_position = t.position WHERE t.node_id = $1",
+                principal.node_id,
+            )
+        }
+        metrics = [
+            {"metrics": sample.metrics if sample else None, "stream_version": versions[position]}
+            for _, position, sample in await latest_samples(conn)
+            if position in versions
+        ]
     samples = [a["telemetry"] for a in state["accelerators"].values()]
     # The checkpoint keeps when each GPU last reported (decisions read it), not what it reported.
     assert samples and all(t is not None and t["metrics"] == {} and t["received_at"] for t in samples)

@@ -154,11 +154,11 @@ async def test_the_history_reads_one_stream_by_index(make_api) -> None:  # type:
     """The log's read finds the node's observations by an index on its stream in every segment,
     never by a scan of the whole log (with a fleet's data PostgreSQL takes
     `events_stream_observation_received_idx`: docs/telemetry.md)."""
-    api, node_id, acc = await _fixture(make_api)
+    api, node_id, _acc = await _fixture(make_api)
     async with api.pool.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL enable_seqscan = off")
         for sql, args in (
-            (ACCELERATOR_SAMPLES, (node_id, BASE, BASE + timedelta(hours=1), acc["uuid"])),
+            (ACCELERATOR_SAMPLES, (node_id, BASE, BASE + timedelta(hours=1))),
             (HOST_SAMPLES, (node_id, BASE, BASE + timedelta(hours=1))),
         ):
             plan = [r[0] for r in await conn.fetch("EXPLAIN " + sql, *args)]

@@ -14,13 +14,28 @@ import asyncio
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import asyncpg
 import pytest
 
+from api.services.inventory import HardwareInventoryService
 from api.services.reads.samples import samples_at
+from api.services.reads.telemetry import TelemetryReads
+from collectors.identity import NodeIdentity
+from collectors.observations import HardwareObservation
+from domain.telemetry_history import window
+from ledger.db import create_pool
+from ledger.events import EventMetadata, RecordedEvent
+from ledger.reading import EVENT_COLUMNS, entry_from_row
+from ledger.retention import prune_observations
 from ledger.schema import LATEST_SCHEMA_VERSION, migrate, migration_steps
+from ledger.store import EventStore
+from projections.inventory import ALL_PROJECTIONS
+from projections.pointintime import inventory_as_of
+from tests.builders import gpu, host, scan, signals, with_health
+from tests.sample_reads import latest_temperatures
 from tests.schema_catalog import catalog
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -173,3 +188,97 @@ async def test_a_server_starting_beside_a_backup_neither_waits_for_it_nor_blocks
     finally:
         await reader.close()
         await starting.close()
+
+
+async def test_a_version_7_log_holding_jsonb_snapshots_reads_the_same_with_compact_ones_after_it(
+    empty_database: str,
+) -> None:
+    """A database the previous release filled (schema version 7: every telemetry snapshot jsonb)
+    is migrated, takes compact snapshots after its jsonb ones, and every reader treats the two
+    alike: verify, rebuild --verify, the catch-up read, as-of, the telemetry history, retention."""
+    await run_sql_file(empty_database, FIXTURES / "modelforge-schema-7.sql")
+    conn = await asyncpg.connect(empty_database)
+    try:
+        assert await conn.fetchval("SELECT max(version) FROM schema_version") == 7
+        before = await conn.fetch(EVENTS)
+    finally:
+        await conn.close()
+    done = cli(empty_database, "migrate")
+    assert done.returncode == 0, done.stderr
+
+    pool = await create_pool(empty_database)
+    try:
+        service = HardwareInventoryService(EventStore(pool, ALL_PROJECTIONS))
+        last_jsonb = max(r["recorded_at"] for r in before)
+        start = datetime.now(UTC) - timedelta(minutes=30)
+        for n, name in enumerate(("gpu-host-a", "gpu-host-b")):
+            identity = NodeIdentity(key=f"fixture-v7-{name}", source="configured")
+            for r in range(2):
+                at = start + timedelta(minutes=10 * r + n)
+                gpus = [
+                    with_health(gpu(0, temp=70 + r), signals()),
+                    with_health(gpu(1, temp=80 + r), signals()),
+                ]
+                obs = HardwareObservation(observed_at=at, host=host(name, mem_avail=200 + r), nvml=scan(gpus))
+                await service.reconcile_observation(
+                    identity, obs, EventMetadata(received_at=at, source="agent", observed_at=at)
+                )
+        async with pool.acquire() as conn:
+            after = await conn.fetch(EVENTS + " LIMIT $1", len(before))
+            forms = await conn.fetchrow(
+                "SELECT count(*) FILTER (WHERE body IS NOT NULL) AS compact, "
+                "count(*) FILTER (WHERE body IS NULL AND event_type = 'NODE_TELEMETRY_OBSERVED') AS jsonb "
+                "FROM events"
+            )
+            # (every event, not the catch-up read: its horizon waits for any transaction open in
+            # the cluster, other databases' too)
+            logged = [entry_from_row(r) for r in await conn.fetch(f"SELECT {EVENT_COLUMNS} FROM events")]
+            old = await inventory_as_of(conn, last_jsonb)
+            new = await inventory_as_of(conn, datetime.now(UTC))
+            gpu0 = await conn.fetchval(
+                "SELECT accelerator_id FROM hw_accelerators WHERE uuid = $1 LIMIT 1", gpu(0).uuid
+            )
+        assert [dict(r) for r in after] == [dict(r) for r in before], (
+            "the jsonb events are kept byte for byte"
+        )
+        assert (forms["compact"], forms["jsonb"]) == (4, 8)
+        # the log's reader decodes both forms: every event, none left as undecodable
+        assert len(logged) == len(before) + 4 and all(isinstance(e, RecordedEvent) for e in logged)
+        temps = {
+            s.hostname: sorted(
+                a.telemetry.metrics["temperature_celsius"].value  # type: ignore[union-attr]
+                for a in s.accelerators.values()
+                if a.telemetry
+            )
+            for s in old.nodes
+        }
+        assert temps == {"gpu-host-a": [43, 53], "gpu-host-b": [43, 53]}
+        assert {
+            s.hostname: sorted(
+                a.telemetry.metrics["temperature_celsius"].value  # type: ignore[union-attr]
+                for a in s.accelerators.values()
+                if a.telemetry
+            )
+            for s in new.nodes
+        } == {"gpu-host-a": [71, 81], "gpu-host-b": [71, 81]}
+        # the history of one GPU runs through both forms
+        history = await TelemetryReads(pool).accelerator(
+            gpu0, window(datetime(2026, 12, 1, tzinfo=UTC), datetime.now(UTC) + timedelta(minutes=1), 86_400)
+        )
+        assert history.samples == 6
+        verify = cli(empty_database, "verify")
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+        rebuilt = cli(empty_database, "rebuild", "--verify")
+        assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+        # retention over both forms keeps each GPU's newest sample: the compact one
+        await prune_observations(pool, keep=timedelta(minutes=1), now=datetime.now(UTC) + timedelta(days=2))
+        async with pool.acquire() as conn:
+            kept = await conn.fetch(
+                "SELECT body IS NOT NULL AS compact FROM events WHERE event_type = 'NODE_TELEMETRY_OBSERVED'"
+            )
+            assert [r["compact"] for r in kept] == [True, True]
+            assert [t for _, t in await latest_temperatures(conn)] == ["71", "71", "81", "81"]
+        rebuilt = cli(empty_database, "rebuild", "--verify")
+        assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+    finally:
+        await pool.close()

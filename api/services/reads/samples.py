@@ -30,10 +30,14 @@ class Sample(msgspec.Struct, frozen=True):
 
 
 # By position: the primary key of every segment of the log, one index probe each.
-_BY_POSITION: LiteralString = "SELECT " + EVENT_COLUMNS + " FROM events WHERE global_position = ANY($1::bigint[])"
+_BY_POSITION: LiteralString = (
+    "SELECT " + EVENT_COLUMNS + " FROM events WHERE global_position = ANY($1::bigint[])"
+)
 
 
-async def samples_at(conn: asyncpg.Connection, positions: Iterable[int | None]) -> dict[tuple[int, str], Sample]:
+async def samples_at(
+    conn: asyncpg.Connection, positions: Iterable[int | None]
+) -> dict[tuple[int, str], Sample]:
     """The GPU samples held by the events at `positions`, by (position, GPU UUID). Of a GPU
     listed twice in a snapshot the last entry counts, as the fold takes it."""
     wanted = sorted({p for p in positions if p is not None})

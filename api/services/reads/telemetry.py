@@ -3,7 +3,8 @@ decoded here (the one place that knows how samples are stored) and downsampled b
 `domain.telemetry_history`.
 
 The time axis is each sample's `observed_at`, the observer's clock: a report the agent spooled
-through an outage lands where it was measured, not bunched at its delivery. The log is searched
+through an outage lands where it was measured, not bunched at its delivery. A snapshot stored
+compact (ledger/compact.py) is opened only as far as the one GPU or the host. The log is searched
 by `received_at` (the central clock, indexed per stream: `events_stream_observation_received_idx`)
 from an hour before the window to a day after it, so a sample is found when its agent's clock ran
 at most an hour ahead of the server's and its report arrived within a day (docs/telemetry.md).
@@ -11,6 +12,7 @@ at most an hour ahead of the server's and its report arrived within a day (docs/
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Literal, LiteralString
 
@@ -18,8 +20,18 @@ import asyncpg
 import msgspec
 
 from api.services.errors import InvalidRequest, NotFound
+from collectors.facts import Fact
 from collectors.observations import ACCELERATOR_METRICS, HOST_METRICS
 from domain.telemetry_history import Sample, Series, Window, WindowRefused, downsample, window
+from ledger.compact import gpu_key, gpu_sample, host_sample
+from ledger.events import (
+    AcceleratorTelemetryObserved,
+    EventPayload,
+    HostTelemetryObserved,
+    NodeTelemetryObserved,
+    decode_metadata,
+    decode_payload,
+)
 
 
 class TelemetryHistoryBody(msgspec.Struct, frozen=True):
@@ -38,13 +50,12 @@ class TelemetryHistoryBody(msgspec.Struct, frozen=True):
     series: list[Series]
 
 
-_samples = msgspec.json.Decoder(list[Sample])
-
-# The node's observations received in the padded window, each with its time on the axis; the
-# observed_at filter reads only the small metadata, the payload is opened for the rows it keeps.
+# The node's observations received in the padded window, in log order. A snapshot stored compact
+# is decoded here, only its times and the one GPU's (or the host's) telemetry; a jsonb one (an
+# older release's) whole. The time axis is filtered here too: observed_at is inside the event.
 _OBSERVATIONS: LiteralString = (
-    "SELECT e.global_position, e.event_type, e.data, "
-    "coalesce((e.metadata->>'observed_at')::timestamptz, e.received_at) AS at "
+    "SELECT e.global_position, e.event_type, e.data::text AS data_json, "
+    "e.metadata::text AS metadata_json, e.body, e.received_at "
     "FROM events e "
     "WHERE e.stream_id = $1 AND e.event_class = 'observation' "
     # An observation's segment is the UTC day it was received, or the permanent one ('infinity'):
@@ -52,32 +63,62 @@ _OBSERVATIONS: LiteralString = (
     "AND e.segment >= (($2::timestamptz - interval '1 hour') AT TIME ZONE 'UTC')::date "
     "AND e.received_at >= $2::timestamptz - interval '1 hour' "
     "AND e.received_at < $3::timestamptz + interval '24 hours' "
-    "AND coalesce((e.metadata->>'observed_at')::timestamptz, e.received_at) >= $2::timestamptz "
-    "AND coalesce((e.metadata->>'observed_at')::timestamptz, e.received_at) < $3::timestamptz "
 )
-_AS_JSON: LiteralString = (
-    "SELECT coalesce(json_agg(json_build_object('observed_at', s.at, 'telemetry', s.telemetry) "
-    "ORDER BY s.at, s.global_position), '[]')::text FROM ("
-)
-
-# One GPU's entry of each snapshot (the last one where it is listed twice, as the fold takes it);
-# an ACCELERATOR_TELEMETRY_OBSERVED is its own entry.
 ACCELERATOR_SAMPLES: LiteralString = (
-    _AS_JSON
-    + "SELECT DISTINCT ON (e.global_position) e.global_position, e.at, x.value->'telemetry' AS telemetry "
-    "FROM (" + _OBSERVATIONS + "AND e.event_type IN ('NODE_TELEMETRY_OBSERVED', "
-    "'ACCELERATOR_TELEMETRY_OBSERVED')) e "
-    "CROSS JOIN LATERAL jsonb_array_elements("
-    "CASE WHEN e.event_type = 'ACCELERATOR_TELEMETRY_OBSERVED' THEN jsonb_build_array(e.data) "
-    "ELSE e.data->'accelerators' END) WITH ORDINALITY x(value, n) "
-    "WHERE x.value->>'uuid' = $4 "
-    "ORDER BY e.global_position, x.n DESC) s"
+    _OBSERVATIONS + "AND e.event_type IN ('NODE_TELEMETRY_OBSERVED', 'ACCELERATOR_TELEMETRY_OBSERVED') "
+    "ORDER BY e.global_position"
 )
 HOST_SAMPLES: LiteralString = (
-    _AS_JSON + "SELECT e.global_position, e.at, e.data->'telemetry' AS telemetry "
-    "FROM (" + _OBSERVATIONS + "AND e.event_type IN ('NODE_TELEMETRY_OBSERVED', "
-    "'HOST_TELEMETRY_OBSERVED')) e) s"
+    _OBSERVATIONS + "AND e.event_type IN ('NODE_TELEMETRY_OBSERVED', 'HOST_TELEMETRY_OBSERVED') "
+    "ORDER BY e.global_position"
 )
+
+
+def _jsonb_event(row: asyncpg.Record) -> tuple[datetime, EventPayload]:
+    meta = decode_metadata(row["metadata_json"])
+    return meta.observed_at or meta.received_at, decode_payload(row["data_json"])
+
+
+def accelerator_samples(rows: Iterable[asyncpg.Record], gpu_uuid: str, w: Window) -> list[Sample]:
+    """One GPU's samples in the window, in time order: its entry of each snapshot (the last one
+    where it is listed twice, as the fold takes it); an ACCELERATOR_TELEMETRY_OBSERVED is its own."""
+    key = gpu_key(gpu_uuid)
+    out: list[tuple[datetime, int, Sample]] = []
+    for r in rows:
+        telemetry: dict[str, Fact] | None = None
+        if r["body"] is not None:
+            observed, received, telemetry = gpu_sample(r["body"], key)
+            at = observed or received
+        else:
+            at, p = _jsonb_event(r)
+            if isinstance(p, NodeTelemetryObserved):
+                for a in p.accelerators:
+                    if a.uuid == gpu_uuid:
+                        telemetry = a.telemetry
+            elif isinstance(p, AcceleratorTelemetryObserved) and p.uuid == gpu_uuid:
+                telemetry = p.telemetry
+        if telemetry is not None and w.since <= at < w.until:
+            out.append((at, r["global_position"], Sample(observed_at=at, telemetry=telemetry)))
+    out.sort(key=lambda x: (x[0], x[1]))
+    return [s for _, _, s in out]
+
+
+def host_samples(rows: Iterable[asyncpg.Record], w: Window) -> list[Sample]:
+    """The host's samples in the window, in time order."""
+    out: list[tuple[datetime, int, Sample]] = []
+    for r in rows:
+        if r["body"] is not None:
+            observed, received, telemetry = host_sample(r["body"])
+            at = observed or received
+        else:
+            at, p = _jsonb_event(r)
+            if not isinstance(p, NodeTelemetryObserved | HostTelemetryObserved):
+                continue
+            telemetry = p.telemetry
+        if w.since <= at < w.until:
+            out.append((at, r["global_position"], Sample(observed_at=at, telemetry=telemetry)))
+    out.sort(key=lambda x: (x[0], x[1]))
+    return [s for _, _, s in out]
 
 
 def checked_window(since: datetime, until: datetime, step_seconds: int | None) -> Window:
@@ -106,8 +147,8 @@ class TelemetryReads:
                 raise _not_found("accelerator", accelerator_id)
             node_id: str = row["node_id"]
             uuid: str = row["uuid"]
-            raw = await conn.fetchval(ACCELERATOR_SAMPLES, node_id, w.since, w.until, uuid)
-        samples = _samples.decode(raw)
+            rows = await conn.fetch(ACCELERATOR_SAMPLES, node_id, w.since, w.until)
+        samples = accelerator_samples(rows, uuid, w)
         return TelemetryHistoryBody(
             subject="accelerator",
             id=accelerator_id,
@@ -124,8 +165,8 @@ class TelemetryReads:
         async with self.pool.acquire() as conn:
             if await conn.fetchval("SELECT 1 FROM hw_nodes WHERE node_id = $1", node_id) is None:
                 raise _not_found("node", node_id)
-            raw = await conn.fetchval(HOST_SAMPLES, node_id, w.since, w.until)
-        samples = _samples.decode(raw)
+            rows = await conn.fetch(HOST_SAMPLES, node_id, w.since, w.until)
+        samples = host_samples(rows, w)
         return TelemetryHistoryBody(
             subject="node",
             id=node_id,
