@@ -280,10 +280,12 @@ CREATE TABLE hw_host_telemetry (
     position            bigint NOT NULL
 ) WITH (fillfactor = 50);
 
--- Each GPU's newest sample: when it was taken and received, and the event that holds it. The
--- sample itself (metrics and health signals) is read from that event (api/services/reads/samples.py):
--- a copy in this row would write every report's eight samples twice. Retention always keeps each GPU's newest sample
--- (docs/retention.md), so the event is there.
+-- Each GPU's newest sample where it is not in its node's latest snapshot (a GPU left out of the
+-- latest scan, gone missing, or sampled by an event of its own in an older log): when it was
+-- taken and received, and the event that holds it. A GPU without a row has its sample in the
+-- snapshot hw_host_telemetry points at, so a steady report rewrites no row here. The sample
+-- itself (metrics and health signals) is read from that event (api/services/reads/samples.py).
+-- Retention always keeps each GPU's newest sample (docs/retention.md), so the event is there.
 CREATE TABLE hw_accelerator_telemetry (
     accelerator_id  text PRIMARY KEY,
     node_id         text NOT NULL,

@@ -112,7 +112,8 @@ class InventoryProjection(Projection[NodeState]):
     # 3: the recent XIDs on the accelerator row (hw_accelerators.health_xids), for the API and /metrics.
     # 4: a GPU's telemetry row points at the event holding its sample instead of copying it.
     # 5: the node stream versions of the XIDs a GPU remembers (the evidence of its verdicts).
-    version = 5
+    # 6: only a GPU whose latest sample is not in the node's latest snapshot has a telemetry row.
+    version = 6
     tables = (
         NODES,
         ACCELERATORS,
@@ -233,6 +234,11 @@ class InventoryProjection(Projection[NodeState]):
             out["hw_host_telemetry"] = [
                 (s.node_id, t.metrics, t.observed_at, t.received_at, s.clock_skew_seconds, t.position)
             ]
+        # A GPU sampled by the node's latest snapshot has its sample there: readers take the host's
+        # row (its times and position) for it. Only a GPU whose latest sample is older (left out
+        # of the latest scan, missing, or sampled by an event of its own in an older log) has a
+        # row, so a steady report rewrites none of these.
+        latest = s.host_telemetry.position if s.host_telemetry is not None else None
         out["hw_accelerator_telemetry"] = [
             (
                 a.accelerator_id,
@@ -242,7 +248,7 @@ class InventoryProjection(Projection[NodeState]):
                 a.telemetry.position,
             )
             for a in s.accelerators.values()
-            if a.telemetry is not None
+            if a.telemetry is not None and a.telemetry.position != latest
         ]
         if s.fingerprint is not None and s.fingerprint_position is not None:
             out["hw_fingerprints"] = [(s.node_id, s.fingerprint, s.fingerprint_position)]

@@ -42,6 +42,7 @@ from tests.agent_support import (
     wait_for,
 )
 from tests.conftest import dsn_for_database
+from tests.sample_reads import logged
 
 STALE_AFTER = 2.0
 OFFLINE_AFTER = 4.0
@@ -150,15 +151,10 @@ async def report_sequences(db: asyncpg.Pool, node_id: str) -> dict[str, list[int
     """Per agent stream, the sequence of each accepted report in the order the log holds them (one
     NODE_TELEMETRY_OBSERVED per report)."""
     async with db.acquire() as conn:
-        rows = await conn.fetch(
-            "SELECT metadata->>'agent_stream' AS stream, (metadata->>'agent_sequence')::bigint AS seq "
-            "FROM events WHERE stream_id = $1 AND event_type = 'NODE_TELEMETRY_OBSERVED' "
-            "ORDER BY tx_id, global_position",
-            node_id,
-        )
+        events = await logged(conn, "stream_id = $1 AND event_type = 'NODE_TELEMETRY_OBSERVED'", node_id)
     out: dict[str, list[int]] = {}
-    for r in rows:
-        out.setdefault(r["stream"], []).append(r["seq"])
+    for e in events:
+        out.setdefault(e.metadata.agent_stream or "", []).append(e.metadata.agent_sequence or 0)
     return out
 
 
@@ -291,11 +287,14 @@ async def test_replay_is_idempotent_other_content_or_older_sequence_is_409_and_g
     r = await post_report(http, server.url, credential, report_body(key, 5, mem_avail=105))
     assert r.status_code == 200 and r.json()["gap"] == 2 and r.json()["previous_sequence"] == 2, r.text
     async with db.acquire() as conn:
-        gaps = await conn.fetch(
-            "SELECT DISTINCT (metadata->>'agent_sequence_gap')::int AS gap FROM events "
-            "WHERE stream_id = $1 AND (metadata->>'agent_sequence')::int = 5",
-            node_id,
-        )
+        gaps = [
+            {"gap": gap}
+            for gap in {
+                e.metadata.agent_sequence_gap
+                for e in await logged(conn, "stream_id = $1", node_id)
+                if e.metadata.agent_sequence == 5
+            }
+        ]
         position = await conn.fetchrow(
             "SELECT last_sequence, skipped, reports FROM agent_stream_positions "
             "WHERE node_id = $1 AND stream = 'telemetry'",
@@ -709,12 +708,10 @@ async def test_server_down_then_up_every_spooled_report_arrives_in_order_none_tw
         assert got | pending == set(range(1, last + 1)) and not got & pending, (stream, arrived, pending)
     # Arrival order is creation order across both streams (the agent's observation times).
     async with db.acquire() as conn:
-        observed = await conn.fetch(
-            "SELECT metadata->>'observed_at' AS at FROM events WHERE stream_id = $1 "
-            "AND event_type = 'NODE_TELEMETRY_OBSERVED' ORDER BY tx_id, global_position",
-            agent.expected_node_id,
+        observed = await logged(
+            conn, "stream_id = $1 AND event_type = 'NODE_TELEMETRY_OBSERVED'", agent.expected_node_id
         )
-    times = [_parse(r["at"]) for r in observed]
+    times = [e.metadata.observed_at for e in observed]
     assert times == sorted(times)
     # The backlog arrived late, but the skew is measured at send time: no phantom skew.
     async with db.acquire() as conn:

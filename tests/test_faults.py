@@ -34,6 +34,7 @@ from tests.agent_support import (
     create_token,
     wait_for,
 )
+from tests.sample_reads import logged
 
 STALE_AFTER = 2.0
 
@@ -229,12 +230,10 @@ async def account(db: Embedded, agents: list[AgentProcess]) -> dict[str, int]:
             (p.name.split("-")[1], int(p.name.split("-")[2].removesuffix(".json")))
             for p in (a.state_dir / "agent-spool").glob("*.json")
         }
-        rows = await db.fetch(
-            "SELECT metadata->>'agent_stream' AS stream, (metadata->>'agent_sequence')::bigint AS seq "
-            "FROM events WHERE stream_id = $1 AND event_type = 'NODE_TELEMETRY_OBSERVED'",
-            a.expected_node_id,
+        snapshots = await logged(
+            db, "stream_id = $1 AND event_type = 'NODE_TELEMETRY_OBSERVED'", a.expected_node_id
         )
-        arrived = [(r["stream"], r["seq"]) for r in rows]
+        arrived = [(e.metadata.agent_stream, e.metadata.agent_sequence) for e in snapshots]
         duplicated += len(arrived) - len(set(arrived))
         for stream, last in counters.items():
             made = {(stream, q) for q in range(1, last + 1)}

@@ -15,6 +15,7 @@ from api.config import ServerConfig
 from api.wiring import build_services
 from ledger.group_commit import GroupCommit, TryAgain
 from tests.agent_support import report_body
+from tests.sample_reads import logged
 
 
 @pytest.fixture
@@ -174,10 +175,12 @@ async def test_concurrent_agent_reports_share_transactions_and_are_each_accepted
     )
     assert units == 8 and batches < 8, (batches, units)
     async with pool.acquire() as conn:
-        stored = await conn.fetch(
-            "SELECT stream_id, count(*) AS n FROM events WHERE event_type = 'NODE_TELEMETRY_OBSERVED' "
-            "AND metadata->>'agent_sequence' = '1' GROUP BY stream_id"
-        )
+        firsts = [
+            e.stream_id
+            for e in await logged(conn, "event_type = 'NODE_TELEMETRY_OBSERVED'")
+            if e.metadata.agent_sequence == 1
+        ]
+        stored = [{"n": firsts.count(sid)} for sid in set(firsts)]
         sharing = await conn.fetchval(
             "SELECT max(n) FROM (SELECT count(DISTINCT stream_id) AS n FROM events "
             "WHERE event_type = 'NODE_TELEMETRY_OBSERVED' GROUP BY tx_id) t"

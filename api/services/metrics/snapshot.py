@@ -131,10 +131,12 @@ async def _read_snapshot(
         node_rows = await conn.fetch(_NODES.sql, *_NODES.args(liveness.values(now)))
         gpu_rows = await conn.fetch(
             "SELECT a.node_id, n.hostname, a.uuid, a.status, a.device_index, a.name, a.pci_bus_id, "
-            "a.driver_version, t.position, a.health_status, a.health_action, "
-            "a.health_reasons, a.health_xids->-1->'code' AS last_xid FROM hw_accelerators a "
-            "JOIN hw_nodes n ON n.node_id = a.node_id "
+            "a.driver_version, coalesce(t.position, h.position) AS position, a.health_status, "
+            "a.health_action, a.health_reasons, a.health_xids->-1->'code' AS last_xid "
+            "FROM hw_accelerators a JOIN hw_nodes n ON n.node_id = a.node_id "
+            # the GPU's own telemetry row, else its node's latest snapshot (projections/inventory.py)
             "LEFT JOIN hw_accelerator_telemetry t ON t.accelerator_id = a.accelerator_id "
+            "LEFT JOIN hw_host_telemetry h ON h.node_id = a.node_id "
             "WHERE a.status IN ('active', 'missing') AND n.status = 'active' ORDER BY a.node_id, a.uuid"
         )
         # Each GPU's sample from the event its telemetry row points at, every event read once.

@@ -51,6 +51,10 @@ class AcceleratorRow(msgspec.Struct):
     # The event holding the GPU's latest sample (its metrics and signals are read from there:
     # api/services/reads/samples.py); an as-of row has them from its fold instead.
     sample_position: int | None = None
+    # The node's latest snapshot's times, where the GPU's sample is looked for there: they are
+    # the sample's once the snapshot is found to sample the GPU.
+    snapshot_observed_at: datetime | None = None
+    snapshot_received_at: datetime | None = None
 
 
 _rows = msgspec.json.Decoder(list[AcceleratorRow])
@@ -61,19 +65,29 @@ def accelerator_row(record: dict[str, Any]) -> AcceleratorRow:
     return msgspec.convert(record, AcceleratorRow)
 
 
-# The telemetry row is joined per accelerator (LATERAL ... OFFSET 0 keeps the planner from a merge
-# join that reads the telemetry index from its start up to the page's cursor on every page); its
-# sample is read from the event it points at afterwards (`with_samples`).
+# Where each GPU's latest sample is: the GPU's own telemetry row where it has one (its latest
+# sample is older than its node's latest snapshot), else the node's latest snapshot, whose times
+# and position are the host's row (projections/inventory.py). Joined per accelerator (LATERAL ...
+# OFFSET 0 keeps the planner from a merge join that reads the telemetry index from its start up
+# to the page's cursor on every page); the sample is read from the event afterwards
+# (`with_samples`), and a snapshot that turns out not to sample the GPU gives it nothing.
 ACCELERATOR_SELECT: LiteralString = (
     "SELECT a.accelerator_id, a.node_id, a.uuid, a.status, a.device_index, a.pci_bus_id, a.name, "
     "a.memory_total_bytes, a.compute_capability, a.mig_mode, a.driver_version, a.cuda_driver_version, "
-    "a.first_seen_at, greatest(a.last_seen_at, t.received_at) AS last_seen_at, a.missing_since, "
-    "NULL::jsonb AS metrics, t.observed_at AS telemetry_observed_at, t.position AS sample_position, "
-    "a.health_status, a.health_action, a.health_reasons, a.health_xids, NULL::jsonb AS health_signals "
+    "a.first_seen_at, greatest(a.last_seen_at, CASE WHEN t.own THEN t.received_at END) AS last_seen_at, "
+    "a.missing_since, NULL::jsonb AS metrics, "
+    "CASE WHEN t.own THEN t.observed_at END AS telemetry_observed_at, t.position AS sample_position, "
+    "a.health_status, a.health_action, a.health_reasons, a.health_xids, NULL::jsonb AS health_signals, "
+    "CASE WHEN NOT t.own THEN t.observed_at END AS snapshot_observed_at, "
+    "CASE WHEN NOT t.own THEN t.received_at END AS snapshot_received_at "
     "FROM hw_accelerators a "
     "LEFT JOIN LATERAL ("
-    "SELECT x.observed_at, x.received_at, x.position FROM hw_accelerator_telemetry x "
-    "WHERE x.accelerator_id = a.accelerator_id OFFSET 0"
+    "SELECT true AS own, x.observed_at, x.received_at, x.position FROM hw_accelerator_telemetry x "
+    "WHERE x.accelerator_id = a.accelerator_id "
+    "UNION ALL SELECT false, h.observed_at, h.received_at, h.position FROM hw_host_telemetry h "
+    "WHERE h.node_id = a.node_id AND NOT EXISTS ("
+    "SELECT 1 FROM hw_accelerator_telemetry y WHERE y.accelerator_id = a.accelerator_id) "
+    "OFFSET 0"
     ") t ON true"
 )
 # A page of `ACCELERATOR_SELECT` rows as one JSON array: the rows' statement goes in between.
@@ -189,5 +203,11 @@ async def with_samples(conn: asyncpg.Connection, rows: list[AcceleratorRow]) -> 
         sample = samples.get((r.sample_position, r.uuid)) if r.sample_position is not None else None
         if sample is not None:
             r = msgspec.structs.replace(r, metrics=sample.metrics, health_signals=signals_body(sample.health))
+            if r.snapshot_received_at is not None:
+                r = msgspec.structs.replace(
+                    r,
+                    telemetry_observed_at=r.snapshot_observed_at,
+                    last_seen_at=max(r.last_seen_at, r.snapshot_received_at),
+                )
         out.append(r)
     return out
