@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
+from typing import TypeAlias
 
 import msgspec
 
@@ -100,10 +101,23 @@ def window(since: datetime, until: datetime, step_seconds: int | None) -> Window
     return Window(since=since, until=until, step_seconds=step_seconds)
 
 
-def _number(fact: Fact) -> float | None:
-    if isinstance(fact, Known) and isinstance(fact.value, int | float) and not isinstance(fact.value, bool):
-        return float(fact.value)
-    return None
+# One metric of one sample as a bucket counts it: its availability state and, where it is a known
+# number, the number (a known text or flag counts as known, without a number).
+Reading: TypeAlias = tuple[str, float | None]
+_STATES: dict[type, str] = {}
+
+
+def reading(fact: Fact) -> Reading:
+    state = _STATES.get(type(fact))
+    if state is None:
+        tag = fact.__struct_config__.tag
+        assert isinstance(tag, str)
+        state = _STATES[type(fact)] = tag
+    if type(fact) is Known:
+        v = fact.value
+        if type(v) is int or type(v) is float:
+            return state, float(v)
+    return state, None
 
 
 def bucket_index(w: Window, at: datetime) -> int | None:
@@ -115,37 +129,53 @@ def bucket_index(w: Window, at: datetime) -> int | None:
 
 def downsample(w: Window, samples: Iterable[Sample], metrics: Sequence[str]) -> list[Series]:
     """Every metric's series over the window, one bucket per step; samples outside are ignored."""
+    return downsample_readings(
+        w,
+        (
+            (s.observed_at, [None if (f := s.telemetry.get(m)) is None else reading(f) for m in metrics])
+            for s in samples
+        ),
+        metrics,
+    )
+
+
+def downsample_readings(
+    w: Window, samples: Iterable[tuple[datetime, Sequence[Reading | None]]], metrics: Sequence[str]
+) -> list[Series]:
+    """`downsample` of samples already read: each sample's time and its readings in the order of
+    `metrics` (None: the sample does not carry that metric). What a history of thousands of
+    samples is fed, without a fact object per value."""
     n = w.points
-    counts = {m: [0] * n for m in metrics}
-    states: dict[str, list[dict[str, int]]] = {m: [{} for _ in range(n)] for m in metrics}
-    values: dict[str, list[list[float]]] = {m: [[] for _ in range(n)] for m in metrics}
-    for sample in samples:
-        i = bucket_index(w, sample.observed_at)
-        if i is None:
+    k = len(metrics)
+    counts = [[0] * n for _ in range(k)]
+    states: list[list[dict[str, int]]] = [[{} for _ in range(n)] for _ in range(k)]
+    values: list[list[list[float]]] = [[[] for _ in range(n)] for _ in range(k)]
+    since, until = w.since, w.until
+    step_us = w.step_seconds * 1_000_000
+    for at, readings in samples:
+        if at < since or at >= until:
             continue
-        for metric in metrics:
-            fact = sample.telemetry.get(metric)
-            if fact is None:
+        d = at - since
+        i = (d.days * 86_400_000_000 + d.seconds * 1_000_000 + d.microseconds) // step_us
+        for m, r in enumerate(readings):
+            if r is None:
                 continue
-            counts[metric][i] += 1
-            state = fact.__struct_config__.tag
-            assert isinstance(state, str)
-            seen = states[metric][i]
-            seen[state] = seen.get(state, 0) + 1
-            number = _number(fact)
-            if number is not None:
-                values[metric][i].append(number)
+            counts[m][i] += 1
+            seen = states[m][i]
+            seen[r[0]] = seen.get(r[0], 0) + 1
+            if r[1] is not None:
+                values[m][i].append(r[1])
     step = timedelta(seconds=w.step_seconds)
     series: list[Series] = []
-    for metric in metrics:
+    for m, metric in enumerate(metrics):
         points: list[Bucket] = []
         for i in range(n):
-            known = values[metric][i]
+            known = values[m][i]
             points.append(
                 Bucket(
                     start=w.since + i * step,
-                    count=counts[metric][i],
-                    states=states[metric][i],
+                    count=counts[m][i],
+                    states=states[m][i],
                     min=min(known) if known else None,
                     # fsum: the mean of equal values is that value, never one ulp beside it.
                     mean=min(max(math.fsum(known) / len(known), min(known)), max(known)) if known else None,

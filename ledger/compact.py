@@ -110,6 +110,8 @@ _NAMES: dict[Sequence[str], frozenset[str]] = {
     )
 }
 
+_POSITIONS: dict[Sequence[str], dict[str, int]] = {c: {n: i for i, n in enumerate(c)} for c in _NAMES}
+
 _UNAVAILABLE, _TEMPORARILY_FAILED, _UNSUPPORTED, _ABSENT = 0, 1, 2, 3
 _ABSENT_FACT = [_ABSENT]
 _UNSUPPORTED_FACT = [_UNSUPPORTED]
@@ -388,6 +390,61 @@ def gpu_key(gpu_uuid: str) -> bytes:
 def gpu_sample(body: bytes, key: bytes) -> tuple[datetime | None, datetime, dict[str, Fact] | None]:
     """The observed and received times of a compact snapshot and the telemetry of the GPU whose
     `gpu_key` is `key` (its last entry), None where the snapshot does not sample it."""
+    observed, received, dense = gpu_dense(body, key)
+    return observed, received, None if dense is None else _ungroup(dense, GPU_TELEMETRY_1)
+
+
+def host_sample(body: bytes) -> tuple[datetime | None, datetime, dict[str, Fact]]:
+    """The observed and received times of a compact snapshot and the host's telemetry."""
+    observed, received, dense = host_dense(body)
+    return observed, received, _ungroup(dense, HOST_TELEMETRY_1)
+
+
+_STATE_NAMES = {
+    _UNAVAILABLE: "unavailable",
+    _TEMPORARILY_FAILED: "temporarily_failed",
+    _UNSUPPORTED: "unsupported",
+}
+
+
+_UNKNOWN_READING: tuple[str, float | None] = ("unknown", None)
+_KNOWN_READING: tuple[str, float | None] = ("known", None)
+
+
+def readings(
+    dense: Dense, codebook: Sequence[str], names: Sequence[str]
+) -> list[tuple[str, float | None] | None]:
+    """Of a group of facts, each of `names` as (availability state, the known number or None), or
+    None where the group lacks it: what a telemetry history counts, without a fact object each."""
+    extra = dense[-1] if dense and type(dense[-1]) is dict else None
+    positions = _POSITIONS[codebook]
+    n = len(dense) - (1 if extra is not None else 0)
+    out: list[tuple[str, float | None] | None] = []
+    append = out.append
+    for name in names:
+        i = positions.get(name)
+        if i is not None and i < n:
+            v = dense[i]
+        elif extra is not None and name in extra:
+            v = extra[name]
+        else:
+            append(None)
+            continue
+        t = type(v)
+        if t is int or t is float:
+            append(("known", float(v)))
+        elif v is None:
+            append(_UNKNOWN_READING)
+        elif t is list:
+            append(None if v[0] == _ABSENT else (_STATE_NAMES[v[0]], None))
+        else:
+            append(_KNOWN_READING)
+    return out
+
+
+def gpu_dense(body: bytes, key: bytes) -> tuple[datetime | None, datetime, Dense | None]:
+    """The observed and received times of a compact snapshot and the dense telemetry of the GPU
+    whose `gpu_key` is `key` (its last entry), None where the snapshot does not sample it."""
     try:
         _, m, (_, _, gpus) = _view.decode(body)
         found = None
@@ -395,20 +452,33 @@ def gpu_sample(body: bytes, key: bytes) -> tuple[datetime | None, datetime, dict
             if bytes(g[0]) == key:
                 found = g[2]
         observed, received = _times(m)
-        return (
-            observed,
-            received,
-            None if found is None else _ungroup(msgspec.msgpack.decode(found), GPU_TELEMETRY_1),
-        )
+        return observed, received, None if found is None else msgspec.msgpack.decode(found)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, IndexError) as exc:
         raise UndecodableBody(f"compact body: {exc}") from exc
 
 
-def host_sample(body: bytes) -> tuple[datetime | None, datetime, dict[str, Fact]]:
-    """The observed and received times of a compact snapshot and the host's telemetry."""
+def host_dense(body: bytes) -> tuple[datetime | None, datetime, Dense]:
+    """The observed and received times of a compact snapshot and the host's dense telemetry."""
     try:
         _, m, (host, _, _) = _view.decode(body)
         observed, received = _times(m)
-        return observed, received, _ungroup(msgspec.msgpack.decode(host), HOST_TELEMETRY_1)
+        return observed, received, msgspec.msgpack.decode(host)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, IndexError) as exc:
         raise UndecodableBody(f"compact body: {exc}") from exc
+
+
+Readings: TypeAlias = list[tuple[str, float | None] | None]
+
+
+def gpu_readings(
+    body: bytes, key: bytes, names: Sequence[str]
+) -> tuple[datetime | None, datetime, Readings | None]:
+    """`gpu_dense` as `readings` of `names`."""
+    observed, received, dense = gpu_dense(body, key)
+    return observed, received, None if dense is None else readings(dense, GPU_TELEMETRY_1, names)
+
+
+def host_readings(body: bytes, names: Sequence[str]) -> tuple[datetime | None, datetime, Readings]:
+    """`host_dense` as `readings` of `names`."""
+    observed, received, dense = host_dense(body)
+    return observed, received, readings(dense, HOST_TELEMETRY_1, names)

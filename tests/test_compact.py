@@ -15,12 +15,14 @@ from hypothesis import strategies as st
 from collectors.facts import UNKNOWN, UNSUPPORTED, Fact, Known, TemporarilyFailed, Unavailable
 from collectors.gpu_health import AcceleratorHealthSignals, XidOccurrence
 from collectors.observations import StorageObservation
+from domain.telemetry_history import reading
 from ledger.compact import (
     GPU_TELEMETRY_1,
     UndecodableBody,
     decode_body,
     encode_body,
     gpu_key,
+    gpu_readings,
     gpu_sample,
     host_sample,
     sampled_digest,
@@ -119,6 +121,12 @@ def test_a_history_reads_one_gpu_or_the_host_as_the_whole_decode_does(
         a.uuid == "GPU-not-sampled" for a in decoded.accelerators
     )
     assert host_sample(body) == (meta.observed_at, meta.received_at, decoded.telemetry)
+    # and the readings a history counts are those of the facts, names outside the codebook too
+    for sample in decoded.accelerators:
+        last = [a for a in decoded.accelerators if a.uuid == sample.uuid][-1]
+        names = [*GPU_TELEMETRY_1, *last.telemetry, "never_sampled"]
+        expected = [None if (f := last.telemetry.get(n)) is None else reading(f) for n in names]
+        assert gpu_readings(body, gpu_key(sample.uuid), names)[2] == expected
 
 
 def steady_snapshot(gpus: int = 8) -> NodeTelemetryObserved:

@@ -12,7 +12,7 @@ at most an hour ahead of the server's and its report arrived within a day (docs/
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Literal, LiteralString
 
@@ -22,8 +22,16 @@ import msgspec
 from api.services.errors import InvalidRequest, NotFound
 from collectors.facts import Fact
 from collectors.observations import ACCELERATOR_METRICS, HOST_METRICS
-from domain.telemetry_history import Sample, Series, Window, WindowRefused, downsample, window
-from ledger.compact import gpu_key, gpu_sample, host_sample
+from domain.telemetry_history import (
+    Reading,
+    Series,
+    Window,
+    WindowRefused,
+    downsample_readings,
+    reading,
+    window,
+)
+from ledger.compact import gpu_key, gpu_readings, host_readings
 from ledger.events import (
     AcceleratorTelemetryObserved,
     EventPayload,
@@ -79,46 +87,61 @@ def _jsonb_event(row: asyncpg.Record) -> tuple[datetime, EventPayload]:
     return meta.observed_at or meta.received_at, decode_payload(row["data_json"])
 
 
-def accelerator_samples(rows: Iterable[asyncpg.Record], gpu_uuid: str, w: Window) -> list[Sample]:
-    """One GPU's samples in the window, in time order: its entry of each snapshot (the last one
-    where it is listed twice, as the fold takes it); an ACCELERATOR_TELEMETRY_OBSERVED is its own."""
+def _facts(telemetry: dict[str, Fact], metrics: Sequence[str]) -> list[Reading | None]:
+    return [None if (f := telemetry.get(m)) is None else reading(f) for m in metrics]
+
+
+_Timed = tuple[datetime, int, list[Reading | None]]
+
+
+def _in_order(samples: list[_Timed]) -> list[tuple[datetime, list[Reading | None]]]:
+    samples.sort(key=lambda x: (x[0], x[1]))
+    return [(at, values) for at, _, values in samples]
+
+
+def accelerator_readings(
+    rows: Iterable[asyncpg.Record], gpu_uuid: str, w: Window, metrics: Sequence[str]
+) -> list[tuple[datetime, list[Reading | None]]]:
+    """One GPU's samples in the window, in time order, as readings of `metrics`: its entry of each
+    snapshot (the last one where it is listed twice, as the fold takes it); an
+    ACCELERATOR_TELEMETRY_OBSERVED is its own."""
     key = gpu_key(gpu_uuid)
-    out: list[tuple[datetime, int, Sample]] = []
+    out: list[_Timed] = []
     for r in rows:
-        telemetry: dict[str, Fact] | None = None
+        values: list[Reading | None] | None = None
         if r["body"] is not None:
-            observed, received, telemetry = gpu_sample(r["body"], key)
+            observed, received, values = gpu_readings(r["body"], key, metrics)
             at = observed or received
         else:
             at, p = _jsonb_event(r)
             if isinstance(p, NodeTelemetryObserved):
                 for a in p.accelerators:
                     if a.uuid == gpu_uuid:
-                        telemetry = a.telemetry
+                        values = _facts(a.telemetry, metrics)
             elif isinstance(p, AcceleratorTelemetryObserved) and p.uuid == gpu_uuid:
-                telemetry = p.telemetry
-        if telemetry is not None and w.since <= at < w.until:
-            out.append((at, r["global_position"], Sample(observed_at=at, telemetry=telemetry)))
-    out.sort(key=lambda x: (x[0], x[1]))
-    return [s for _, _, s in out]
+                values = _facts(p.telemetry, metrics)
+        if values is not None and w.since <= at < w.until:
+            out.append((at, r["global_position"], values))
+    return _in_order(out)
 
 
-def host_samples(rows: Iterable[asyncpg.Record], w: Window) -> list[Sample]:
-    """The host's samples in the window, in time order."""
-    out: list[tuple[datetime, int, Sample]] = []
+def host_readings_of(
+    rows: Iterable[asyncpg.Record], w: Window, metrics: Sequence[str]
+) -> list[tuple[datetime, list[Reading | None]]]:
+    """The host's samples in the window, in time order, as readings of `metrics`."""
+    out: list[_Timed] = []
     for r in rows:
         if r["body"] is not None:
-            observed, received, telemetry = host_sample(r["body"])
+            observed, received, values = host_readings(r["body"], metrics)
             at = observed or received
         else:
             at, p = _jsonb_event(r)
             if not isinstance(p, NodeTelemetryObserved | HostTelemetryObserved):
                 continue
-            telemetry = p.telemetry
+            values = _facts(p.telemetry, metrics)
         if w.since <= at < w.until:
-            out.append((at, r["global_position"], Sample(observed_at=at, telemetry=telemetry)))
-    out.sort(key=lambda x: (x[0], x[1]))
-    return [s for _, _, s in out]
+            out.append((at, r["global_position"], values))
+    return _in_order(out)
 
 
 def checked_window(since: datetime, until: datetime, step_seconds: int | None) -> Window:
@@ -148,7 +171,7 @@ class TelemetryReads:
             node_id: str = row["node_id"]
             uuid: str = row["uuid"]
             rows = await conn.fetch(ACCELERATOR_SAMPLES, node_id, w.since, w.until)
-        samples = accelerator_samples(rows, uuid, w)
+        samples = accelerator_readings(rows, uuid, w, ACCELERATOR_METRICS)
         return TelemetryHistoryBody(
             subject="accelerator",
             id=accelerator_id,
@@ -158,7 +181,7 @@ class TelemetryReads:
             until=w.until,
             step_seconds=w.step_seconds,
             samples=len(samples),
-            series=downsample(w, samples, ACCELERATOR_METRICS),
+            series=downsample_readings(w, samples, ACCELERATOR_METRICS),
         )
 
     async def node(self, node_id: str, w: Window) -> TelemetryHistoryBody:
@@ -166,7 +189,7 @@ class TelemetryReads:
             if await conn.fetchval("SELECT 1 FROM hw_nodes WHERE node_id = $1", node_id) is None:
                 raise _not_found("node", node_id)
             rows = await conn.fetch(HOST_SAMPLES, node_id, w.since, w.until)
-        samples = host_samples(rows, w)
+        samples = host_readings_of(rows, w, HOST_METRICS)
         return TelemetryHistoryBody(
             subject="node",
             id=node_id,
@@ -176,7 +199,7 @@ class TelemetryReads:
             until=w.until,
             step_seconds=w.step_seconds,
             samples=len(samples),
-            series=downsample(w, samples, HOST_METRICS),
+            series=downsample_readings(w, samples, HOST_METRICS),
         )
 
 
