@@ -188,23 +188,20 @@ async def test_a_report_keeps_gpu_metrics_in_its_event_not_in_the_nodes_checkpoi
         columns = await conn.fetch(
             "SELECT column_name FROM information_schema.columns WHERE table_name = 'hw_accelerator_telemetry'"
         )
-        versions = {
-            r["global_position"]: r["stream_version"]
-            for r in await conn.fetch(
-                "SELECT e.global_position, e.stream_version FROM hw_accelerator_telemetry t "
-                "JOIN events e ON e.global_position = t.position WHERE t.node_id = $1",
-                principal.node_id,
-            )
-        }
-        metrics = [
-            {"metrics": sample.metrics if sample else None, "stream_version": versions[position]}
-            for _, position, sample in await latest_samples(conn)
-            if position in versions
-        ]
+        own_rows = await conn.fetchval(
+            "SELECT count(*) FROM hw_accelerator_telemetry WHERE node_id = $1", principal.node_id
+        )
+        newest = await conn.fetchval(
+            "SELECT max(global_position) FROM events WHERE stream_id = $1 "
+            "AND event_type = 'NODE_TELEMETRY_OBSERVED'",
+            principal.node_id,
+        )
+        metrics = [(position, sample) for _, position, sample in await latest_samples(conn)]
     samples = [a["telemetry"] for a in state["accelerators"].values()]
     # The checkpoint keeps when each GPU last reported (decisions read it), not what it reported.
     assert samples and all(t is not None and t["metrics"] == {} and t["received_at"] for t in samples)
-    # Nor does the telemetry row: it points at the newest report's event, which holds the sample.
+    # Nor does a telemetry row: every GPU's sample is in the newest report's event, which the
+    # host's row points at, and no GPU has a row of its own (each would be rewritten every report).
     assert {r["column_name"] for r in columns} == {
         "accelerator_id",
         "node_id",
@@ -212,7 +209,5 @@ async def test_a_report_keeps_gpu_metrics_in_its_event_not_in_the_nodes_checkpoi
         "received_at",
         "position",
     }
-    newest = max(r["stream_version"] for r in metrics)
-    assert len(metrics) == len(samples) and all(
-        r["metrics"] and r["stream_version"] == newest for r in metrics
-    )
+    assert own_rows == 0
+    assert len(metrics) == len(samples) and all(p == newest and x and x.metrics for p, x in metrics)

@@ -1,4 +1,4 @@
--- Version 8: a node's telemetry snapshot may be stored compact (ledger/compact.py): its metadata
+-- Version 9: a node's telemetry snapshot may be stored compact (ledger/compact.py): its metadata
 -- and payload as bytes in `body`, `data` and `metadata` NULL, and the digest of the GPUs it
 -- samples in `sampled` (mf_sampled) for retention. Events already stored keep their jsonb; a log
 -- holding both forms reads, replays and rebuilds the same (docs/storage.md).
