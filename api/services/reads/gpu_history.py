@@ -19,6 +19,7 @@ from api.services.errors import NotFound
 from api.services.reads.bodies import EventBody
 from api.services.reads.cursors import decode_gpu_history_cursor, encode_gpu_history_cursor
 from api.services.reads.events import event_body
+from api.services.reads.samples import SAMPLE_RECEIVED_AT
 from api.services.reads.statement import Query
 from domain.lemons import DAY, Tenure
 from ledger.events import HealthStatus
@@ -79,11 +80,14 @@ TENURES = (
     Query(
         "SELECT coalesce(json_agg(r ORDER BY r.first_seen_at, r.node_id), '[]')::text FROM ("
         "SELECT a.uuid, a.node_id, n.hostname, a.accelerator_id, a.status, a.health_status, "
-        "a.first_seen_at, greatest(a.last_seen_at, t.received_at) AS last_seen_at, a.missing_since, "
+        "a.first_seen_at, greatest(a.last_seen_at, "
+        + SAMPLE_RECEIVED_AT
+        + ") AS last_seen_at, a.missing_since, "
         "CASE WHEN a.name->>'state' = 'known' THEN a.name->>'value' END AS gpu_model "
         "FROM hw_accelerators a "
         "LEFT JOIN hw_nodes n ON n.node_id = a.node_id "
-        "LEFT JOIN hw_accelerator_telemetry t ON t.accelerator_id = a.accelerator_id"
+        "LEFT JOIN hw_accelerator_telemetry t ON t.accelerator_id = a.accelerator_id "
+        "LEFT JOIN hw_host_telemetry h ON h.node_id = a.node_id"
     )
     .where("a.uuid = ANY({uuids}::text[])")
     .add(") r")

@@ -29,6 +29,14 @@ class Sample(msgspec.Struct, frozen=True):
     health: AcceleratorHealthSignals | None
 
 
+# When a GPU's newest sample was received, over `a` (hw_accelerators), `t` (the GPU's own
+# hw_accelerator_telemetry row) and `h` (its node's hw_host_telemetry), both LEFT JOINed: a GPU
+# without a row of its own has its newest sample in its node's latest snapshot while it is active
+# (projections/inventory.py); a missing or decommissioned one keeps a row or has no sample.
+SAMPLE_RECEIVED_AT: LiteralString = (
+    "coalesce(t.received_at, CASE WHEN a.status = 'active' THEN h.received_at END)"
+)
+
 # By position: the primary key of every segment of the log, one index probe each.
 _BY_POSITION: LiteralString = (
     "SELECT " + EVENT_COLUMNS + " FROM events WHERE global_position = ANY($1::bigint[])"
