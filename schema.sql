@@ -165,7 +165,7 @@ ALTER TABLE events ATTACH PARTITION events_permanent FOR VALUES FROM ('infinity'
 
 -- Each projection's folded state per stream: its checkpoint (the stream version and global
 -- position it has folded up to) and the state the next event is folded onto. The state is the
--- projection's own JSON as bytes: only the projection reads it, and PostgreSQL parsing a node's
+-- projection's own encoding as bytes: only the projection reads it, and PostgreSQL parsing a node's
 -- state (about 10 KB) into jsonb on every write and printing it back on every read costs a third
 -- of its CPU per agent report (docs/performance.md).
 CREATE TABLE projection_state (
@@ -176,8 +176,11 @@ CREATE TABLE projection_state (
     state           bytea NOT NULL,
     PRIMARY KEY (projection, stream_id)
 ) WITH (fillfactor = 50, toast_tuple_target = 8160);
--- The folded state is rewritten on every append; lz4 compresses it several times faster than the
--- default pglz.
+-- The state arrives compressed (the projection's encoding, projections/framework.py): stored as
+-- it comes, in its row up to `toast_tuple_target`, never compressed a second time.
+ALTER TABLE projection_state ALTER COLUMN state SET STORAGE EXTERNAL;
+-- lz4 for a state PostgreSQL would compress (none while the column is EXTERNAL); upgraded
+-- databases have it from version 4.
 DO $$
 BEGIN
     IF mf_has_lz4() THEN

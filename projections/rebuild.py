@@ -244,25 +244,97 @@ async def _swap(conn: asyncpg.Connection, table: str) -> None:
             await conn.execute(f'ALTER INDEX "{name}" RENAME TO "{wanted}"')
 
 
-def _comparable(table: str, relation: str) -> str:
-    """The rows of `relation` (`table` or its shadow) as `compare` compares them."""
-    if table == STATE_TABLE:
-        return (
-            f"SELECT projection, stream_id, stream_version, position, "
-            f"convert_from(state, 'UTF8')::jsonb AS state_json FROM {relation}"
-        )
-    return f"SELECT * FROM {relation}"
+def _state_json(projection: Projection[Any] | None, raw: bytes) -> Any:
+    """A checkpoint as a difference shows it: its state, or its bytes in hex when undecodable."""
+    try:
+        return msgspec.to_builtins(projection.decode_state(raw)) if projection else raw.hex()
+    except (ValueError, msgspec.DecodeError):
+        return raw.hex()
+
+
+async def _compare_states(
+    conn: asyncpg.Connection, projections: Sequence[Projection[Any]], limit: int
+) -> TableDifference | None:
+    """The folded states compare by value: checkpoints whose bytes differ are decoded and
+    compared as states, since the same state may be stored in either of its encodings (a JSON
+    checkpoint written before the binary one, or converted from the jsonb column of schema
+    version 4)."""
+    by_name = {p.name: p for p in projections}
+    only_live: list[str] = []
+    only_rebuilt: list[str] = []
+    n_live = n_rebuilt = 0
+    cursor = conn.cursor(
+        f"SELECT projection, stream_id, l.stream_version AS live_version, l.position AS live_position, "
+        f"l.state AS live_state, r.stream_version AS rebuilt_version, r.position AS rebuilt_position, "
+        f"r.state AS rebuilt_state FROM {STATE_TABLE} l FULL JOIN {STATE_TABLE}{SHADOW} r "
+        "USING (projection, stream_id) WHERE (l.stream_version, l.position, l.state) "
+        "IS DISTINCT FROM (r.stream_version, r.position, r.state)",
+        prefetch=200,
+    )
+    async for row in cursor:
+        projection = by_name.get(row["projection"])
+        sides = {
+            side: None
+            if row[f"{side}_state"] is None
+            else (
+                row[f"{side}_version"],
+                row[f"{side}_position"],
+                _state_json(projection, row[f"{side}_state"]),
+            )
+            for side in ("live", "rebuilt")
+        }
+        if sides["live"] is not None and sides["live"] == sides["rebuilt"]:
+            continue
+        for side, out in (("live", only_live), ("rebuilt", only_rebuilt)):
+            kept = sides[side]
+            if kept is None:
+                continue
+            if side == "live":
+                n_live += 1
+            else:
+                n_rebuilt += 1
+            if len(out) < limit:
+                version, position, state = kept
+                out.append(
+                    msgspec.json.encode(
+                        {
+                            "projection": row["projection"],
+                            "stream_id": row["stream_id"],
+                            "stream_version": version,
+                            "position": position,
+                            "state": state,
+                        }
+                    ).decode()
+                )
+    if not (n_live or n_rebuilt):
+        return None
+    return TableDifference(
+        table=STATE_TABLE,
+        only_live=only_live,
+        only_rebuilt=only_rebuilt,
+        only_live_count=n_live,
+        only_rebuilt_count=n_rebuilt,
+    )
 
 
 async def compare(
-    conn: asyncpg.Connection, tables: Sequence[str], *, limit: int = 20
+    conn: asyncpg.Connection,
+    tables: Sequence[str],
+    projections: Sequence[Projection[Any]] = (),
+    *,
+    limit: int = 20,
 ) -> list[TableDifference]:
     """Row-for-row comparison of each live table with its shadow (jsonb compares by value, and so
-    do the folded states: their bytes are JSON, and equal JSON may be spelled differently, e.g. a
-    checkpoint converted from the jsonb column of schema version 4)."""
+    do the folded states of `projections`, decoded: `_compare_states`). Runs in a transaction
+    (the states are read through a cursor)."""
     diffs: list[TableDifference] = []
     for t in tables:
-        live, rebuilt = _comparable(t, t), _comparable(t, t + SHADOW)
+        if t == STATE_TABLE:
+            state_diff = await _compare_states(conn, projections, limit)
+            if state_diff is not None:
+                diffs.append(state_diff)
+            continue
+        live, rebuilt = f"SELECT * FROM {t}", f"SELECT * FROM {t}{SHADOW}"
         only_live = await conn.fetch(
             f"SELECT row_to_json(x)::text AS r FROM ({live} EXCEPT ALL {rebuilt}) x LIMIT $1", limit
         )
@@ -304,7 +376,7 @@ async def rebuild(
                 async with control.transaction():
                     await control.execute("SELECT pg_advisory_xact_lock($1)", REBUILD_GATE_KEY)
                     events += await _catch_up(control, projections)
-                    differences = await compare(control, tables) if verify else []
+                    differences = await compare(control, tables, projections) if verify else []
                     swapped = False
                     if not verify:
                         for t in tables:

@@ -22,6 +22,7 @@ from agent.protocol import EnrollRequest
 from api.config import ServerConfig
 from api.wiring import Services, build_services
 from ledger.db import _keep_session, init_connection
+from projections.inventory import INVENTORY
 from tests.agent_support import report_body
 from tests.fakes.fake_pynvml import FakeNvml
 from tests.fixtures_nvml import multi_gpu_scenario
@@ -179,10 +180,12 @@ async def test_a_report_keeps_gpu_metrics_in_its_event_not_in_the_nodes_checkpoi
         )
         assert ack.status == "accepted"
     async with services.pool.acquire() as conn:
-        state = msgspec.json.decode(
-            await conn.fetchval(
-                "SELECT state FROM projection_state WHERE projection = 'inventory' AND stream_id = $1",
-                principal.node_id,
+        state = msgspec.to_builtins(
+            INVENTORY.decode_state(
+                await conn.fetchval(
+                    "SELECT state FROM projection_state WHERE projection = 'inventory' AND stream_id = $1",
+                    principal.node_id,
+                )
             )
         )
         columns = await conn.fetch(
