@@ -5,11 +5,39 @@ that a batch of reports on kept node states is decided before anything is sent
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 
 import msgspec
 
 from agent.protocol import STREAMS
 from domain.node import NodeState
+
+# One entry of a stream's `recent` digests as stored: the sequence (8 bytes, big-endian), then the
+# SHA-256 of the report accepted at it (32 bytes).
+_SEQUENCE_BYTES = 8
+_ENTRY_BYTES = _SEQUENCE_BYTES + 32
+
+
+def recent_bytes(recent: Mapping[str, str]) -> bytes:
+    """`agent_stream_positions.recent` as stored, from the decision's {sequence: hex digest}: a
+    full window is 1,280 bytes and stays in the row, where its JSON (2.4 KB, and incompressible)
+    went to TOAST and was written there anew with every report."""
+    return b"".join(
+        int(sequence).to_bytes(_SEQUENCE_BYTES, "big", signed=True) + bytes.fromhex(digest)
+        for sequence, digest in recent.items()
+    )
+
+
+def recent_digests(raw: bytes) -> dict[str, str]:
+    """The decision's {sequence: hex digest} from `recent_bytes`."""
+    if len(raw) % _ENTRY_BYTES:
+        raise ValueError(f"recent digests of {len(raw)} bytes: not whole entries")
+    return {
+        str(int.from_bytes(raw[i : i + _SEQUENCE_BYTES], "big", signed=True)): raw[
+            i + _SEQUENCE_BYTES : i + _ENTRY_BYTES
+        ].hex()
+        for i in range(0, len(raw), _ENTRY_BYTES)
+    }
 
 
 class KeptPosition(msgspec.Struct, frozen=True):
@@ -19,7 +47,7 @@ class KeptPosition(msgspec.Struct, frozen=True):
     node state, so that a batch never decides on a node state and a position of two moments."""
 
     last_sequence: int
-    recent: bytes  # the row's `recent` as JSON: half the memory of the dict, decoded when used
+    recent: bytes  # the row's `recent` as stored (`recent_bytes`), decoded when used
     written: int
     node_version: int
     node_position: int
@@ -46,16 +74,14 @@ class KeptPositions:
         node_id: str,
         stream: str,
         last_sequence: int,
-        recent: dict[str, str],
+        recent: bytes,
         written: int,
         node: NodeState,
     ) -> None:
         if self.streams <= 0:
             return
         key = (node_id, stream)
-        self._kept[key] = KeptPosition(
-            last_sequence, msgspec.json.encode(recent), written, node.stream_version, node.position
-        )
+        self._kept[key] = KeptPosition(last_sequence, recent, written, node.stream_version, node.position)
         self._kept.move_to_end(key)
         while len(self._kept) > self.streams:
             self._kept.popitem(last=False)

@@ -34,7 +34,7 @@ from api.services.errors import (
     unauthenticated,
 )
 from api.services.inventory import HardwareInventoryService
-from api.services.positions import KeptPosition, KeptPositions
+from api.services.positions import KeptPosition, KeptPositions, recent_bytes, recent_digests
 from collectors.identity import NodeIdentity
 from domain.node import NodeState, node_id_for
 from domain.report_decisions import (
@@ -70,7 +70,7 @@ _ADVANCE_MANY_SQL = """
 INSERT INTO agent_stream_positions AS p
     (node_id, stream, last_sequence, reports, skipped, recent, last_observed_at, last_received_at)
 SELECT u.node_id, u.stream, u.last_sequence, 1, u.skipped, u.recent, u.observed_at, u.received_at
-FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::jsonb[], $6::timestamptz[],
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bytea[], $6::timestamptz[],
             $7::timestamptz[]) AS u(node_id, stream, last_sequence, skipped, recent, observed_at, received_at)
 ON CONFLICT (node_id, stream) DO UPDATE SET
     last_sequence = EXCLUDED.last_sequence, reports = p.reports + 1, skipped = p.skipped + EXCLUDED.skipped,
@@ -85,7 +85,7 @@ _ADVANCE_KEPT_SQL = """
 UPDATE agent_stream_positions AS p SET
     last_sequence = u.last_sequence, reports = p.reports + 1, skipped = p.skipped + u.skipped,
     recent = u.recent, last_observed_at = u.observed_at, last_received_at = u.received_at
-FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::jsonb[], $6::timestamptz[],
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bytea[], $6::timestamptz[],
             $7::timestamptz[], $8::bigint[])
      AS u(node_id, stream, last_sequence, skipped, recent, observed_at, received_at, written)
 WHERE p.node_id = u.node_id AND p.stream = u.stream AND p.xmin::text::bigint = u.written
@@ -272,15 +272,17 @@ class ReportService:
                 continue
             row = positions.get((item.node_id, item.stream))
             last: int | None = row["last_sequence"] if row is not None else None
-            recent: dict[str, str] = (row["recent"] if row is not None else None) or {}
-            decision = decide_report(node.state, item, last, recent, self.inventory.health_policies.current)
+            stored: bytes = row["recent"] if row is not None else b""
+            decision = decide_report(
+                node.state, item, last, recent_digests(stored), self.inventory.health_policies.current
+            )
             if isinstance(decision, AcceptedReport):
                 accepted.append((k, node, item, decision))
                 outcomes.append(None)
                 continue
             if row is not None:  # kept as read; an accepted report's position is kept as advanced
                 self.positions.keep(
-                    item.node_id, item.stream, row["last_sequence"], recent, row["written"], node.state
+                    item.node_id, item.stream, row["last_sequence"], stored, row["written"], node.state
                 )
             outcomes.append(_answer(item, decision))
         if accepted:
@@ -306,9 +308,12 @@ class ReportService:
                 or state.decommissioned_at is not None
             ):
                 return None
-            recent = msgspec.json.decode(position.recent, type=dict[str, str])
             decision = decide_report(
-                state, item, position.last_sequence, recent, self.inventory.health_policies.current
+                state,
+                item,
+                position.last_sequence,
+                recent_digests(position.recent),
+                self.inventory.health_policies.current,
             )
             if not isinstance(decision, AcceptedReport) or not decision.events:
                 return None
@@ -330,13 +335,14 @@ class ReportService:
         committed = await self.nodes.append_kept(conn, streams, [d.events for _p, d in decided])
         if committed is None:
             return None
+        recent = [recent_bytes(d.recent) for _p, d in decided]
         rows = await conn.fetch(
             _ADVANCE_KEPT_SQL,
             [i.node_id for i in items],
             [i.stream for i in items],
             [i.sequence for i in items],
             [d.gap for _p, d in decided],
-            [d.recent for _p, d in decided],
+            recent,
             [i.observed_at for i in items],
             [i.received_at for i in items],
             [p.written for p, _d in decided],
@@ -348,9 +354,11 @@ class ReportService:
             raise TryAgain("a kept stream position is not the stored one")
         written = {(r["node_id"], r["stream"]): r["written"] for r in rows}
         acks: list[ReportAck | BaseException] = []
-        for item, (_p, d), node, done in zip(items, decided, streams.kept, committed, strict=True):
+        for item, (_p, d), node, done, packed in zip(
+            items, decided, streams.kept, committed, recent, strict=True
+        ):
             key = (item.node_id, item.stream)
-            self.positions.keep(*key, item.sequence, d.recent, written[key], done.state)
+            self.positions.keep(*key, item.sequence, packed, written[key], done.state)
             self.positions.carry(*key, (node.version, node.position), done.state)
             self.inventory.reconciled(item.node_id, done, "agent")
             acks.append(_accepted_ack(item, d, done))
@@ -365,20 +373,21 @@ class ReportService:
         # The checkpoints decided on: the append moves each open stream's state on.
         before = [(node.state.stream_version, node.state.position) for _k, node, _i, _d in accepted]
         committed = await self.nodes.append_many(conn, [(node, d.events) for _k, node, _i, d in accepted])
+        recent = [recent_bytes(d.recent) for _k, _n, _i, d in accepted]
         rows = await conn.fetch(
             _ADVANCE_MANY_SQL,
             [i.node_id for _k, _n, i, _d in accepted],
             [i.stream for _k, _n, i, _d in accepted],
             [i.sequence for _k, _n, i, _d in accepted],
             [d.gap for _k, _n, _i, d in accepted],
-            [d.recent for _k, _n, _i, d in accepted],
+            recent,
             [i.observed_at for _k, _n, i, _d in accepted],
             [i.received_at for _k, _n, i, _d in accepted],
         )
         written = {(r["node_id"], r["stream"]): r["written"] for r in rows}
-        for (k, node, item, d), was, done in zip(accepted, before, committed, strict=True):
+        for (k, node, item, d), was, done, packed in zip(accepted, before, committed, recent, strict=True):
             key = (item.node_id, item.stream)
-            self.positions.keep(*key, item.sequence, d.recent, written[key], done.state)
+            self.positions.keep(*key, item.sequence, packed, written[key], done.state)
             self.positions.carry(*key, was, done.state)
             self.inventory.reconciled(node.stream_id, done, "agent")
             outcomes[k] = _accepted_ack(item, d, done)

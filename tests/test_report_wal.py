@@ -1,0 +1,139 @@
+"""What a steady agent report writes to the WAL on the tables the projections and the stream
+positions rewrite: each row it changes in place, no row lock first (INSERT ... ON CONFLICT DO
+UPDATE locks a row before it updates it, a WAL record of its own), and nothing in TOAST (the
+folded state arrives compressed, the recent digests as bytes). Read back with pg_walinspect, the
+records of this test's database only."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import asyncpg
+import msgspec
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.protocol import EnrollRequest
+from api.config import ServerConfig
+from api.services.positions import recent_bytes, recent_digests
+from api.wiring import build_services
+from domain.report_decisions import RECENT_REPORT_DIGESTS
+from ledger.db import create_pool
+from projections.inventory import INVENTORY
+from tests.agent_support import report_body
+from tests.fakes.fake_pynvml import FakeNvml
+from tests.fixtures_nvml import multi_gpu_scenario
+
+# The log's own tables (the stream row's lock is the append's) are not the projections' to write.
+PROJECTION_WRITTEN = (
+    "projection_state",
+    "agent_stream_positions",
+    "hw_accelerator_telemetry",
+    "hw_host_telemetry",
+    "hw_node_storage",
+    "hw_nodes",
+    "hw_accelerators",
+)
+_BLOCK = re.compile(r"rel \d+/(\d+)/(\d+)")
+
+
+async def _records(conn: asyncpg.Connection, start: str, end: str) -> Counter[tuple[str, str]]:
+    """(relation, record type) of this database's heap records between two WAL positions."""
+    database = await conn.fetchval("SELECT oid FROM pg_database WHERE datname = current_database()")
+    names = {
+        str(r["node"]): r["relname"]
+        for r in await conn.fetch(
+            "SELECT pg_relation_filenode(c.oid) AS node, c.relname FROM pg_class c "
+            "WHERE pg_relation_filenode(c.oid) IS NOT NULL"
+        )
+    }
+    toast = {
+        r["toast"]: r["relname"]
+        for r in await conn.fetch(
+            "SELECT t.relname AS toast, c.relname FROM pg_class c JOIN pg_class t ON t.oid = c.reltoastrelid"
+        )
+    }
+    out: Counter[tuple[str, str]] = Counter()
+    for r in await conn.fetch(
+        "SELECT record_type, block_ref FROM pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn) "
+        "WHERE resource_manager = 'Heap'",
+        start,
+        end,
+    ):
+        m = _BLOCK.search(r["block_ref"] or "")
+        if m is None or int(m.group(1)) != database:
+            continue
+        name = names.get(m.group(2), m.group(2))
+        out[(f"TOAST of {toast[name]}" if name in toast else name, r["record_type"])] += 1
+    return out
+
+
+async def test_a_steady_report_changes_its_rows_in_place_without_row_locks_or_toast(
+    database_dsn: str, tmp_path: Path
+) -> None:
+    admin = await asyncpg.connect(database_dsn)
+    await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    pool = await create_pool(database_dsn, min_size=1, max_size=2)
+    try:
+        config = ServerConfig(state_dir=tmp_path / "state", node_id="wal-host", collector_timeout=5.0)
+        services = build_services(pool, config, nvml=FakeNvml(multi_gpu_scenario(2)))
+        token = await services.enrollment.create_token(3600, 1)
+        enrolled = await services.enrollment.enroll(
+            token.token, EnrollRequest(identity_key="wal-agent", identity_source="configured", hostname="h")
+        )
+        principal = await services.credentials.authenticate(enrolled.credential)
+        # A full window of recent digests, as a long-running agent has.
+        steady = RECENT_REPORT_DIGESTS + 2
+        for sequence in range(1, steady):
+            await services.reports.accept_report(
+                principal, report_body("wal-agent", sequence, mem_avail=sequence), None
+            )
+        start = await admin.fetchval("SELECT pg_current_wal_lsn()::text")
+        ack = await services.reports.accept_report(
+            principal, report_body("wal-agent", steady, mem_avail=steady), None
+        )
+        assert ack.status == "accepted"
+        end = await admin.fetchval("SELECT pg_current_wal_lsn()::text")
+        records = await _records(admin, start, end)
+        stored = await admin.fetchrow(
+            "SELECT recent FROM agent_stream_positions WHERE node_id = $1 AND stream = 'telemetry'",
+            principal.node_id,
+        )
+    finally:
+        await pool.close()
+        await admin.close()
+    assert stored is not None and len(recent_digests(stored["recent"])) == RECENT_REPORT_DIGESTS
+    written = {rel for rel, _type in records}
+    assert {"projection_state", "agent_stream_positions", "hw_accelerator_telemetry"} <= written
+    assert not [k for k in records if k[0] in PROJECTION_WRITTEN and k[1] == "LOCK"], records
+    assert not [k for k in records if k[0].startswith("TOAST of ") and k[0][9:] in PROJECTION_WRITTEN], (
+        records
+    )
+
+
+@given(
+    st.dictionaries(
+        st.integers(min_value=-(2**63), max_value=2**63 - 1).map(str),
+        st.binary(min_size=32, max_size=32).map(bytes.hex),
+        max_size=RECENT_REPORT_DIGESTS,
+    )
+)
+def test_recent_digests_round_trip_through_their_stored_bytes(recent: dict[str, str]) -> None:
+    packed = recent_bytes(recent)
+    assert len(packed) == 40 * len(recent)
+    assert recent_digests(packed) == recent
+
+
+def test_a_checkpoint_decodes_from_either_encoding_and_refuses_an_unknown_one() -> None:
+    state = INVENTORY.initial("node-a")
+    assert INVENTORY.decode_state(INVENTORY.encode_state(state)) == state
+    assert INVENTORY.decode_state(msgspec.json.encode(state)) == state
+    assert INVENTORY.encode_state(state)[:1] == b"\x01"
+    try:
+        INVENTORY.decode_state(b"\x02abc")
+    except ValueError as exc:
+        assert "unknown encoding" in str(exc)
+    else:
+        raise AssertionError("an unknown encoding decoded")
