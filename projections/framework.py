@@ -104,8 +104,13 @@ def _changes_sql(ops: tuple[tuple[str, str, TableSpec], ...], state_table: str) 
         if values:
             sets = ", ".join(f"{c} = x.{c}" for c in values)
             match = " AND ".join(f"t.{k} = x.{k}" for k in spec.key)
+            # The key's first column also as an array: the planner takes the row source for 100
+            # rows and would scan and hash a table of a few thousand rows for the handful that
+            # changed; against `= ANY(array)` it reads the table's primary key instead.
+            first = spec.key[0]
             ctes.append(
                 f"u{i} AS (UPDATE {table} t SET {sets} FROM s{i} x WHERE {match} "
+                f"AND t.{first} = ANY(ARRAY(SELECT {first} FROM s{i})) "
                 f"RETURNING {', '.join(f't.{k}' for k in spec.key)})"
             )
             absent = " AND ".join(f"u.{k} = x.{k}" for k in spec.key)
