@@ -2,7 +2,8 @@
 positions rewrite: each row it changes in place, no row lock first (INSERT ... ON CONFLICT DO
 UPDATE locks a row before it updates it, a WAL record of its own), and nothing in TOAST (the
 folded state arrives compressed, the recent digests as bytes). Read back with pg_walinspect, the
-records of this test's database only."""
+records of this test's database only. Also the two stored forms those take: the digests' bytes,
+and checkpoints in either encoding compared by state in `rebuild --verify`."""
 
 from __future__ import annotations
 
@@ -19,12 +20,21 @@ from agent.protocol import EnrollRequest
 from api.config import ServerConfig
 from api.services.positions import recent_bytes, recent_digests
 from api.wiring import build_services
+from collectors.identity import NodeIdentity
+from domain.node import node_id_for
+from domain.reconcile import reconcile
 from domain.report_decisions import RECENT_REPORT_DIGESTS
 from ledger.db import create_pool
-from projections.inventory import INVENTORY
+from ledger.events import NewEvent
+from ledger.store import EventStore
+from ledger.unit_of_work import UnitOfWork
+from projections.inventory import ALL_PROJECTIONS, INVENTORY
+from projections.rebuild import rebuild
 from tests.agent_support import report_body
+from tests.builders import meta
 from tests.fakes.fake_pynvml import FakeNvml
 from tests.fixtures_nvml import multi_gpu_scenario
+from tests.test_projection_property import observation_of
 
 # The log's own tables (the stream row's lock is the append's) are not the projections' to write.
 PROJECTION_WRITTEN = (
@@ -137,3 +147,42 @@ def test_a_checkpoint_decodes_from_either_encoding_and_refuses_an_unknown_one() 
         assert "unknown encoding" in str(exc)
     else:
         raise AssertionError("an unknown encoding decoded")
+
+
+async def test_verify_compares_checkpoints_by_state_whichever_encoding_stored_them(
+    pool: asyncpg.Pool,
+) -> None:
+    """A checkpoint still stored as JSON (written before the binary encoding) equals the rebuilt
+    binary one when their states are equal, and a state that differs is reported as such."""
+    store = EventStore(pool, ALL_PROJECTIONS)
+    identity = NodeIdentity(key="two-encodings", source="configured")
+    node_id = node_id_for(identity.key)
+    step = {
+        "gpus": {0, 1},
+        "status": "complete",
+        "driver": "550.54.15",
+        "kernel": "6.8.0-45-generic",
+        "temp": 40,
+        "swap_pci": False,
+        "flicker": False,
+        "fan_zero": False,
+    }
+    async with UnitOfWork(store, INVENTORY).open(node_id) as stream:
+        await stream.decide(
+            lambda s: [NewEvent(p, meta()) for p in reconcile(observation_of(step), s, identity)]
+        )
+    async with pool.acquire() as conn:
+        state = await INVENTORY.load_state(conn, node_id)
+        write = "UPDATE projection_state SET state = $1 WHERE projection = 'inventory' AND stream_id = $2"
+        await conn.execute(write, msgspec.json.encode(INVENTORY.persisted(state)), node_id)
+    assert (await rebuild(pool, ALL_PROJECTIONS, verify=True)).differences == []
+
+    async with pool.acquire() as conn:
+        changed = msgspec.structs.replace(state, hostname="drifted.example")
+        await conn.execute(write, msgspec.json.encode(INVENTORY.persisted(changed)), node_id)
+    differences = (await rebuild(pool, ALL_PROJECTIONS, verify=True)).differences
+    assert [(d.table, d.only_live_count, d.only_rebuilt_count) for d in differences] == [
+        ("projection_state", 1, 1)
+    ]
+    assert "drifted.example" in differences[0].only_live[0]
+    assert "drifted.example" not in differences[0].only_rebuilt[0]
