@@ -1,4 +1,4 @@
--- Version 9: what every agent report rewrites, smaller. The folded states are written already
+-- Version 10: what every agent report rewrites, smaller. The folded states are written already
 -- compressed (msgpack, deflated, behind a format byte; projections/framework.py), so PostgreSQL
 -- stores them as they come instead of trying to compress them again. A checkpoint written as JSON
 -- before stays as it is and still decodes; it is written in the new encoding with its next event.
