@@ -43,6 +43,12 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     state_cache_streams: int = _d("state_cache_streams")
     report_transactions: int = _d("report_transactions")
     log_level: str = _d("log_level")
+    webhook_source: str = _d("webhook_source")
+    webhook_max_attempts: int = _d("webhook_max_attempts")
+    webhook_backoff_initial: float = _d("webhook_backoff_initial")
+    webhook_backoff_max: float = _d("webhook_backoff_max")
+    webhook_timeout: float = _d("webhook_timeout")
+    webhook_allow_private: bool = _d("webhook_allow_private")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ServerConfig:

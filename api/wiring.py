@@ -18,6 +18,7 @@ from api.services.reads.liveness import LivenessPolicy
 from api.services.reads.rendered import DEFAULT_MAX_BYTES, RenderedReads
 from api.services.reads.repository import HardwareRepository
 from api.services.reports import REPORT_TRANSACTIONS, ReportService
+from api.services.webhooks import WebhookService
 from collectors.identity import NodeIdentity, resolve_identity
 from collectors.nvml import NvidiaNvmlCollector
 from collectors.system import SystemHostCollector
@@ -38,6 +39,7 @@ class Services:
         *,
         rendered_reads_bytes: int = DEFAULT_MAX_BYTES,
         report_transactions: int = REPORT_TRANSACTIONS,
+        webhook_allow_private: bool = False,
     ) -> None:
         pool = inventory.pool
         self.pool = pool
@@ -53,6 +55,7 @@ class Services:
         # Node and accelerator-page reads rendered once per change (api/services/reads/rendered.py).
         self.rendered = RenderedReads(pool, max_bytes=rendered_reads_bytes)
         self.reads = HardwareReads(self.rendered, repository)
+        self.webhooks = WebhookService(inventory.store, allow_private=webhook_allow_private)
 
 
 def event_store(pool: asyncpg.Pool, state_cache_streams: int = STATE_CACHE_STREAMS) -> EventStore:
@@ -99,7 +102,13 @@ def build_services(
         repository = HardwareRepository(pool, liveness)
     budget = config.rendered_reads_mib * 2**20 if config is not None else DEFAULT_MAX_BYTES
     lanes = config.report_transactions if config is not None else REPORT_TRANSACTIONS
-    return Services(inventory, repository, rendered_reads_bytes=budget, report_transactions=lanes)
+    return Services(
+        inventory,
+        repository,
+        rendered_reads_bytes=budget,
+        report_transactions=lanes,
+        webhook_allow_private=config.webhook_allow_private if config is not None else False,
+    )
 
 
 async def prepare_database(pool: asyncpg.Pool) -> int:

@@ -266,6 +266,41 @@ class NodeRevivalRefused(_Event, frozen=True, tag="NODE_REVIVAL_REFUSED"):
     detail: str
 
 
+# --- lifecycle: webhook subscriptions (docs/integrations.md) ------------------------------------
+# Every subscription's creation, removal and operator resume is recorded in the one stream
+# `webhooks`. The events carry where deliveries go and what they select, never the signing secret
+# (kept in a table of its own so the server can sign with it).
+
+WEBHOOKS_STREAM = "webhooks"
+
+
+def is_webhook_stream(stream_id: str) -> bool:
+    return stream_id == WEBHOOKS_STREAM
+
+
+class WebhookSubscribed(_Event, frozen=True, tag="WEBHOOK_SUBSCRIBED"):
+    """A subscription: matching events committed after this one are delivered to `url`."""
+
+    subscription_id: str
+    url: str
+    event_types: list[str]
+    event_classes: list[EventClass]
+    node_id: str | None = None
+    description: str = ""
+
+
+class WebhookUnsubscribed(_Event, frozen=True, tag="WEBHOOK_UNSUBSCRIBED"):
+    subscription_id: str
+    reason: str = ""
+
+
+class WebhookResumed(_Event, frozen=True, tag="WEBHOOK_RESUMED"):
+    """An operator resumed a failing subscription: delivery starts again at its cursor."""
+
+    subscription_id: str
+    at_position: int
+
+
 # --- observation: telemetry ------------------------------------------------------------------
 
 
@@ -334,6 +369,9 @@ EventPayload: TypeAlias = (
     | NodeDecommissioned
     | NodeRevivalRefused
     | HealthPolicyApplied
+    | WebhookSubscribed
+    | WebhookUnsubscribed
+    | WebhookResumed
 )
 
 OBSERVATION_TYPES: frozenset[type[_Event]] = frozenset(

@@ -14,6 +14,7 @@ from ledger.events import (
     is_decommission_audit_stream,
     is_enrollment_token_stream,
     is_health_policy_stream,
+    is_webhook_stream,
 )
 from projections.agent import CREDENTIALS, ENROLLMENT_TOKEN_PROJECTION, agent_rows
 from projections.framework import Projection, Row, Rows, TableSpec
@@ -128,12 +129,13 @@ class InventoryProjection(Projection[NodeState]):
     state_type = NodeState
 
     def handles(self, stream_id: str) -> bool:
-        # Token streams: projections.agent. Refused-revival audit streams and the health policy
-        # stream: events only, no read model.
+        # Token streams: projections.agent. Refused-revival audit streams, the health policy
+        # stream and the webhook subscriptions' stream: events only, no read model.
         return not (
             is_enrollment_token_stream(stream_id)
             or is_decommission_audit_stream(stream_id)
             or is_health_policy_stream(stream_id)
+            or is_webhook_stream(stream_id)
         )
 
     def initial(self, stream_id: str) -> NodeState:

@@ -241,6 +241,60 @@ SETTINGS: tuple[Setting, ...] = (
             "docs/capacity.md); 0 keeps none."
         ),
     ),
+    # Webhook delivery (docs/integrations.md): the server's delivery worker; environment only.
+    Setting(
+        name="webhook_source",
+        env="MODELFORGE_WEBHOOK_SOURCE",
+        flag=None,
+        value="urn:modelforge:hardware",
+        help="The CloudEvents `source` of every webhook delivery: this ledger's identity to receivers.",
+    ),
+    Setting(
+        name="webhook_max_attempts",
+        env="MODELFORGE_WEBHOOK_MAX_ATTEMPTS",
+        flag=None,
+        value=8,
+        kind="count",
+        help=(
+            "Failed attempts in a row at one event (down, timeout, 5xx, 408, 429) after which a "
+            "subscription is `failing`; it is then retried every MODELFORGE_WEBHOOK_BACKOFF_MAX."
+        ),
+    ),
+    Setting(
+        name="webhook_backoff_initial",
+        env="MODELFORGE_WEBHOOK_BACKOFF_INITIAL",
+        flag=None,
+        value=1.0,
+        kind="positive",
+        help="Seconds before the first retry of a webhook delivery; doubled per attempt, with jitter.",
+    ),
+    Setting(
+        name="webhook_backoff_max",
+        env="MODELFORGE_WEBHOOK_BACKOFF_MAX",
+        flag=None,
+        value=300.0,
+        kind="positive",
+        help="Longest wait between webhook delivery attempts, and a failing subscription's probe interval.",
+    ),
+    Setting(
+        name="webhook_timeout",
+        env="MODELFORGE_WEBHOOK_TIMEOUT",
+        flag=None,
+        value=10.0,
+        kind="positive",
+        help="Seconds a webhook receiver has to answer one delivery before it counts as failed.",
+    ),
+    Setting(
+        name="webhook_allow_private",
+        env="MODELFORGE_WEBHOOK_ALLOW_PRIVATE",
+        flag=None,
+        value=False,
+        kind="bool",
+        help=(
+            "Allow webhook destinations on loopback, link-local and private addresses (refused by "
+            "default: a subscription must not make the server probe its own network)."
+        ),
+    ),
     Setting(
         name="log_level",
         env="MODELFORGE_LOG_LEVEL",

@@ -31,6 +31,7 @@ from api.http.discovery import DISCOVERY_ROUTES
 from api.http.gpu_history import GPU_HISTORY_ROUTES
 from api.http.health_policy import health_policy_routers
 from api.http.telemetry import TELEMETRY_ROUTES
+from api.http.webhooks import webhook_routers
 from api.services.errors import Conflict, DomainError, Unavailable
 from api.services.inventory import EventSummary, RefreshOutcome
 from api.services.metrics import exposition
@@ -373,6 +374,7 @@ def create_app(
             *agent_routers(),
             *decommission_routers(),
             *health_policy_routers(),
+            *webhook_routers(),
             *(extra_routers or []),
             api_docs.assets_router(),
         ],

@@ -23,6 +23,7 @@ from api.services.inventory import HardwareInventoryService
 from api.services.reads.repository import HardwareRepository
 from api.services.reports import ReportService
 from api.services.scopes import OperatorTokens, viewer_may
+from api.services.webhooks import WebhookService
 from api.wiring import Services
 from runtime.secrets import matches
 
@@ -102,6 +103,10 @@ def _audit(state: State) -> AuditRepository:
     return _context(state).services.audit
 
 
+def _webhooks(state: State) -> WebhookService:
+    return _context(state).services.webhooks
+
+
 # The routes' dependencies: each names the process's context, its services, or one service.
 DEPENDENCIES = {
     "context": Provide(_context, sync_to_thread=False),
@@ -114,6 +119,7 @@ DEPENDENCIES = {
     "health_policies": Provide(_health_policies, sync_to_thread=False),
     "repository": Provide(_repository, sync_to_thread=False),
     "audit": Provide(_audit, sync_to_thread=False),
+    "webhooks": Provide(_webhooks, sync_to_thread=False),
 }
 
 

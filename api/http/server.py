@@ -1,5 +1,5 @@
 """The server process: database, migrations, the app around the services `api.wiring` builds,
-uvicorn, retention; used by `serve`."""
+uvicorn, retention, webhook delivery; used by `serve`."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from api.config import ServerConfig, load_or_create_admin_token
 from api.http import readiness
 from api.http.app import create_app
 from api.http.context import AppContext
+from api.services.webhook_delivery import DeliverySettings, WebhookDispatcher
 from api.wiring import build_services, prepare_database
 from ledger.db import Database, create_pool
 from ledger.retention import prune_observations
@@ -55,6 +56,17 @@ async def retention_loop(pool: asyncpg.Pool, config: ServerConfig) -> None:
             log.warning("retention.failed", error=str(exc))
 
 
+def delivery_settings(config: ServerConfig) -> DeliverySettings:
+    return DeliverySettings(
+        source=config.webhook_source,
+        max_attempts=config.webhook_max_attempts,
+        backoff_initial=config.webhook_backoff_initial,
+        backoff_max=config.webhook_backoff_max,
+        timeout=config.webhook_timeout,
+        allow_private=config.webhook_allow_private,
+    )
+
+
 def make_app(config: ServerConfig, dsn: str, admin_token_hash: str) -> Litestar:
     readiness.quiet_reconnect_tracebacks()
 
@@ -69,6 +81,10 @@ def make_app(config: ServerConfig, dsn: str, admin_token_hash: str) -> Litestar:
             app.state.ctx = context
             retention = asyncio.create_task(retention_loop(pool, config))
             app.state.retention_task = retention
+            # Webhook delivery: a task of its own, never on the report path.
+            dispatcher = WebhookDispatcher(pool, delivery_settings(config))
+            context.services.webhooks.changed = dispatcher.wake
+            delivery = asyncio.create_task(dispatcher.run())
             if config.startup_refresh:
                 outcome = await context.service.refresh()
                 log.info(
@@ -79,9 +95,10 @@ def make_app(config: ServerConfig, dsn: str, admin_token_hash: str) -> Litestar:
                 )
             settle_garbage_collector()
             yield
-            retention.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await retention
+            for task in (retention, delivery):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         finally:
             await pool.close()
 

@@ -1,0 +1,191 @@
+"""Webhook subscriptions over the HTTP API: created, listed, deleted as audited events; bad
+input refused with 400 problem+json naming the field, nothing stored; the secret never shown."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from api.config import ServerConfig
+from api.http.app import create_app
+from api.http.context import AppContext
+from api.wiring import build_services
+from runtime.secrets import digest
+from tests.conftest import OPERATOR_TOKEN
+from tests.webhook_support import SECRET, Receiver
+
+AUTH = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+
+
+def make_client(pool: asyncpg.Pool, tmp_path: Path, *, allow_private: bool) -> httpx.AsyncClient:
+    config = ServerConfig(
+        state_dir=tmp_path / "state", node_id="webhook-test", webhook_allow_private=allow_private
+    )
+    services = build_services(pool, config)
+    context = AppContext(
+        pool=pool,
+        service=services.inventory,
+        repository=services.repository,
+        admin_token_hash=digest(OPERATOR_TOKEN),
+        services=services,
+    )
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(context)), base_url="http://test")
+
+
+@pytest.fixture
+async def client(pool: asyncpg.Pool, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    async with make_client(pool, tmp_path, allow_private=True) as c:
+        yield c
+
+
+@pytest.fixture
+def receiver() -> Any:
+    r = Receiver().start()
+    yield r
+    r.stop()
+
+
+async def webhook_events(pool: asyncpg.Pool) -> list[dict[str, Any]]:
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT event_type, data::text AS data FROM events WHERE stream_id = 'webhooks' ORDER BY global_position"
+        )
+    return [{"type": r["event_type"], "data": r["data"]} for r in rows]
+
+
+async def test_a_subscription_is_created_listed_and_deleted_as_audited_events(
+    client: httpx.AsyncClient, pool: asyncpg.Pool, receiver: Receiver
+) -> None:
+    r = await client.post(
+        "/api/v1/webhooks",
+        headers=AUTH,
+        json={"url": receiver.url, "secret": SECRET, "event_types": ["ACCELERATOR_MISSING"], "node_id": "n1"},
+    )
+    assert r.status_code == 201, r.text
+    body = r.json()
+    sid = body["subscription_id"]
+    assert sid.startswith("wh_")
+    assert (
+        body["state"] == "active"
+        and body["event_types"] == ["ACCELERATOR_MISSING"]
+        and body["node_id"] == "n1"
+    )
+    assert "secret" not in r.text and SECRET not in r.text
+
+    listed = (await client.get("/api/v1/webhooks", headers=AUTH)).json()["items"]
+    assert [w["subscription_id"] for w in listed] == [sid]
+    assert (await client.get(f"/api/v1/webhooks/{sid}", headers=AUTH)).json()["url"] == receiver.url
+
+    events = await webhook_events(pool)
+    assert [e["type"] for e in events] == ["WEBHOOK_SUBSCRIBED"]
+    assert sid in events[0]["data"] and SECRET not in events[0]["data"]
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT convert_from(secret, 'UTF8') FROM webhook_secrets") == SECRET
+
+    r = await client.delete(f"/api/v1/webhooks/{sid}", headers=AUTH)
+    assert r.status_code == 200 and r.json()["state"] == "deleted"
+    assert (await client.get("/api/v1/webhooks", headers=AUTH)).json()["items"] == []
+    assert (await client.delete(f"/api/v1/webhooks/{sid}", headers=AUTH)).status_code == 404
+    assert (await client.get("/api/v1/webhooks/wh_nope", headers=AUTH)).status_code == 404
+    assert [e["type"] for e in await webhook_events(pool)] == ["WEBHOOK_SUBSCRIBED", "WEBHOOK_UNSUBSCRIBED"]
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM webhook_secrets") == 0
+
+
+async def test_a_resume_is_an_audited_event_and_clears_the_retry_state(
+    client: httpx.AsyncClient, pool: asyncpg.Pool, receiver: Receiver
+) -> None:
+    sid = (
+        await client.post("/api/v1/webhooks", headers=AUTH, json={"url": receiver.url, "secret": SECRET})
+    ).json()["subscription_id"]
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE webhook_subscriptions SET state = 'failing', attempts = 9, failing_since = now(), "
+            "next_attempt_at = now() + interval '1 hour'"
+        )
+    r = await client.post(f"/api/v1/webhooks/{sid}/resume", headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "active" and r.json()["attempts"] == 0 and r.json()["next_attempt_at"] is None
+    assert [e["type"] for e in await webhook_events(pool)] == ["WEBHOOK_SUBSCRIBED", "WEBHOOK_RESUMED"]
+    assert (await client.get(f"/api/v1/webhooks/{sid}/deliveries", headers=AUTH)).json() == {"items": []}
+
+
+BAD = [
+    ({"url": "ftp://127.0.0.1/x"}, "url"),
+    ({"url": "file:///etc/passwd"}, "url"),
+    ({"url": "http://user:pw@127.0.0.1:{port}/hook"}, "url"),
+    ({"url": "http://127.0.0.1:{port}/hook#frag"}, "url"),
+    ({"url": "http://no-such-host.invalid/hook"}, "url"),
+    ({"url": "http://127.0.0.1:{closed}/hook"}, "url"),
+    ({"secret": "short-secret"}, "secret"),
+    ({"secret": "whsec_c2hvcnQ="}, "secret"),
+    ({"secret": "whsec_not base64!"}, "secret"),
+    ({"event_types": ["NO_SUCH_EVENT"]}, "event_types"),
+]
+
+
+async def test_bad_input_is_refused_naming_the_field_and_nothing_is_stored(
+    client: httpx.AsyncClient, pool: asyncpg.Pool, receiver: Receiver
+) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    for change, field in BAD:
+        body: dict[str, Any] = {"url": receiver.url, "secret": SECRET} | change
+        body["url"] = body["url"].format(port=receiver.port, closed=closed)
+        r = await client.post("/api/v1/webhooks", headers=AUTH, json=body)
+        assert r.status_code == 400, (change, r.text)
+        assert r.headers["content-type"].startswith("application/problem+json")
+        problem = r.json()
+        assert problem["field"] == field and problem["detail"].startswith(field), problem
+    r = await client.post(
+        "/api/v1/webhooks", headers=AUTH, json={"url": receiver.url, "secret": SECRET, "x": 1}
+    )
+    assert r.status_code == 400
+    r = await client.post(
+        "/api/v1/webhooks",
+        headers=AUTH,
+        json={"url": receiver.url, "secret": SECRET, "event_classes": ["bogus"]},
+    )
+    assert r.status_code == 400 and "event_classes" in r.text
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM webhook_subscriptions") == 0
+        assert await conn.fetchval("SELECT count(*) FROM webhook_secrets") == 0
+    assert await webhook_events(pool) == []
+
+
+async def test_loopback_destinations_are_refused_unless_allowed(
+    pool: asyncpg.Pool, tmp_path: Path, receiver: Receiver
+) -> None:
+    async with make_client(pool, tmp_path, allow_private=False) as strict:
+        for url in (
+            receiver.url,
+            f"http://localhost:{receiver.port}/",
+            "http://169.254.169.254/latest",
+            "http://[::1]/",
+        ):
+            r = await strict.post("/api/v1/webhooks", headers=AUTH, json={"url": url, "secret": SECRET})
+            assert r.status_code == 400, (url, r.text)
+            assert r.json()["field"] == "url"
+            assert "MODELFORGE_WEBHOOK_ALLOW_PRIVATE" in r.json()["detail"] or "resolve" in r.json()["detail"]
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM webhook_subscriptions") == 0
+
+
+async def test_a_viewer_token_may_not_touch_webhooks(client: httpx.AsyncClient, pool: asyncpg.Pool) -> None:
+    from api.services.scopes import OperatorTokens
+
+    viewer = await OperatorTokens(pool).create(ttl_seconds=None)
+    headers = {"Authorization": f"Bearer {viewer.token}"}
+    assert (await client.get("/api/v1/webhooks", headers=headers)).status_code == 403
+    r = await client.post("/api/v1/webhooks", headers=headers, json={"url": "http://x/", "secret": SECRET})
+    assert r.status_code == 403
+    await asyncio.sleep(0)
