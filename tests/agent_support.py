@@ -57,9 +57,17 @@ class ServerProcess:
     """`modelforge-hw serve` on a free port of 127.0.0.1, against a given database."""
 
     def __init__(
-        self, dsn: str, workdir: Path, *, stale_after: float = 60, offline_after: float = 300, port: int = 0
+        self,
+        dsn: str,
+        workdir: Path,
+        *,
+        stale_after: float = 60,
+        offline_after: float = 300,
+        port: int = 0,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.dsn = dsn
+        self.env = env or {}
         self.workdir = workdir
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -74,6 +82,7 @@ class ServerProcess:
             MODELFORGE_DATABASE_URL=self.dsn,
             MODELFORGE_ADMIN_TOKEN=OPERATOR_TOKEN,
             MODELFORGE_STATE_DIR=str(self.workdir / "server-state"),
+            **self.env,
         )
         self.proc = subprocess.Popen(
             [

@@ -22,6 +22,7 @@ from api.cli.gpus import gpu_app
 from api.cli.health import health_app
 from api.cli.nodes import node_app
 from api.cli.scopes import viewer_app
+from api.cli.webhooks import webhook_app
 from runtime.logs import configure_logging_from_settings
 from runtime.version import VERSION
 
@@ -72,6 +73,7 @@ app.add_typer(node_app, name="node")
 app.add_typer(gpu_app, name="gpu")
 app.add_typer(health_app, name="health")
 app.command("events")(events.events)
+app.add_typer(webhook_app, name="webhook")
 app.command("completion")(shells.completion)
 
 

@@ -1,7 +1,7 @@
-"""The HTTP API as the read commands (`node`, `gpu`, `events`) and the operator's `health`
-commands use it: the server's URL
-(`MODELFORGE_SERVER`) and a token (`MODELFORGE_TOKEN`, or a file named by `--token-file` /
-`MODELFORGE_TOKEN_FILE`), no database credentials, so they run from any workstation.
+"""The HTTP API as the commands over it (`node`, `gpu`, `events`, `webhook`) and the operator's
+`health` commands use it: the server's URL (`MODELFORGE_SERVER`) and a token (`MODELFORGE_TOKEN`,
+or a file named by `--token-file` / `MODELFORGE_TOKEN_FILE`), no database credentials, so they run
+from any workstation.
 
 A refusal is a `RemoteError` with its HTTP status; `api.cli.errors` turns it into the exit code
 of its kind (404 -> 5, 409 -> 3, 410 -> 4, any other 2; the server unreachable 1).
@@ -58,6 +58,10 @@ class Api:
     def post(self, path: str, body: object, *, timeout: float | None = None) -> bytes:
         """An operator request with a JSON body (`timeout`: for one the server may work on long)."""
         return self._send("POST", path, body=msgspec.json.encode(body), timeout=timeout)
+
+    def send(self, method: str, path: str, *, body: bytes | None = None) -> bytes:
+        """Any other operator request (a DELETE, a POST of bytes already encoded)."""
+        return self._send(method, path, body=body)
 
     def _send(
         self,
