@@ -279,10 +279,13 @@ def is_webhook_stream(stream_id: str) -> bool:
 
 
 class WebhookSubscribed(_Event, frozen=True, tag="WEBHOOK_SUBSCRIBED"):
-    """A subscription: matching events committed after this one are delivered to `url`."""
+    """A subscription: matching events committed after this one are delivered to its URL. The log
+    (readable with a viewer token) keeps the URL's origin and its SHA-256 only, since a receiver's
+    URL may hold a token of its own in its path or query."""
 
     subscription_id: str
-    url: str
+    destination: str  # scheme://host:port
+    url_sha256: str
     event_types: list[str]
     event_classes: list[EventClass]
     node_id: str | None = None

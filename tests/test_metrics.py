@@ -30,7 +30,7 @@ from api.services.metrics.catalog import (
 from api.services.metrics.exposition import render
 from api.services.metrics.page import render_catalog
 from api.services.metrics.samples import clock_event_mask, sample_value, signal_value
-from api.services.metrics.snapshot import GpuRow, NodeRow, Snapshot
+from api.services.metrics.snapshot import GpuRow, NodeRow, Snapshot, WebhookRow
 from collectors.gpu_health import CLOCK_EVENT_REASONS
 from tests.fakes.fake_pynvml import nvmlClocksEventReasonGpuIdle, nvmlClocksEventReasonHwThermalSlowdown
 from tests.fixtures_nvml import multi_gpu_scenario, rtx_3060_laptop, rtx_4090_driver_535
@@ -425,6 +425,22 @@ def reference_text(s: Snapshot) -> bytes:
             single = family(spec)
             single.add_metric([], value)
             yield single
+        f = {spec.name: family(spec) for spec in m.WEBHOOKS}
+        for state in m.WEBHOOK_STATES:
+            f[m.WEBHOOK_SUBSCRIPTIONS.name].add_metric(
+                [state], sum(1 for w in s.webhooks if w.state == state)
+            )
+        for w in s.webhooks:
+            for state in m.WEBHOOK_STATES:
+                f[m.WEBHOOK_STATE.name].add_metric([w.subscription_id, state], 1 if w.state == state else 0)
+            for outcome, count in zip(m.WEBHOOK_OUTCOMES, (w.delivered, w.rejected, w.retried), strict=True):
+                f[m.WEBHOOK_DELIVERIES.name].add_metric([w.subscription_id, outcome], count)
+            f[m.WEBHOOK_FAILED_ATTEMPTS.name].add_metric([w.subscription_id], w.attempts)
+            if w.last_delivered_at is not None:
+                f[m.WEBHOOK_LAST_DELIVERED.name].add_metric(
+                    [w.subscription_id], w.last_delivered_at.timestamp()
+                )
+        yield from f.values()
 
     class Reference:
         def collect(self) -> Any:
@@ -485,6 +501,16 @@ node_rows = st.builds(
     telemetry=st.dictionaries(st.sampled_from(["memory_available_bytes", "memory_total_bytes"]), facts),
     storage=st.lists(st.tuples(label_text, facts, facts), max_size=2),
 )
+webhook_rows = st.builds(
+    WebhookRow,
+    subscription_id=label_text,
+    state=st.sampled_from(["active", "failing"]),
+    delivered=st.integers(0, 2**53),
+    rejected=st.integers(0, 10**6),
+    retried=st.integers(0, 10**6),
+    attempts=st.integers(0, 100),
+    last_delivered_at=st.none() | st.datetimes(timezones=st.just(UTC)),
+)
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=200)
@@ -497,6 +523,7 @@ node_rows = st.builds(
     ),
     head=st.integers(0, 2**40),
     behind=st.integers(-5, 5),
+    webhooks=st.lists(webhook_rows, max_size=2),
 )
 def test_the_text_is_what_prometheus_clients_writer_makes_of_the_same_snapshot(
     nodes: list[NodeRow],
@@ -505,9 +532,16 @@ def test_the_text_is_what_prometheus_clients_writer_makes_of_the_same_snapshot(
     counters: dict[str, int],
     head: int,
     behind: int,
+    webhooks: list[WebhookRow],
 ) -> None:
     snapshot = Snapshot(
-        nodes=nodes, gpus=gpus, accelerator_counts=counts, head=head, folded=head - behind, counters=counters
+        nodes=nodes,
+        gpus=gpus,
+        accelerator_counts=counts,
+        head=head,
+        folded=head - behind,
+        counters=counters,
+        webhooks=webhooks,
     )
     assert render(snapshot) == reference_text(snapshot)
 

@@ -85,6 +85,8 @@ async def test_a_subscription_is_created_listed_and_deleted_as_audited_events(
     events = await webhook_events(pool)
     assert [e["type"] for e in events] == ["WEBHOOK_SUBSCRIBED"]
     assert sid in events[0]["data"] and SECRET not in events[0]["data"]
+    assert f'"destination":"http://127.0.0.1:{receiver.port}"' in events[0]["data"].replace(" ", "")
+    assert receiver.url not in events[0]["data"], "the URL may hold a receiver's token: not in the log"
     async with pool.acquire() as conn:
         assert await conn.fetchval("SELECT convert_from(secret, 'UTF8') FROM webhook_secrets") == SECRET
 
@@ -114,6 +116,44 @@ async def test_a_resume_is_an_audited_event_and_clears_the_retry_state(
     assert r.json()["state"] == "active" and r.json()["attempts"] == 0 and r.json()["next_attempt_at"] is None
     assert [e["type"] for e in await webhook_events(pool)] == ["WEBHOOK_SUBSCRIBED", "WEBHOOK_RESUMED"]
     assert (await client.get(f"/api/v1/webhooks/{sid}/deliveries", headers=AUTH)).json() == {"items": []}
+
+
+async def test_metrics_show_each_subscription_and_its_state(
+    client: httpx.AsyncClient, pool: asyncpg.Pool, receiver: Receiver
+) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sids = [
+        (
+            await client.post("/api/v1/webhooks", headers=AUTH, json={"url": receiver.url, "secret": SECRET})
+        ).json()["subscription_id"]
+        for _ in range(2)
+    ]
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE webhook_subscriptions SET state = 'failing', attempts = 8, delivered = 41, rejected = 2, "
+            "retried = 9, last_delivered_at = now() WHERE subscription_id = $1",
+            sids[0],
+        )
+    text = (await client.get("/metrics", headers=AUTH)).text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name.startswith("modelforge_webhook")
+    }
+    assert samples[("modelforge_webhook_subscriptions", (("state", "failing"),))] == 1
+    assert samples[("modelforge_webhook_subscriptions", (("state", "active"),))] == 1
+    assert samples[("modelforge_webhook_state", (("state", "failing"), ("subscription_id", sids[0])))] == 1
+    assert samples[("modelforge_webhook_state", (("state", "active"), ("subscription_id", sids[1])))] == 1
+    key = ("modelforge_webhook_deliveries_total", (("outcome", "delivered"), ("subscription_id", sids[0])))
+    assert samples[key] == 41
+    assert samples[("modelforge_webhook_failed_attempts", (("subscription_id", sids[0]),))] == 8
+    assert (
+        "modelforge_webhook_last_delivered_timestamp_seconds",
+        (("subscription_id", sids[1]),),
+    ) not in samples
+    assert receiver.url not in text
 
 
 BAD = [

@@ -75,6 +75,7 @@ OPERATION_TAGS = {
     "/api/v1/enrollment-tokens": "enrollment",
     "/api/v1/agent-credentials": "enrollment",
     "/api/v1/agent-streams": "enrollment",
+    "/api/v1/webhooks": "webhooks",
     "/metrics": "metrics",
     "/api/v1/sd/": "discovery",
 }

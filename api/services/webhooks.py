@@ -12,6 +12,7 @@ order) that match it are delivered, the history before it is not.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import socket
 import uuid
 from collections.abc import Callable
@@ -165,7 +166,9 @@ class WebhookService:
         # notice at their next scan).
         self.changed: Callable[[], None] = lambda: None
 
-    async def _validated(self, request: WebhookCreateRequest) -> tuple[list[str], list[EventClass]]:
+    async def _validated(
+        self, request: WebhookCreateRequest
+    ) -> tuple[Destination, list[str], list[EventClass]]:
         try:
             destination = parse_url(request.url)
         except UrlRefusal as exc:
@@ -186,7 +189,7 @@ class WebhookService:
             await _probe(destination, addresses[0])
         except UrlRefusal as exc:
             raise _invalid("url", str(exc)) from None
-        return types, classes
+        return destination, types, classes
 
     def _metadata(self, actor: str) -> EventMetadata:
         return EventMetadata(received_at=self.clock(), source="operator", actor=actor)
@@ -194,11 +197,12 @@ class WebhookService:
     async def create(self, request: WebhookCreateRequest, *, actor: str = "operator") -> WebhookBody:
         """Validate everything first (nothing is stored for a refused request), then record the
         subscription and its event in one transaction."""
-        types, classes = await self._validated(request)
+        destination, types, classes = await self._validated(request)
         subscription_id = "wh_" + uuid.uuid4().hex[:16]
         event = WebhookSubscribed(
             subscription_id=subscription_id,
-            url=request.url,
+            destination=f"{destination.scheme}://{destination.host}:{destination.port}",
+            url_sha256=hashlib.sha256(request.url.encode("utf-8")).hexdigest(),
             event_types=types,
             event_classes=classes,
             node_id=request.node_id,
@@ -226,7 +230,9 @@ class WebhookService:
                 subscription_id,
                 request.secret.encode("utf-8"),
             )
-        log.info("webhook.subscribed", subscription_id=subscription_id, url=request.url, actor=actor)
+        log.info(
+            "webhook.subscribed", subscription_id=subscription_id, destination=event.destination, actor=actor
+        )
         self.changed()
         return webhook_body(row)
 

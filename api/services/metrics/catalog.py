@@ -329,6 +329,48 @@ PROJECTION_LAG = MetricSpec(
     (),
 )
 
+# Webhook subscriptions (docs/integrations.md), as their rows say: any server's /metrics shows
+# every subscription, whichever server delivers it. Never the URL (it may hold a receiver's
+# token in its path); the subscription id joins with `modelforge-hw webhook list`.
+WEBHOOK_STATES = ("active", "failing")
+WEBHOOK_OUTCOMES = ("delivered", "rejected", "retried")
+WEBHOOK_SUBSCRIPTIONS = MetricSpec(
+    "modelforge_webhook_subscriptions", "gauge", "Webhook subscriptions, by state.", ("state",)
+)
+WEBHOOK_STATE = MetricSpec(
+    "modelforge_webhook_state",
+    "gauge",
+    "1 for the subscription's state (failing: its attempts ran out; retried every backoff maximum),"
+    " 0 for the other.",
+    ("subscription_id", "state"),
+)
+WEBHOOK_DELIVERIES = MetricSpec(
+    "modelforge_webhook_deliveries_total",
+    "counter",
+    "Delivery attempts by outcome: delivered (2xx), rejected (another 4xx: skipped), retried (no"
+    " answer, 5xx, 408, 429).",
+    ("subscription_id", "outcome"),
+)
+WEBHOOK_FAILED_ATTEMPTS = MetricSpec(
+    "modelforge_webhook_failed_attempts",
+    "gauge",
+    "Failed attempts in a row at the subscription's next event (0 when its receiver answers).",
+    ("subscription_id",),
+)
+WEBHOOK_LAST_DELIVERED = MetricSpec(
+    "modelforge_webhook_last_delivered_timestamp_seconds",
+    "gauge",
+    "When the subscription's receiver last acknowledged a delivery (Unix time); absent before the first.",
+    ("subscription_id",),
+)
+WEBHOOKS = (
+    WEBHOOK_SUBSCRIPTIONS,
+    WEBHOOK_STATE,
+    WEBHOOK_DELIVERIES,
+    WEBHOOK_FAILED_ATTEMPTS,
+    WEBHOOK_LAST_DELIVERED,
+)
+
 METRICS: tuple[MetricSpec, ...] = (
     BUILD_INFO,
     NODE_LIVENESS,
@@ -348,4 +390,5 @@ METRICS: tuple[MetricSpec, ...] = (
     *COUNTERS,
     LOG_HEAD,
     PROJECTION_LAG,
+    *WEBHOOKS,
 )

@@ -40,6 +40,13 @@ from api.services.metrics.catalog import (
     PROJECTION_LAG,
     STORAGE,
     VERSION,
+    WEBHOOK_DELIVERIES,
+    WEBHOOK_FAILED_ATTEMPTS,
+    WEBHOOK_LAST_DELIVERED,
+    WEBHOOK_OUTCOMES,
+    WEBHOOK_STATE,
+    WEBHOOK_STATES,
+    WEBHOOK_SUBSCRIPTIONS,
     MetricSpec,
 )
 from api.services.metrics.samples import clock_event_mask, sample_value, signal_value
@@ -187,6 +194,29 @@ def _lines(s: Snapshot) -> Iterator[str]:
     for spec, value in ((LOG_HEAD, s.head), (PROJECTION_LAG, max(0, s.head - s.folded))):
         yield _header(spec)
         yield _line(spec, "", value)
+    yield from _webhook_lines(s)
+
+
+def _webhook_lines(s: Snapshot) -> Iterator[str]:
+    yield _header(WEBHOOK_SUBSCRIPTIONS)
+    for state in WEBHOOK_STATES:
+        count = sum(1 for w in s.webhooks if w.state == state)
+        yield _line(WEBHOOK_SUBSCRIPTIONS, _Labels(WEBHOOK_SUBSCRIPTIONS.labels, [state]).plain, count)
+    subscriptions = [(w, _Labels(("subscription_id",), [w.subscription_id])) for w in s.webhooks]
+    yield _header(WEBHOOK_STATE)
+    for w, labels in subscriptions:
+        yield from _states(WEBHOOK_STATE, labels, "state", WEBHOOK_STATES, w.state)
+    yield _header(WEBHOOK_DELIVERIES)
+    for w, labels in subscriptions:
+        for outcome, count in zip(WEBHOOK_OUTCOMES, (w.delivered, w.rejected, w.retried), strict=True):
+            yield _line(WEBHOOK_DELIVERIES, labels.text({"outcome": outcome}), count)
+    yield _header(WEBHOOK_FAILED_ATTEMPTS)
+    for w, labels in subscriptions:
+        yield _line(WEBHOOK_FAILED_ATTEMPTS, labels.plain, w.attempts)
+    yield _header(WEBHOOK_LAST_DELIVERED)
+    for w, labels in subscriptions:
+        if w.last_delivered_at is not None:
+            yield _line(WEBHOOK_LAST_DELIVERED, labels.plain, w.last_delivered_at.timestamp())
 
 
 CHUNK_LINES = 4096  # about 0.8 MB of a fleet's GPU lines

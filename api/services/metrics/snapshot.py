@@ -47,6 +47,16 @@ class GpuRow(msgspec.Struct, frozen=True):
     last_xid: int | None = None
 
 
+class WebhookRow(msgspec.Struct, frozen=True):
+    subscription_id: str
+    state: str
+    delivered: int
+    rejected: int
+    retried: int
+    attempts: int
+    last_delivered_at: datetime | None
+
+
 class Snapshot(msgspec.Struct, frozen=True):
     nodes: list[NodeRow]
     gpus: list[GpuRow]
@@ -54,6 +64,7 @@ class Snapshot(msgspec.Struct, frozen=True):
     head: int
     folded: int
     counters: dict[str, int]
+    webhooks: list[WebhookRow] = []
 
 
 # The exported nodes (decommissioned ones are not), each with its liveness by the one rule.
@@ -144,6 +155,10 @@ async def _read_snapshot(
         counts = await conn.fetch("SELECT status, count(*) AS n FROM hw_accelerators GROUP BY status")
         head = await conn.fetchval("SELECT coalesce(max(global_position), 0) FROM events")
         folded = await conn.fetchval("SELECT coalesce(max(position), 0) FROM projection_state")
+        webhooks = await conn.fetch(
+            "SELECT subscription_id, state, delivered, rejected, retried, attempts, last_delivered_at "
+            "FROM webhook_subscriptions WHERE state <> 'deleted' ORDER BY subscription_id"
+        )
     nodes: list[NodeRow] = []
     for rows in _slices(node_rows):
         nodes.extend(_node_row(r) for r in rows)
@@ -159,4 +174,5 @@ async def _read_snapshot(
         head=int(head),
         folded=int(folded),
         counters=counters,
+        webhooks=[WebhookRow(**dict(r)) for r in webhooks],
     )
