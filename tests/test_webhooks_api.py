@@ -229,3 +229,25 @@ async def test_a_viewer_token_may_not_touch_webhooks(client: httpx.AsyncClient, 
     r = await client.post("/api/v1/webhooks", headers=headers, json={"url": "http://x/", "secret": SECRET})
     assert r.status_code == 403
     await asyncio.sleep(0)
+
+
+async def test_the_console_lists_subscriptions_with_their_state_and_origin_only(
+    client: httpx.AsyncClient, pool: asyncpg.Pool, receiver: Receiver
+) -> None:
+    from api.http.console.routes import COOKIE
+
+    url = receiver.url + "/T0123/receiver-token-in-the-path"
+    sid = (await client.post("/api/v1/webhooks", headers=AUTH, json={"url": url, "secret": SECRET})).json()[
+        "subscription_id"
+    ]
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE webhook_subscriptions SET state = 'failing', failing_since = now(), last_error = 'HTTP 503'"
+        )
+    client.cookies.set(COOKIE, OPERATOR_TOKEN)
+    page = await client.get("/console/webhooks")
+    assert page.status_code == 200, page.text
+    (row,) = [r for r in page.text.split("<tr") if f'data-subscription="{sid}"' in r]
+    assert "failing" in row and "HTTP 503" in row and f"http://127.0.0.1:{receiver.port}" in row
+    assert "receiver-token-in-the-path" not in page.text
+    assert 'href="/console/webhooks"' in (await client.get("/console/")).text

@@ -511,6 +511,14 @@ async def events_feed(
     return _page("events_feed.html.j2", None, events=items, feed_url=_feed_url(f, follow))
 
 
+@get("/webhooks", name="console-webhooks")
+async def webhooks_page(request: Request[Any, Any, Any]) -> Template:
+    """Every webhook subscription and its delivery state; the destination's origin only (a
+    receiver's URL may hold its token, and viewers may read this page)."""
+    items = await _ctx(request).services.webhooks.list_all()
+    return _page("webhooks.html.j2", None, webhooks=items, destination=views.destination)
+
+
 def _security_headers(response: Response[Any]) -> Response[Any]:
     # Everything the pages load comes from this server; nothing frames them; nothing is cached.
     response.headers.update(
@@ -552,6 +560,7 @@ def console_routers() -> list[Router]:
             events_page,
             events_feed,
             lemons_page,
+            webhooks_page,
         ],
         guards=[console_guard],
         exception_handlers=handlers,  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -191,3 +192,13 @@ def parse_moment(text: str | None) -> datetime | None:
 def form_moment(value: datetime | None) -> str:
     """A moment as a datetime-local input shows it (UTC, to the second)."""
     return "" if value is None else value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def destination(url: str) -> str:
+    """A webhook URL's origin (scheme://host:port): its path and query may hold a receiver's token."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return f"{parts.scheme}://{parts.hostname or ''}" + (f":{port}" if port else "")
