@@ -27,6 +27,9 @@ Measured:
   /hardware/refresh` of the server's own host) and per ceiling append, counted on the wire by
   the harness's StatementCounter (a proxy between a separate server process and PostgreSQL), with
   the transactions they make;
+- with `--webhooks`: the closed loop with 3 webhook subscriptions active (receivers in this
+  process answering 200; `--webhook-classes` selects what they get, lifecycle events by default),
+  interleaved round by round with the same loop without any, and the ratio of the two;
 - steady window: `--steady-reports` (5,000) telemetry reports only, to one checkout's server at a
   time with nothing else of this run writing: `WAL per report` (that database's WAL records, read
   back with pg_walinspect, since the WAL position is the cluster's) and `storage per snapshot`
@@ -377,7 +380,9 @@ class Target:
     ) -> Target:
         import asyncpg
 
-        server = await h.start_product_server(db.dsn, work, label, tree=tree)
+        # Webhook receivers run on 127.0.0.1, which a server refuses by default (SSRF).
+        settings = {"MODELFORGE_WEBHOOK_ALLOW_PRIVATE": "1"} if args.webhooks else None
+        server = await h.start_product_server(db.dsn, work, label, tree=tree, settings=settings)
         agents = await enroll(server.port, args.nodes, args.variants, 8)
         conns = [await h.HttpConnection.open(server.port) for _ in range(8)]
 
@@ -568,6 +573,33 @@ async def table_figures(pool: Any) -> tuple[int, int]:
     return int(size), int(dead or 0)
 
 
+WEBHOOK_TARGET = 0.9  # ingest with 3 subscriptions active, as a share of ingest without (issue 32)
+
+
+async def webhook_rounds(
+    port: int, load: Load, meter: h.Meter, args: argparse.Namespace
+) -> tuple[h.Sample, h.Sample, int]:
+    """The closed loop without webhooks and with 3 subscriptions active, round by round."""
+    from bench.webhooks import Receiver, subscribed
+
+    c = args.connections
+    classes = [x for x in args.webhook_classes.split(",") if x]
+    without = h.Sample(f"http: no webhook subscriptions, {c} in flight")
+    with_hooks = h.Sample(f"http: 3 webhook subscriptions ({'+'.join(classes)}), {c} in flight")
+    receivers = [await Receiver().start() for _ in range(3)]
+    try:
+        for _ in range(args.rounds):
+            s, u = await meter.measure(load.http(without.name, [port], c, args.duration))
+            without.merge(s, u)
+            async with subscribed(port, receivers, classes):
+                s, u = await meter.measure(load.http(with_hooks.name, [port], c, args.duration))
+                with_hooks.merge(s, u)
+    finally:
+        for r in receivers:
+            r.close()
+    return without, with_hooks, sum(r.deliveries for r in receivers)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = h.parser(__doc__)
     p.add_argument("--nodes", type=int, default=1000, help="simulated agents of 8 GPUs (default 1,000)")
@@ -596,6 +628,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="another checkout of the product (e.g. a worktree of main) to compare with in the same run: its "
         "`serve` gets its own database and agents, and its http tier and statement counts are interleaved "
         "with this checkout's",
+    )  # fmt: skip
+    p.add_argument(
+        "--webhooks", action="store_true",
+        help="also measure the closed loop with 3 webhook subscriptions active, against the same loop without",
+    )  # fmt: skip
+    p.add_argument(
+        "--webhook-classes", default="lifecycle",
+        help="the event classes the 3 subscriptions select, comma-separated (default lifecycle; "
+        "lifecycle,observation delivers every report's telemetry too)",
     )  # fmt: skip
     args = p.parse_args(argv)
     if args.quick:
@@ -684,6 +725,11 @@ async def run(args: argparse.Namespace) -> int:
             s, u = await meter.measure(load.ceiling(store, c, args.duration))
             ceiling.merge(s, u)
         samples = [http, ceiling] + ([base] if baseline is not None else [])
+
+        hooked: tuple[h.Sample, h.Sample, int] | None = None
+        if args.webhooks:
+            hooked = await webhook_rounds(this.server.port, load, meter, args)
+            samples += [hooked[0], hooked[1]]
 
         two: h.Sample | None = None
         if args.two_servers:
@@ -829,6 +875,17 @@ async def run(args: argparse.Namespace) -> int:
             )
         if two is not None:
             report.ratio(h.Ratio("two servers / one server (reports/s)", two.rate / http.rate, None))
+        if hooked is not None:
+            without, with_hooks, delivered = hooked
+            report.note(f"webhooks: {delivered:,} deliveries received by the 3 receivers during their rounds")
+            report.ratio(
+                h.Ratio(
+                    "3 webhook subscriptions / none (http reports/s)",
+                    with_hooks.rate / without.rate if without.rate else 0.0,
+                    WEBHOOK_TARGET,
+                    h.cost_ratio(with_hooks, without),
+                )
+            )
         report.ratio(h.Ratio("http reports/s (closed loop)", http.rate, TARGET_RATE))
         report.ratio(h.Ratio("http p99 ms (closed loop)", http.ms(99), TARGET_P99_MS, at_least=False))
         if pruning is not None:
