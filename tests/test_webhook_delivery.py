@@ -26,6 +26,7 @@ FAST = DeliverySettings(
     timeout=2.0,
     allow_private=True,
     scan_interval=0.2,
+    poll_interval=0.1,
 )
 
 
@@ -231,4 +232,40 @@ async def test_selection_by_node_and_class_and_deleted_subscriptions_stop(
         await service.delete(sub.subscription_id)
         await asyncio.sleep(0.5)
         assert not dispatcher.owned
+    assert receiver.positions() == []
+
+
+async def listening(pool: asyncpg.Pool) -> int:
+    async with pool.acquire() as conn:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM mf_feed_listeners l JOIN pg_stat_activity a "
+                "ON a.pid = l.pid AND a.backend_start = l.backend_start"
+            )
+        )
+
+
+async def test_the_worker_listens_only_while_the_log_is_quiet_and_skips_what_it_does_not_select(
+    store: EventStore, pool: asyncpg.Pool, receiver: Receiver
+) -> None:
+    sub = await subscribe(store, receiver.url, event_types=["ACCELERATOR_MISSING"])
+
+    async def quiet_and_listening() -> bool:
+        return await listening(pool) == 1
+
+    async with running(pool):
+        assert await eventually(quiet_and_listening), "a quiet log: the worker waits on the change feed"
+        seen = []
+        last = 0
+        for _ in range(30):  # a busy log: an append every 50 ms, none selected
+            (last,) = await append_tokens(store, 1)
+            seen.append(await listening(pool))
+            await asyncio.sleep(0.05)
+        assert sum(seen[5:]) <= 2, f"no listening (so no notifying appends) while the log moves: {seen}"
+
+        async def skipped() -> bool:
+            return (await row(pool, sub.subscription_id))["cursor_position"] >= last
+
+        assert await eventually(skipped), "the cursor moves past what the subscription does not select"
+        assert await eventually(quiet_and_listening)
     assert receiver.positions() == []

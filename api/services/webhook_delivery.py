@@ -6,9 +6,9 @@ each scan; a server that stops or loses that connection releases its locks with 
 server's next scan takes them over. No transaction stays open while a receiver is waited for, so
 the log's xmin horizon never waits on a receiver.
 
-A subscription's task reads the log with the one gap-safe read (`read_log`, through the change
-feed's `wait`, which LISTENs while caught up and re-reads on a fallback poll), after the
-subscription's cursor, and POSTs each matching event as a CloudEvent signed per Standard
+A subscription's task reads the log with the one gap-safe read (`read_log`) after the
+subscription's cursor (polling while the log moves, waiting on the change feed while it is
+quiet), and POSTs each matching event as a CloudEvent signed per Standard
 Webhooks. The cursor moves past an event only once its receiver answered 2xx (or refused it with
 a 4xx that is not 408/429: recorded with the answer's body and skipped), so every matching event
 is delivered at least once, in commit order, and in steady state exactly once. Delivery never
@@ -35,7 +35,7 @@ from api.services.webhooks import resolve_destination
 from domain.webhooks import Destination, UrlRefusal, backoff, parse_url, signature, signing_key, verdict
 from ledger.events import EVENT_TYPES, OBSERVATION_TYPES, EventClass, RecordedEvent
 from ledger.feed import LogFeed
-from ledger.reading import Checkpoint, LogEntry, LogFilter
+from ledger.reading import MAX_POSITION, Checkpoint, LogEntry, LogFilter, LogPage, read_log
 from runtime.version import VERSION
 
 log = structlog.get_logger(__name__)
@@ -48,6 +48,9 @@ BODY_KEPT = 1000  # characters of a receiver's answer kept with a failed attempt
 DELIVERIES_KEPT = 500  # attempts kept per subscription
 TRIM_EVERY = 200
 DESTINATION_RECHECK_SECONDS = 30.0
+SKIP_SAVE_SECONDS = 5.0  # how often a cursor moved past skipped events is written down
+QUIET_POLLS = 3  # reads that saw the log's head stand still before waiting on the change feed
+QUIET_WAIT_SECONDS = 30.0
 
 
 class DeliverySettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -58,6 +61,7 @@ class DeliverySettings(msgspec.Struct, frozen=True, kw_only=True):
     timeout: float
     allow_private: bool = False
     scan_interval: float = 1.0
+    poll_interval: float = 0.5
     page: int = 100
 
 
@@ -169,6 +173,11 @@ _UNSETTLED = (
     "failing_since = CASE WHEN $5 = 'failing' THEN coalesce(failing_since, now()) ELSE failing_since END "
     "WHERE subscription_id = $1 AND state <> 'deleted'"
 )
+# The read's horizon and the log's head, in the snapshot the page is read in.
+_HORIZON = (
+    "SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin, "
+    "(SELECT coalesce(max(events.global_position), 0) FROM events) AS head"
+)
 _PAGE_END = (
     "UPDATE webhook_subscriptions SET cursor_tx_id = $2::xid8, cursor_position = $3 "
     "WHERE subscription_id = $1 AND state <> 'deleted' "
@@ -275,34 +284,7 @@ class WebhookDispatcher:
     async def _serve(self, subscription_id: str) -> None:
         timeout = httpx.Timeout(self.settings.timeout)
         async with httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False) as client:
-            delivered = 0
-            while True:
-                sub = await self._load(subscription_id)
-                if sub is None:
-                    return
-                now = self.clock()
-                if sub.next_attempt_at is not None and sub.next_attempt_at > now:
-                    # Failing (or between retries): wait, looking again now and then for a resume.
-                    wait = (sub.next_attempt_at - now).total_seconds()
-                    await asyncio.sleep(min(wait, self.settings.scan_interval))
-                    continue
-                page = await self.feed.wait(
-                    sub.cursor,
-                    limit=self.settings.page,
-                    where=sub.where,
-                    wait_seconds=5 * self.settings.scan_interval,
-                )
-                attempts = sub.attempts
-                for entry in page.entries:
-                    if not await self._settle(client, sub, entry, attempts):
-                        break
-                    attempts = 0
-                    delivered += 1
-                    if delivered % TRIM_EVERY == 0:
-                        await self._trim(subscription_id)
-                else:
-                    if page.entries:
-                        await self._page_end(subscription_id, page.resume)
+            await _Delivery(self, client, subscription_id).run()
 
     async def _settle(
         self, client: httpx.AsyncClient, sub: Subscription, entry: LogEntry, attempts: int
@@ -395,3 +377,90 @@ class WebhookDispatcher:
     async def _trim(self, subscription_id: str) -> None:
         async with self.pool.acquire() as conn:
             await conn.execute(_TRIM, subscription_id, DELIVERIES_KEPT)
+
+
+class _Delivery:
+    """One subscription's delivery loop, on the server that holds its lock.
+
+    Its cursor is kept here and in the subscription's row: an event settled moves both (the row in
+    the statement that records the attempt); events the selection skips move the cursor here to
+    the read's horizon, written to the row now and then. While the log moves it reads every
+    `poll_interval`; once the log's head stands still it waits on the change feed for the next
+    commit, so appends notify (which serializes their commits, ledger/feed.py) only while the log
+    is quiet, never under ingest."""
+
+    def __init__(
+        self, dispatcher: WebhookDispatcher, client: httpx.AsyncClient, subscription_id: str
+    ) -> None:
+        self.d = dispatcher
+        self.client = client
+        self.subscription_id = subscription_id
+        self.cursor: Checkpoint | None = None
+        self.saved: Checkpoint | None = None
+        self.saved_at = 0.0
+        self.head: int | None = None
+        self.still = 0
+        self.delivered = 0
+
+    async def run(self) -> None:
+        settings = self.d.settings
+        while True:
+            sub = await self.d._load(self.subscription_id)
+            if sub is None:
+                return
+            if self.cursor is None or sub.cursor > self.cursor:
+                self.cursor = self.saved = sub.cursor
+            now = self.d.clock()
+            if sub.next_attempt_at is not None and sub.next_attempt_at > now:
+                # Failing (or between retries): wait, looking again now and then for a resume.
+                wait = (sub.next_attempt_at - now).total_seconds()
+                await asyncio.sleep(min(wait, settings.scan_interval))
+                continue
+            page, horizon, head = await self._read(sub)
+            attempts = sub.attempts
+            for entry in page.entries:
+                if not await self.d._settle(self.client, sub, entry, attempts):
+                    self.cursor = None  # the row's cursor is the truth again
+                    break
+                attempts = 0
+                self.delivered += 1
+                if self.delivered % TRIM_EVERY == 0:
+                    await self.d._trim(self.subscription_id)
+            else:
+                await self._advance(page, horizon)
+                if page.more:
+                    continue
+                await self._idle(head, horizon)
+
+    async def _read(self, sub: Subscription) -> tuple[LogPage, Checkpoint, int]:
+        """A page after the cursor, the horizon of the same snapshot (every transaction below it
+        has ended, so no event can ever commit before it) and the log's head."""
+        assert self.cursor is not None
+        async with (
+            self.d.pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            row = await conn.fetchrow(_HORIZON)
+            page = await read_log(conn, self.cursor, limit=self.d.settings.page, where=sub.where)
+        horizon = Checkpoint(max(int(row["xmin"]) - 1, 0), MAX_POSITION)
+        return page, horizon, int(row["head"])
+
+    async def _advance(self, page: LogPage, horizon: Checkpoint) -> None:
+        assert self.cursor is not None
+        # A page not cut by its limit holds every matching event below the horizon.
+        self.cursor = max(self.cursor, page.resume if page.more else max(page.resume, horizon))
+        due = time.monotonic() - self.saved_at > SKIP_SAVE_SECONDS
+        if self.cursor != self.saved and (due or not page.entries):
+            await self.d._page_end(self.subscription_id, self.cursor)
+            self.saved, self.saved_at = self.cursor, time.monotonic()
+
+    async def _idle(self, head: int, horizon: Checkpoint) -> None:
+        settings = self.d.settings
+        self.still = self.still + 1 if head == self.head else 0
+        self.head = head
+        if self.still < QUIET_POLLS:
+            await asyncio.sleep(settings.poll_interval)
+            return
+        # The log is quiet: sleep until anything at all commits past the horizon (or a while).
+        await self.d.feed.wait(horizon, limit=1, wait_seconds=QUIET_WAIT_SECONDS)
+        self.still = 0
