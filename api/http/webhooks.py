@@ -1,12 +1,12 @@
 """Operator routes for webhook subscriptions (docs/integrations.md, "Webhooks"), under /api/v1
 and the operator bearer token (a viewer token may not use them):
 
-    POST   /webhooks                  subscribe (201) {url, secret, event_types?, event_classes?, node_id?}
-    GET    /webhooks                          every subscription not deleted, with its delivery state
-    GET    /webhooks/{id}                     one subscription
-    DELETE /webhooks/{id}                     unsubscribe
-    POST   /webhooks/{id}/resume              deliver again now from the cursor (a failing one)
-    GET    /webhooks/{id}/deliveries          the newest delivery attempts, newest first
+    POST   /webhooks                     subscribe (201) {url, secret, event_types?, event_classes?, node_id?}
+    GET    /webhooks                     every subscription not deleted, with its delivery state
+    GET    /webhooks/{id}                one subscription
+    DELETE /webhooks/{id}                unsubscribe
+    POST   /webhooks/{id}/resume         deliver again now from the cursor (a failing one)
+    GET    /webhooks/{id}/deliveries     the newest delivery attempts, newest first
 
 Routes do no SQL: they call the WebhookService, given to them as a dependency.
 """
