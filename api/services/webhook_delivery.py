@@ -142,6 +142,7 @@ class Attempt(msgspec.Struct, frozen=True):
     error: str | None
 
 
+_ANY = "SELECT EXISTS (SELECT 1 FROM webhook_subscriptions WHERE state <> 'deleted')"
 _LOAD = (
     "SELECT s.subscription_id, s.url, s.event_types, s.event_classes, s.node_id, s.cursor_tx_id, "
     "s.cursor_position, s.attempts, s.next_attempt_at, k.secret FROM webhook_subscriptions s "
@@ -221,16 +222,27 @@ class WebhookDispatcher:
     async def run(self) -> None:
         while True:
             try:
-                async with self.pool.acquire() as conn:
-                    try:
-                        await self._own(conn)
-                    finally:
-                        await self._stop_all()
-                        with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-                            await conn.execute("SELECT pg_advisory_unlock_all()")
+                if await self._any_subscription():
+                    await self._hold_locks()
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 log.warning("webhook.scan_failed", error=str(exc))
-            await asyncio.sleep(self.settings.scan_interval)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.scan_interval)
+
+    async def _any_subscription(self) -> bool:
+        async with self.pool.acquire() as conn:
+            return bool(await conn.fetchval(_ANY))
+
+    async def _hold_locks(self) -> None:
+        """The lock connection, held while there are subscriptions (none: no connection held)."""
+        async with self.pool.acquire() as conn:
+            try:
+                await self._own(conn)
+            finally:
+                await self._stop_all()
+                with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                    await conn.execute("SELECT pg_advisory_unlock_all()")
 
     async def _stop_all(self) -> None:
         tasks, self.tasks = list(self.tasks.values()), {}
@@ -248,6 +260,8 @@ class WebhookDispatcher:
                 "SELECT subscription_id FROM webhook_subscriptions WHERE state <> 'deleted'"
             )
             live = {r["subscription_id"] for r in rows}
+            if not live and not self.tasks:
+                return
             for sid, task in list(self.tasks.items()):
                 if sid in live and not task.done():
                     continue
@@ -327,6 +341,7 @@ class WebhookDispatcher:
             async with self.pool.acquire() as conn:
                 await conn.execute(_UNSETTLED, *args, "failing" if failing else "retrying", *details, wait)
             if failing:
+                await self._trim(sub.subscription_id)
                 log.warning(
                     "webhook.failing",
                     subscription_id=sub.subscription_id,
@@ -449,8 +464,11 @@ class _Delivery:
         assert self.cursor is not None
         # A page not cut by its limit holds every matching event below the horizon.
         self.cursor = max(self.cursor, page.resume if page.more else max(page.resume, horizon))
-        due = time.monotonic() - self.saved_at > SKIP_SAVE_SECONDS
-        if self.cursor != self.saved and (due or not page.entries):
+        if time.monotonic() - self.saved_at > SKIP_SAVE_SECONDS:
+            await self._save()
+
+    async def _save(self) -> None:
+        if self.cursor is not None and self.cursor != self.saved:
             await self.d._page_end(self.subscription_id, self.cursor)
             self.saved, self.saved_at = self.cursor, time.monotonic()
 
@@ -462,5 +480,6 @@ class _Delivery:
             await asyncio.sleep(settings.poll_interval)
             return
         # The log is quiet: sleep until anything at all commits past the horizon (or a while).
+        await self._save()
         await self.d.feed.wait(horizon, limit=1, wait_seconds=QUIET_WAIT_SECONDS)
         self.still = 0
