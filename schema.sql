@@ -1,4 +1,4 @@
--- ModelForge hardware plane: the database schema of this release, schema version 10, whole.
+-- ModelForge hardware plane: the database schema of this release, schema version 11, whole.
 --
 -- `modelforge-hw migrate` (and `serve`, at start) creates a new database from this file, in one
 -- transaction. A database made by an older release is brought to the same schema by the numbered
@@ -493,5 +493,5 @@ CREATE INDEX webhook_deliveries_subscription_idx ON webhook_deliveries (subscrip
 \ir sql/triggers/events_permanent_no_truncate.sql
 \ir sql/triggers/events_notify_log.sql
 
--- This file is schema version 10: a database made from it has what every numbered step gives.
-INSERT INTO schema_version (version) SELECT generate_series(1, 10);
+-- This file is schema version 11: a database made from it has what every numbered step gives.
+INSERT INTO schema_version (version) SELECT generate_series(1, 11);

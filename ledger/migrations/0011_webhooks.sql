@@ -1,4 +1,4 @@
--- Version 8: webhook subscriptions, their signing secrets and their recent delivery attempts.
+-- Version 11: webhook subscriptions, their signing secrets and their recent delivery attempts.
 -- agent_stream_positions: the subscription's creation and removal are lifecycle events in the
 -- stream `webhooks` (the audit), written in the same transaction as the row; the row holds what
 -- delivery needs and the log cannot: its cursor (the last event the receiver acknowledged, in
