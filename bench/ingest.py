@@ -573,7 +573,7 @@ async def table_figures(pool: Any) -> tuple[int, int]:
     return int(size), int(dead or 0)
 
 
-WEBHOOK_TARGET = 0.9  # ingest with 3 subscriptions active, as a share of ingest without (issue 32)
+WEBHOOK_TARGET = 0.9  # ingest with 3 subscriptions active, as a share of ingest without
 
 
 async def webhook_rounds(
