@@ -90,8 +90,10 @@ async def test_200_events_are_delivered_in_commit_order_signed_as_cloudevents(
     assert first.headers["webhook-signature"].startswith("v1,")
     state = await row(pool, sub.subscription_id)
     assert (
-        state["delivered"] == 200 and state["cursor_position"] == positions[-1] and state["state"] == "active"
+        state["delivered"] == 200 and state["last_position"] == positions[-1] and state["state"] == "active"
     )
+    # At the last event delivered, or past it at a read's horizon once the log went quiet.
+    assert state["cursor_position"] >= positions[-1]
 
 
 async def test_the_docs_helper_refuses_a_wrong_secret_a_changed_body_and_an_old_timestamp(
