@@ -113,8 +113,11 @@ def build_services(
 
 async def prepare_database(pool: asyncpg.Pool) -> int:
     """Bring a database to this release: the schema's numbered steps, then a rebuild from the log
-    of every read model whose shape changed (docs/upgrades.md). Returns the schema version."""
+    of every read model whose shape changed (docs/upgrades.md). Returns the schema version.
+    A hot standby is read as it is: its primary migrates and rebuilds, replication brings both."""
     async with pool.acquire() as conn:
         version = await migrate(conn)
-    await rebuild_outdated(pool, ALL_PROJECTIONS)
+        standby = await conn.fetchval("SELECT pg_is_in_recovery()")
+    if not standby:
+        await rebuild_outdated(pool, ALL_PROJECTIONS)
     return version

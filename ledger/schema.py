@@ -91,7 +91,12 @@ LATEST_SCHEMA_VERSION = 1 + len(migration_steps())
 async def migrate(conn: asyncpg.Connection) -> int:
     """Bring the database to the latest schema under a session lock, so two servers starting
     together do not race. Idempotent: on a database at the latest version it only installs the
-    functions and triggers again. Returns the schema version now recorded."""
+    functions and triggers again. Returns the schema version now recorded.
+
+    A hot standby (read-only, in recovery) is never written: it has its primary's schema, which
+    must be this release's (the read commands, `replay`, run against a standby)."""
+    if await conn.fetchval("SELECT pg_is_in_recovery()"):
+        return await _standby_version(conn)
     await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATE_LOCK_KEY)
     try:
         # Quiet the NOTICEs of statements that find nothing to do (DROP ... IF EXISTS).
@@ -107,6 +112,20 @@ async def migrate(conn: asyncpg.Connection) -> int:
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATE_LOCK_KEY)
     return current
+
+
+async def _standby_version(conn: asyncpg.Connection) -> int:
+    recorded = None
+    if await conn.fetchval("SELECT to_regclass('schema_version') IS NOT NULL"):
+        recorded = await conn.fetchval("SELECT max(version) FROM schema_version")
+    if recorded != LATEST_SCHEMA_VERSION:
+        raise RuntimeError(
+            f"this database is a hot standby at schema version {recorded}, and a standby cannot be "
+            f"migrated: run `modelforge-hw migrate` against its primary (this release's schema "
+            f"version is {LATEST_SCHEMA_VERSION})"
+        )
+    log.info("schema.standby", version=recorded)
+    return LATEST_SCHEMA_VERSION
 
 
 async def _create(conn: asyncpg.Connection) -> int:

@@ -3,7 +3,8 @@
 - `GET /api/v1/health/live` (no auth): 200 while the process runs; it touches nothing.
 - `GET /api/v1/health` answers 503 while the database is unreachable (api.app.health).
 - Any request that needs the database while it is unreachable (refused, reset, shutting down, in
-  crash recovery, pool or connect timeout) answers 503 problem+json with `Retry-After`, and logs one
+  crash recovery, pool or connect timeout, no host of a multi-host URL accepting writes during a
+  failover) answers 503 problem+json with `Retry-After`, and logs one
   warning line, no traceback: it is an outage, not a bug.
 - A value the database refuses (class 22: out-of-range date, NUL, a number too large for its
   column) is the caller's input: 400 problem+json, never 500.
@@ -36,8 +37,12 @@ DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (
     asyncpg.CrashShutdownError,
     asyncpg.TooManyConnectionsError,
     asyncpg.InterfaceError,
-    # What asyncpg raises on a pooled connection whose server vanished in the middle of an operation.
+    # What asyncpg raises on a pooled connection whose server vanished in the middle of an operation,
+    # and (its subclass TargetServerAttributeNotMatched) when every host of a multi-host URL answers
+    # but none accepts writes: a failover in progress.
     asyncpg.InternalClientError,
+    # A connection that reached a server turned read-only (a demoted primary): the switch-over.
+    asyncpg.ReadOnlySQLTransactionError,
 )
 
 
