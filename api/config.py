@@ -28,6 +28,7 @@ def _d(name: str) -> Any:
 
 class ServerConfig(msgspec.Struct, kw_only=True):
     database_url: str | None = _d("database_url")
+    read_database_url: str | None = _d("read_database_url")
     state_dir: Path = msgspec.field(default_factory=default_state_dir)
     node_id: str | None = _d("node_id")
     admin_token: str | None = _d("admin_token")

@@ -51,9 +51,11 @@ class Services:
         self.reports = ReportService(inventory, self.credentials, report_transactions=report_transactions)
         self.decommission = DecommissionService(inventory)
         self.repository = repository
-        self.audit = AuditRepository(pool, repository.liveness)
+        # The read side, on the repository's pool: the primary's, or a read standby's. The rendered
+        # reads probe the log where they load their rows, so what they keep is never behind it.
+        self.audit = AuditRepository(repository.pool, repository.liveness)
         # Node and accelerator-page reads rendered once per change (api/services/reads/rendered.py).
-        self.rendered = RenderedReads(pool, max_bytes=rendered_reads_bytes)
+        self.rendered = RenderedReads(repository.pool, max_bytes=rendered_reads_bytes)
         self.reads = HardwareReads(self.rendered, repository)
         self.webhooks = WebhookService(inventory.store, allow_private=webhook_allow_private)
 
@@ -87,10 +89,12 @@ def build_services(
     nvml: object = None,
     inventory: HardwareInventoryService | None = None,
     repository: HardwareRepository | None = None,
+    read_pool: asyncpg.Pool | None = None,
 ) -> Services:
     """Every service over `pool`. With `config`, the inventory service has this host's collectors
     and the read side its liveness policy; without, the services only touch the database (the
-    CLI's `token`, `lease`, `decommission` commands)."""
+    CLI's `token`, `lease`, `decommission` commands). With `read_pool` (a hot standby), the read
+    side reads there; every write, and what a write decides on, stays on `pool`."""
     if inventory is None:
         inventory = (
             build_service(pool, config, nvml=nvml)
@@ -99,7 +103,7 @@ def build_services(
         )
     if repository is None:
         liveness = LivenessPolicy(config.stale_after, config.offline_after) if config is not None else None
-        repository = HardwareRepository(pool, liveness)
+        repository = HardwareRepository(read_pool or pool, liveness)
     budget = config.rendered_reads_mib * 2**20 if config is not None else DEFAULT_MAX_BYTES
     lanes = config.report_transactions if config is not None else REPORT_TRANSACTIONS
     return Services(

@@ -40,6 +40,7 @@ class LogFeed:
         self._waiters = 0
         self._changed = asyncio.Event()
         self._lock = asyncio.Lock()
+        self.polling = False  # the pool is a hot standby's: no notifications, only re-reads
 
     def _notified(self, *_: Any) -> None:
         # Wake every current waiter; each re-reads and, if nothing is new, waits on a fresh event.
@@ -48,7 +49,7 @@ class LogFeed:
 
     async def _listen(self) -> None:
         async with self._lock:
-            if self._listener is not None and not self._listener.is_closed():
+            if self.polling or (self._listener is not None and not self._listener.is_closed()):
                 return
             try:
                 conn = await self.pool.acquire()
@@ -72,6 +73,12 @@ class LogFeed:
                 with contextlib.suppress(OSError, asyncpg.PostgresError):
                     await conn.remove_listener(CHANNEL, self._notified)
                 await self.pool.release(conn)
+                if isinstance(exc, asyncpg.ReadOnlySQLTransactionError):
+                    # A hot standby (a read standby) can neither LISTEN nor register: its waiters
+                    # re-read every `fallback_poll` seconds instead, which is what they get anyway.
+                    self.polling = True
+                    log.info("feed.polling_standby", every_seconds=self.fallback_poll)
+                    return
                 log.warning("feed.listen_failed", error=str(exc))
                 return
             self._listener = conn
@@ -126,5 +133,5 @@ class LogFeed:
                     return page
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(changed.wait(), min(remaining, self.fallback_poll))
-                if self._listener is None or self._listener.is_closed():
+                if not self.polling and (self._listener is None or self._listener.is_closed()):
                     await self._listen()  # the listening connection was lost: take another

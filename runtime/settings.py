@@ -116,6 +116,17 @@ SETTINGS: tuple[Setting, ...] = (
         help="PostgreSQL URL of the ledger. Absent: a real PostgreSQL is started in the state directory.",
     ),
     Setting(
+        name="read_database_url",
+        env="MODELFORGE_READ_DATABASE_URL",
+        flag="--read-database-url",
+        value=None,
+        shown="(none: every read on the primary)",
+        help=(
+            "PostgreSQL URL of a hot standby that serves the server's reads (nodes, accelerators, "
+            "events, the change feed); writes stay on MODELFORGE_DATABASE_URL."
+        ),
+    ),
+    Setting(
         name="state_dir",
         env="MODELFORGE_STATE_DIR",
         flag="--state-dir",

@@ -75,6 +75,7 @@ class ServerProcess:
         self.stale_after = stale_after
         self.offline_after = offline_after
         self.proc: subprocess.Popen[bytes] | None = None
+        self.extra_env = env or {}  # more MODELFORGE_* settings
         workdir.mkdir(parents=True, exist_ok=True)
 
     def start(self) -> ServerProcess:
@@ -82,7 +83,7 @@ class ServerProcess:
             MODELFORGE_DATABASE_URL=self.dsn,
             MODELFORGE_ADMIN_TOKEN=OPERATOR_TOKEN,
             MODELFORGE_STATE_DIR=str(self.workdir / "server-state"),
-            **self.env,
+            **self.extra_env,
         )
         self.proc = subprocess.Popen(
             [

@@ -137,15 +137,15 @@ async def stored(db: Ledger, agents: list[AgentProcess]) -> set[tuple[str, str, 
     return {(r["stream_id"], r["stream"], r["seq"]) for r in rows}
 
 
-async def read_from(dsn: str, after: Checkpoint) -> tuple[list[str], Checkpoint]:
+async def read_from(dsn: str, after: Checkpoint) -> tuple[list[int], Checkpoint]:
     """Every event after `after` through the one gap-safe read, page by page, in commit order
-    (event ids), and the cursor to resume from."""
+    (global positions), and the cursor to resume from."""
     conn = await asyncpg.connect(dsn, timeout=10)
-    ids: list[str] = []
+    ids: list[int] = []
     try:
         while True:
             page = await read_log(conn, after, limit=500)
-            ids.extend(str(e.event_id) for e in page.entries)
+            ids.extend(e.global_position for e in page.entries)
             after = page.resume
             if not page.more:
                 return ids, after

@@ -441,6 +441,10 @@ def reference_text(s: Snapshot) -> bytes:
                     [w.subscription_id], w.last_delivered_at.timestamp()
                 )
         yield from f.values()
+        lag = family(m.REPLAY_LAG)
+        if s.replay_lag is not None:
+            lag.add_metric([], s.replay_lag)
+        yield lag
 
     class Reference:
         def collect(self) -> Any:
@@ -524,6 +528,7 @@ webhook_rows = st.builds(
     head=st.integers(0, 2**40),
     behind=st.integers(-5, 5),
     webhooks=st.lists(webhook_rows, max_size=2),
+    lag=st.none() | st.floats(0, 1e6, allow_nan=False),
 )
 def test_the_text_is_what_prometheus_clients_writer_makes_of_the_same_snapshot(
     nodes: list[NodeRow],
@@ -533,6 +538,7 @@ def test_the_text_is_what_prometheus_clients_writer_makes_of_the_same_snapshot(
     head: int,
     behind: int,
     webhooks: list[WebhookRow],
+    lag: float | None,
 ) -> None:
     snapshot = Snapshot(
         nodes=nodes,
@@ -542,6 +548,7 @@ def test_the_text_is_what_prometheus_clients_writer_makes_of_the_same_snapshot(
         folded=head - behind,
         counters=counters,
         webhooks=webhooks,
+        replay_lag=lag,
     )
     assert render(snapshot) == reference_text(snapshot)
 

@@ -25,6 +25,7 @@ RetentionInterval = Annotated[float | None, setting_option("retention_interval")
 RenderedReadsMib = Annotated[int | None, setting_option("rendered_reads_mib")]
 StateCacheStreams = Annotated[int | None, setting_option("state_cache_streams")]
 ReportTransactions = Annotated[int | None, setting_option("report_transactions")]
+ReadDatabaseUrl = Annotated[str | None, setting_option("read_database_url")]
 
 
 def serve(
@@ -43,6 +44,7 @@ def serve(
     rendered_reads_mib: RenderedReadsMib = None,
     state_cache_streams: StateCacheStreams = None,
     report_transactions: ReportTransactions = None,
+    read_database_url: ReadDatabaseUrl = None,
 ) -> int:
     """run the API server"""
     from api.http.server import serve as run_server
@@ -64,5 +66,6 @@ def serve(
             rendered_reads_mib=rendered_reads_mib,
             state_cache_streams=state_cache_streams,
             report_transactions=report_transactions,
+            read_database_url=read_database_url,
         )
     )

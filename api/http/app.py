@@ -45,9 +45,10 @@ from api.services.reads.bodies import (
     InventoryHealth,
     NodeBody,
     NodePage,
+    ReplicaHealth,
 )
 from api.services.reads.cursors import BadCursor
-from api.services.reads.health import inventory_health
+from api.services.reads.health import inventory_health, replay_lag
 from api.services.reads.hot import AcceleratorQuery, AcceleratorStatus, HealthStatus
 from api.services.reads.liveness import Liveness
 from api.services.reads.rendering import Rendered, not_modified, render
@@ -67,22 +68,37 @@ MAX_WAIT_SECONDS = 60
 
 
 @get("/health", summary="Process and inventory health (no auth); 503 while the database is unreachable")
-async def health(repository: NamedDependency[HardwareRepository]) -> Response[HealthBody]:
+async def health(context: NamedDependency[AppContext]) -> Response[HealthBody]:
     try:
-        inventory = await inventory_health(repository.pool)
+        inventory = await inventory_health(context.pool)
         database = "ok"
     except (asyncpg.PostgresError, *readiness.DATABASE_UNAVAILABLE) as exc:
         log.warning("health.database_unavailable", error=str(exc))
         inventory = InventoryHealth(status="pending", reasons=["database unavailable"], nodes=0)
         database = "unavailable"
+    replica = await _replica_health(context)
     body = HealthBody(
-        status="ok" if database == "ok" else "degraded",
+        status="ok" if database == "ok" and (replica is None or replica.status == "ok") else "degraded",
         database=database,  # type: ignore[arg-type]
         inventory=inventory,
         version=VERSION,
+        replica=replica,
     )
     # Not ready without its database: 503, so a health check (compose, a load balancer) acts.
     return Response(body, status_code=200 if database == "ok" else 503)
+
+
+async def _replica_health(context: AppContext) -> ReplicaHealth | None:
+    """The read standby's state, where reads are served from one. Its absence degrades the health
+    but is no 503: writes (agent reports) are still taken."""
+    read_pool = context.repository.pool
+    if read_pool is context.pool:
+        return None
+    try:
+        return ReplicaHealth(status="ok", replay_lag_seconds=await replay_lag(read_pool))
+    except (asyncpg.PostgresError, *readiness.DATABASE_UNAVAILABLE) as exc:
+        log.warning("health.replica_unavailable", error=str(exc))
+        return ReplicaHealth(status="unavailable", replay_lag_seconds=None)
 
 
 # --- hardware ----------------------------------------------------------------------------------
@@ -320,6 +336,9 @@ async def metrics(context: NamedDependency[AppContext]) -> Stream:
         },
         context.repository.clock(),  # the read side's one clock judges liveness here too
     )
+    replica = await _replica_health(context)
+    if replica is not None and replica.replay_lag_seconds is not None:
+        snapshot = msgspec.structs.replace(snapshot, replay_lag=replica.replay_lag_seconds)
 
     async def text() -> AsyncIterator[bytes]:
         # A fleet's text is hundreds of MB made in seconds of Python: sent in pieces as they are

@@ -29,8 +29,10 @@ from runtime.supervisor import EmbeddedSupervisor, run_with_supervisor
 log = structlog.get_logger(__name__)
 
 
-def build_context(pool: asyncpg.Pool, config: ServerConfig, admin_token_hash: str) -> AppContext:
-    services = build_services(pool, config)
+def build_context(
+    pool: asyncpg.Pool, config: ServerConfig, admin_token_hash: str, read_pool: asyncpg.Pool | None = None
+) -> AppContext:
+    services = build_services(pool, config, read_pool=read_pool)
     return AppContext(
         pool=pool,
         service=services.inventory,
@@ -74,10 +76,15 @@ def make_app(config: ServerConfig, dsn: str, admin_token_hash: str) -> Litestar:
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         # The report transactions' connections, and as many again for reads, retention and the feed.
         pool = await create_pool(dsn, min_size=2, max_size=max(10, 2 * config.report_transactions + 4))
+        read_pool: asyncpg.Pool | None = None
         try:
             version = await prepare_database(pool)
             log.info("server.migrated", schema_version=version)
-            context = build_context(pool, config, admin_token_hash)
+            if config.read_database_url:
+                # No connection at start (min_size 0): a standby that is down only fails the reads.
+                read_pool = await create_pool(config.read_database_url, min_size=0, max_size=10)
+                log.info("server.read_standby", configured=True)
+            context = build_context(pool, config, admin_token_hash, read_pool)
             app.state.ctx = context
             retention = asyncio.create_task(retention_loop(pool, config))
             app.state.retention_task = retention
@@ -100,6 +107,8 @@ def make_app(config: ServerConfig, dsn: str, admin_token_hash: str) -> Litestar:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         finally:
+            if read_pool is not None:
+                await read_pool.close()
             await pool.close()
 
     return create_app(lifespan=lifespan)

@@ -328,6 +328,12 @@ PROJECTION_LAG = MetricSpec(
     "Events in the log not yet folded into the read models (inline folding: 0).",
     (),
 )
+REPLAY_LAG = MetricSpec(
+    "modelforge_database_replay_lag_seconds",
+    "gauge",
+    "How far the hot standby serving reads is behind its primary (only with a read standby).",
+    (),
+)
 
 # Webhook subscriptions (docs/integrations.md), as their rows say: any server's /metrics shows
 # every subscription, whichever server delivers it. Never the URL (it may hold a receiver's
@@ -391,4 +397,5 @@ METRICS: tuple[MetricSpec, ...] = (
     LOG_HEAD,
     PROJECTION_LAG,
     *WEBHOOKS,
+    REPLAY_LAG,
 )

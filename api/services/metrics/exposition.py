@@ -38,6 +38,7 @@ from api.services.metrics.catalog import (
     NODE_LIVENESS,
     NODE_TELEMETRY,
     PROJECTION_LAG,
+    REPLAY_LAG,
     STORAGE,
     VERSION,
     WEBHOOK_DELIVERIES,
@@ -194,6 +195,8 @@ def _lines(s: Snapshot) -> Iterator[str]:
     for spec, value in ((LOG_HEAD, s.head), (PROJECTION_LAG, max(0, s.head - s.folded))):
         yield _header(spec)
         yield _line(spec, "", value)
+    yield _header(REPLAY_LAG)
+    yield "" if s.replay_lag is None else _line(REPLAY_LAG, "", s.replay_lag)
     yield from _webhook_lines(s)
 
 

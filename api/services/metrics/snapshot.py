@@ -65,6 +65,8 @@ class Snapshot(msgspec.Struct, frozen=True):
     folded: int
     counters: dict[str, int]
     webhooks: list[WebhookRow] = []
+    # Seconds the read standby is behind (None: no read standby, or it is not answering).
+    replay_lag: float | None = None
 
 
 # The exported nodes (decommissioned ones are not), each with its liveness by the one rule.

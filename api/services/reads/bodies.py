@@ -178,8 +178,19 @@ class InventoryHealth(msgspec.Struct):
     nodes: int
 
 
+class ReplicaHealth(msgspec.Struct):
+    """The hot standby that serves reads (`MODELFORGE_READ_DATABASE_URL`): reachable, and how far
+    behind its primary its reads are (seconds since the last transaction it replayed was committed
+    on the primary; 0 when it has replayed everything it received)."""
+
+    status: Literal["ok", "unavailable"]
+    replay_lag_seconds: float | None
+
+
 class HealthBody(msgspec.Struct):
     status: Literal["ok", "degraded"]
     database: Literal["ok", "unavailable"]
     inventory: InventoryHealth
     version: str
+    # Only where reads are served from a standby.
+    replica: ReplicaHealth | None = None

@@ -24,3 +24,20 @@ async def inventory_health(pool: asyncpg.Pool) -> InventoryHealth:
     worst = max((r["status"] for r in rows), key=lambda s: _ORDER.get(s, 0))
     reasons = [f"{r['hostname'] or r['node_id']}: {reason}" for r in rows for reason in (r["reasons"] or [])]
     return InventoryHealth(status=worst, reasons=reasons, nodes=len(rows))
+
+
+# A standby that has replayed all it received is current (0), however long ago the primary last
+# committed; otherwise the age of the last replayed commit. NULL on a server not in recovery.
+_REPLAY_LAG = (
+    "SELECT CASE WHEN NOT pg_is_in_recovery() THEN NULL "
+    "WHEN pg_last_wal_receive_lsn() IS NOT DISTINCT FROM pg_last_wal_replay_lsn() THEN 0::float8 "
+    "ELSE extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())::float8 END"
+)
+
+
+async def replay_lag(pool: asyncpg.Pool) -> float | None:
+    """Seconds the read standby is behind its primary (None: it is not in recovery, a promoted
+    one, so its reads are current)."""
+    async with pool.acquire() as conn:
+        lag = await conn.fetchval(_REPLAY_LAG)
+    return None if lag is None else max(0.0, float(lag))
