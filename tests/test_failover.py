@@ -95,6 +95,7 @@ class Watch:
             while True:
                 for name, path, headers in (
                     ("nodes", "/api/v1/hardware/nodes", OPERATOR),
+                    ("accelerators", "/api/v1/hardware/accelerators", OPERATOR),  # a rendered read
                     ("events", "/api/v1/hardware/events?limit=5", OPERATOR),
                     ("health", "/api/v1/health", {}),
                 ):
@@ -235,6 +236,8 @@ async def test_kill_the_primary_promote_the_standby_nothing_lost_nothing_twice(
         assert before_kill <= after, "a report accepted before the kill is missing"
         assert figures["lost"] == 0 and figures["duplicated"] == 0 and figures["gaps"] == 0, figures
         assert "http.unexpected_error" not in log and "Traceback" not in log, log[-5000:]
+        # What the rendered reads kept from the old primary's probes is not trusted on the new one.
+        assert "rendered.server_changed" in log
 
         # The cursor taken on the old primary resumes on the promoted one: every event once.
         read_after, _ = await read_from(pair.dsn(), cursor)

@@ -75,6 +75,7 @@ class RenderedReads:
         self._cleared_at = 0  # the last probe after which nothing older may be kept
         self._next: asyncio.Future[int] | None = None  # the probe that arrivals join
         self._prober: asyncio.Task[None] | None = None
+        self._server_started: datetime | None = None  # the server the mark was taken on
         # Observability (the server's /metrics).
         self.hits = 0
         self.misses = 0
@@ -112,6 +113,7 @@ class RenderedReads:
                 try:
                     if conn is None:
                         conn = await self.pool.acquire()
+                        await self._same_server(conn)
                     epoch = await self._probe(conn)
                 except Exception as exc:
                     waiting.set_exception(exc)
@@ -131,6 +133,16 @@ class RenderedReads:
             self._prober = None
             if conn is not None:
                 await self.pool.release(conn)
+
+    async def _same_server(self, conn: asyncpg.Connection) -> None:
+        """A mark holds for the server that took it. Another one (a standby promoted after a
+        failover, a restarted server) may hand out again transaction ids the mark counts as
+        seen (those the old primary used but never replicated), so its first probe starts afresh."""
+        started = await conn.fetchval("SELECT pg_postmaster_start_time()")
+        if self._server_started is not None and started != self._server_started:
+            log.info("rendered.server_changed", renderings=len(self._kept))
+            self._mark = None
+        self._server_started = started
 
     async def _probe(self, conn: asyncpg.Connection) -> int:
         changes = await read_changes(conn, self._mark, limit=self.probe_limit)
