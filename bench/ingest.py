@@ -4,6 +4,8 @@ HTTP, next to the ledger-only append ceiling, in one run on one throwaway databa
     python -m bench.ingest              # 1,000 nodes, 2 rounds x 10 s per tier, open loop 60 s
     python -m bench.ingest --quick      # under 2 minutes: 500 nodes, 2 rounds x 3 s, open loop 15 s
     python -m bench.ingest --quick --baseline CHECKOUT   # under 3 minutes: both, same PostgreSQL
+    python -m bench.ingest --replica    # the closed loop with a hot standby: remote_apply, on,
+                                        # asynchronous and no replica, same run (bench/replica.py)
 
 Agents (simulated, no NVML): nodes of 8 GPUs (bench/fleet.py), each enrolled over HTTP (an
 enrollment token from the operator API, then `POST /agent/enroll`), then one `inventory` report
@@ -638,6 +640,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="the event classes the 3 subscriptions select, comma-separated (default lifecycle; "
         "lifecycle,observation delivers every report's telemetry too)",
     )  # fmt: skip
+    p.add_argument(
+        "--replica", action="store_true",
+        help="instead: the closed loop against PostgreSQL 15 clusters of this machine without a standby and "
+        "with one (synchronous_commit remote_apply, on, asynchronous), same run (bench/replica.py)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.quick:
         args.nodes, args.rounds, args.duration, args.open_seconds, args.count = 500, 2, 3.0, 15.0, 200
@@ -909,7 +916,12 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return h.main(run, parse_args(argv))
+    args = parse_args(argv)
+    if args.replica:
+        from bench.replica import run_replica
+
+        return h.main(run_replica, args)
+    return h.main(run, args)
 
 
 if __name__ == "__main__":

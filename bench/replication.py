@@ -151,6 +151,47 @@ class Node:
                    "-d", "postgres", "-c", sql).stdout.strip()  # fmt: skip
 
 
+def _primary(root: Path, synchronous: str, fsync: bool) -> Node:
+    """An initialised primary (not started) set up to stream to the standby named STANDBY_NAME."""
+    root.mkdir(parents=True, exist_ok=True)
+    owner = _owner_ids()
+    if owner is not None:
+        os.chown(root, *owner)
+        root.chmod(0o755)
+    primary = Node("primary", root / "primary", free_port())
+    _pg("initdb", "-D", str(primary.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+    sockets = root / "sockets"
+    sockets.mkdir(exist_ok=True)
+    if owner is not None:
+        os.chown(sockets, *owner)
+    with (primary.data / "postgresql.conf").open("a") as conf:
+        conf.write(
+            f"\nlisten_addresses = '127.0.0.1'\nport = {primary.port}\n"
+            f"unix_socket_directories = '{sockets}'\n"
+            "wal_level = replica\nmax_wal_senders = 5\nmax_replication_slots = 5\n"
+            "hot_standby = on\nhot_standby_feedback = on\nwal_keep_size = '256MB'\n"
+            # pg_rewind needs hint bits WAL-logged to re-join a failed primary as a standby.
+            "wal_log_hints = on\n"
+            f"fsync = {'on' if fsync else 'off'}\nmax_connections = 200\n"
+            f"synchronous_commit = {synchronous}\n"
+            # With `local` no standby is waited for; otherwise this standby, by its name.
+            f"synchronous_standby_names = '{'' if synchronous == 'local' else STANDBY_NAME}'\n"
+        )
+    with (primary.data / "pg_hba.conf").open("a") as hba:
+        hba.write("\nhost replication postgres 127.0.0.1/32 trust\n")
+    return primary
+
+
+def single(root: Path, *, fsync: bool = True) -> Node:
+    """A primary without a standby (the benchmark's "no replica"), started."""
+    why = missing()
+    if why:
+        raise RuntimeError(why)
+    node = _primary(root, "local", fsync)
+    node.start()
+    return node
+
+
 @dataclass
 class ReplicatedPair:
     """A primary streaming to one hot standby through a physical replication slot."""
@@ -167,33 +208,8 @@ class ReplicatedPair:
         why = missing()
         if why:
             raise RuntimeError(why)
-        root.mkdir(parents=True, exist_ok=True)
-        owner = _owner_ids()
-        if owner is not None:
-            os.chown(root, *owner)
-            root.chmod(0o755)
-        primary = Node("primary", root / "primary", free_port())
+        primary = _primary(root, synchronous, fsync)
         standby = Node("standby", root / "standby", free_port())
-        _pg("initdb", "-D", str(primary.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
-        sockets = root / "sockets"
-        sockets.mkdir(exist_ok=True)
-        if owner is not None:
-            os.chown(sockets, *owner)
-        with (primary.data / "postgresql.conf").open("a") as conf:
-            conf.write(
-                f"\nlisten_addresses = '127.0.0.1'\nport = {primary.port}\n"
-                f"unix_socket_directories = '{sockets}'\n"
-                "wal_level = replica\nmax_wal_senders = 5\nmax_replication_slots = 5\n"
-                "hot_standby = on\nhot_standby_feedback = on\nwal_keep_size = '256MB'\n"
-                # pg_rewind needs hint bits WAL-logged to re-join a failed primary as a standby.
-                "wal_log_hints = on\n"
-                f"fsync = {'on' if fsync else 'off'}\nmax_connections = 200\n"
-                f"synchronous_commit = {synchronous}\n"
-                # With `local` no standby is waited for; otherwise this standby, by its name.
-                f"synchronous_standby_names = '{'' if synchronous == 'local' else STANDBY_NAME}'\n"
-            )
-        with (primary.data / "pg_hba.conf").open("a") as hba:
-            hba.write("\nhost replication postgres 127.0.0.1/32 trust\n")
         primary.start()
         primary.psql(f"SELECT pg_create_physical_replication_slot('{SLOT}')")
         conninfo = f"host=127.0.0.1 port={primary.port} user=postgres application_name={STANDBY_NAME}"
