@@ -42,9 +42,61 @@ async def _keep_session(_conn: asyncpg.Connection) -> None:
     session advisory locks and settings are undone in `finally` blocks."""
 
 
+# Seconds one connection attempt may take, for each way round the hosts of a multi-host URL.
+CONNECT_TIMEOUT = 10.0
+
+
+def hosts_rotated(dsn: str, turn: int) -> str:
+    """The URL with its host list (`h1:p1,h2:p2`) turned so that host number `turn` comes first;
+    a URL of one host, or not of the URL form, unchanged."""
+    scheme, sep, rest = dsn.partition("://")
+    if not sep:
+        return dsn
+    end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    netloc, tail = rest[:end], rest[end:]
+    userinfo, at, hosts = netloc.rpartition("@")
+    parts = hosts.split(",")
+    if len(parts) < 2:
+        return dsn
+    k = turn % len(parts)
+    return f"{scheme}://{userinfo}{at}{','.join(parts[k:] + parts[:k])}{tail}"
+
+
+class HostRotation:
+    """asyncpg's connect timeout covers every host of a multi-host URL together, tried in order:
+    a first host that drops packets (a failed primary not yet fenced) would use it all up on every
+    new connection, and the promoted standby behind it would never be tried. So an attempt that
+    times out is made again with the hosts turned by one, and later connections start from the
+    host that answered."""
+
+    def __init__(self, timeout: float = CONNECT_TIMEOUT) -> None:
+        self.timeout = timeout
+        self.first = 0
+
+    async def connect(self, dsn: str, **kwargs: Any) -> asyncpg.Connection:
+        hosts = len(dsn.partition("://")[2].split("/")[0].split("?")[0].split(","))
+        for attempt in range(hosts):
+            turn = self.first + attempt
+            try:
+                conn = await asyncpg.connect(hosts_rotated(dsn, turn), timeout=self.timeout, **kwargs)
+            except TimeoutError:
+                if attempt == hosts - 1:
+                    raise
+                log.warning("db.connect_timed_out", host_turn=turn % hosts, seconds=self.timeout)
+                continue
+            self.first = turn % hosts
+            return conn
+        raise AssertionError("unreachable")
+
+
 async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
     pool = await asyncpg.create_pool(
-        dsn, min_size=min_size, max_size=max_size, init=init_connection, reset=_keep_session
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        init=init_connection,
+        reset=_keep_session,
+        connect=HostRotation().connect,
     )
     assert pool is not None
     return pool

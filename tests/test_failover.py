@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,7 @@ import httpx
 import pytest
 
 from bench import replication
+from ledger.db import HostRotation, hosts_rotated
 from ledger.reading import Checkpoint, read_log
 from tests.agent_support import OPERATOR, ROOT, AgentProcess, ServerProcess, clean_env, create_token, wait_for
 from tests.test_deploy import _apt_install
@@ -277,3 +279,44 @@ async def test_kill_the_primary_promote_the_standby_nothing_lost_nothing_twice(
         f"{loaded - started:.1f}s, checks {checked - loaded:.1f}s, re-join and replays "
         f"{time.monotonic() - checked:.1f}s)"
     )
+
+
+def test_a_multi_host_url_turns_its_hosts_and_nothing_else() -> None:
+    url = "postgresql://u:p%40w@h1:5432,h2:5433,h3/db?target_session_attrs=read-write"
+    assert hosts_rotated(url, 0) == url
+    assert (
+        hosts_rotated(url, 1) == "postgresql://u:p%40w@h2:5433,h3,h1:5432/db?target_session_attrs=read-write"
+    )
+    assert (
+        hosts_rotated(url, 5) == "postgresql://u:p%40w@h3,h1:5432,h2:5433/db?target_session_attrs=read-write"
+    )
+    assert hosts_rotated("postgresql://h1,h2?sslmode=require", 1) == "postgresql://h2,h1?sslmode=require"
+    for one in ("postgresql://u@h1:5432/db", "postgresql://postgres:@/postgres?host=/run/pg", "dbname=x"):
+        assert hosts_rotated(one, 1) == one
+
+
+async def test_a_first_host_that_never_answers_does_not_hold_every_connection(
+    postgres_programs: None, workdir: Path
+) -> None:
+    """A failed primary that drops packets instead of refusing: asyncpg's timeout covers every
+    host of the URL together, so without turning the hosts each new connection would time out on
+    the first one. Here the first host accepts TCP and never speaks; the pool still connects."""
+    node = await asyncio.to_thread(replication.single, workdir / "pg", fsync=False)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # the kernel completes handshakes; nobody ever answers
+    dsn = f"postgresql://postgres@127.0.0.1:{silent.getsockname()[1]},{node.host}/postgres"
+    rotation = HostRotation(timeout=1.0)
+    try:
+        started = time.monotonic()
+        first = await rotation.connect(dsn)
+        took = time.monotonic() - started
+        await first.close()
+        started = time.monotonic()
+        second = await rotation.connect(dsn)  # starts at the host that answered
+        again = time.monotonic() - started
+        await second.close()
+    finally:
+        silent.close()
+        await asyncio.to_thread(node.stop)
+    assert took < 5 and again < 0.9, (took, again)
