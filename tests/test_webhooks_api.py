@@ -54,9 +54,9 @@ def receiver() -> Any:
 async def webhook_events(pool: asyncpg.Pool) -> list[dict[str, Any]]:
     async with pool.acquire() as conn:
         rows = await conn.fetch(
-            "SELECT event_type, data::text AS data FROM events WHERE stream_id = 'webhooks' ORDER BY global_position"
+            "SELECT event_type, data::text AS data_json FROM events WHERE stream_id = 'webhooks' ORDER BY global_position"
         )
-    return [{"type": r["event_type"], "data": r["data"]} for r in rows]
+    return [{"type": r["event_type"], "data": r["data_json"]} for r in rows]
 
 
 async def test_a_subscription_is_created_listed_and_deleted_as_audited_events(

@@ -195,9 +195,9 @@ def _lines(s: Snapshot) -> Iterator[str]:
     for spec, value in ((LOG_HEAD, s.head), (PROJECTION_LAG, max(0, s.head - s.folded))):
         yield _header(spec)
         yield _line(spec, "", value)
+    yield from _webhook_lines(s)
     yield _header(REPLAY_LAG)
     yield "" if s.replay_lag is None else _line(REPLAY_LAG, "", s.replay_lag)
-    yield from _webhook_lines(s)
 
 
 def _webhook_lines(s: Snapshot) -> Iterator[str]:
