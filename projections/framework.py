@@ -74,21 +74,15 @@ def _key_object(spec: TableSpec, key: Any) -> dict[str, Any]:
 
 @functools.cache
 def _changes_sql(ops: tuple[tuple[str, str, TableSpec], ...], state_table: str) -> str:
-    """One statement for every change of the rows of one or more streams: data-modifying CTEs per
-    table and operation, each fed one jsonb array of row objects (`jsonb_populate_recordset`
+    """One statement for every change of the rows of one or more streams: a data-modifying CTE
+    per table and operation, each fed one jsonb array of row objects (`jsonb_populate_recordset`
     types the values by the table's own columns), then the new folded states. One round trip and
     one statement however many rows and streams changed, where a statement per row (executemany)
-    cost a parse, a plan and an executor start each. Deleted and written keys are disjoint, so
+    cost a parse, a plan and an executor start each. Deleted and upserted keys are disjoint, so
     the CTEs never touch the same row twice. The folded states come as the projection's name ($1)
     and four arrays (stream ids, versions, positions, encoded states; the tables' row arrays
     follow from $6): a state is bytes to PostgreSQL (`projection_state.state` is bytea), never
-    parsed there.
-
-    A row that exists is changed by a plain UPDATE and only the others are INSERTed: INSERT ...
-    ON CONFLICT DO UPDATE locks the row it updates first, a WAL record of its own per row (eight
-    per steady report on the GPU telemetry rows alone). All CTEs read one snapshot, so the INSERT
-    takes the keys the UPDATE did not return; its ON CONFLICT still settles a row another
-    transaction inserted meanwhile."""
+    parsed there."""
     ctes: list[str] = []
     for i, (op, table, spec) in enumerate(ops):
         param = f"${i + 6}"
@@ -97,50 +91,21 @@ def _changes_sql(ops: tuple[tuple[str, str, TableSpec], ...], state_table: str) 
         if op == "delete":
             match = " AND ".join(f"t.{k} = x.{k}" for k in spec.key)
             ctes.append(f"c{i} AS (DELETE FROM {table} t USING {source} x WHERE {match})")
-            continue
-        values = [c for c in spec.columns if c not in spec.key]
-        keys = ", ".join(spec.key)
-        ctes.append(f"s{i} AS MATERIALIZED (SELECT {cols} FROM {source})")
-        if values:
-            sets = ", ".join(f"{c} = x.{c}" for c in values)
-            match = " AND ".join(f"t.{k} = x.{k}" for k in spec.key)
-            # The key's first column also as an array: the planner takes the row source for 100
-            # rows and would scan and hash a table of a few thousand rows for the handful that
-            # changed; against `= ANY(array)` it reads the table's primary key instead.
-            first = spec.key[0]
-            ctes.append(
-                f"u{i} AS (UPDATE {table} t SET {sets} FROM s{i} x WHERE {match} "
-                f"AND t.{first} = ANY(ARRAY(SELECT {first} FROM s{i})) "
-                f"RETURNING {', '.join(f't.{k}' for k in spec.key)})"
-            )
-            absent = " AND ".join(f"u.{k} = x.{k}" for k in spec.key)
-            updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in values)
-            ctes.append(
-                f"c{i} AS (INSERT INTO {table} ({cols}) SELECT {cols} FROM s{i} x "
-                f"WHERE NOT EXISTS (SELECT FROM u{i} u WHERE {absent}) "
-                f"ON CONFLICT ({keys}) DO UPDATE SET {updates})"
-            )
         else:
+            updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in spec.columns if c not in spec.key)
+            conflict = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
             ctes.append(
-                f"c{i} AS (INSERT INTO {table} ({cols}) SELECT {cols} FROM s{i} "
-                f"ON CONFLICT ({keys}) DO NOTHING)"
+                f"c{i} AS (INSERT INTO {table} ({cols}) SELECT {cols} FROM {source} "
+                f"ON CONFLICT ({', '.join(spec.key)}) {conflict})"
             )
-    ctes.append(
-        "st AS MATERIALIZED (SELECT * FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::bytea[]) "
-        "AS u(stream_id, stream_version, position, state))"
-    )
-    ctes.append(
-        f"su AS (UPDATE {state_table} p SET stream_version = x.stream_version, position = x.position, "
-        "state = x.state FROM st x WHERE p.projection = $1 AND p.stream_id = x.stream_id "
-        "RETURNING p.stream_id)"
-    )
+    head = f"WITH {', '.join(ctes)} " if ctes else ""
     return (
-        f"WITH {', '.join(ctes)} "
-        f"INSERT INTO {state_table} (projection, stream_id, stream_version, position, state) "
-        "SELECT $1, x.stream_id, x.stream_version, x.position, x.state FROM st x "
-        "WHERE NOT EXISTS (SELECT FROM su WHERE su.stream_id = x.stream_id) "
-        "ON CONFLICT (projection, stream_id) DO UPDATE SET stream_version = EXCLUDED.stream_version, "
-        "position = EXCLUDED.position, state = EXCLUDED.state"
+        f"{head}INSERT INTO {state_table} (projection, stream_id, stream_version, position, state) "
+        "SELECT $1, u.stream_id, u.stream_version, u.position, u.state "
+        "FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::bytea[]) "
+        "AS u(stream_id, stream_version, position, state) ON CONFLICT (projection, stream_id) "
+        "DO UPDATE SET stream_version = EXCLUDED.stream_version, position = EXCLUDED.position, "
+        "state = EXCLUDED.state"
     )
 
 
