@@ -47,6 +47,17 @@ import msgspec
 
 from bench import harness as h
 from bench.fleet import node_key, node_observation
+from bench.servers import (
+    OPERATOR_TOKEN,
+    HttpConnection,
+    Process,
+    bearer,
+    free_port,
+    spawn,
+    start_product_server,
+    workdir,
+)
+from bench.wrk import require_wrk, run_wrk
 
 TARGET_RATIO, TARGET_P99_MS = 0.5, 50.0
 STEADY_LIVENESS = {"MODELFORGE_STALE_AFTER": "3600", "MODELFORGE_OFFLINE_AFTER": "7200"}
@@ -180,7 +191,7 @@ def serve_ceiling(port: int) -> int:
 
 async def walk_pages(port: int, limit: int) -> tuple[list[str], int, list[float]]:
     """Follow next_cursor from the first page to the last; every accelerator must come once."""
-    conn = await h.HttpConnection.open(port)
+    conn = await HttpConnection.open(port)
     path = f"/api/v1/hardware/accelerators?limit={limit}"
     paths: list[str] = []
     seen: set[str] = set()
@@ -188,7 +199,7 @@ async def walk_pages(port: int, limit: int) -> tuple[list[str], int, list[float]
     try:
         while path:
             t0 = time.perf_counter()
-            status, body = await conn.request(b"GET", path.encode(), h.bearer(h.OPERATOR_TOKEN))
+            status, body = await conn.request(b"GET", path.encode(), bearer(OPERATOR_TOKEN))
             latencies.append(time.perf_counter() - t0)
             if status != 200:
                 raise RuntimeError(f"GET {path}: {status} {body[:300]!r}")
@@ -219,12 +230,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def scrape_metrics(report: h.Report, server: h.Process, meter: h.Meter) -> None:
+async def scrape_metrics(report: h.Report, server: Process, meter: h.Meter) -> None:
     """One `GET /metrics` of the whole fleet (what Prometheus asks every scrape interval) while a
     probe asks `GET /api/v1/health/live` every 20 ms on another connection: the scrape's time,
     size and server CPU, and how long the probe waited meanwhile (the server has one event loop:
     what the scrape holds up, agent reports wait for too)."""
-    conn, probe_conn = await h.HttpConnection.open(server.port), await h.HttpConnection.open(server.port)
+    conn, probe_conn = await HttpConnection.open(server.port), await HttpConnection.open(server.port)
     waits: list[float] = []
     done = asyncio.Event()
 
@@ -239,9 +250,7 @@ async def scrape_metrics(report: h.Report, server: h.Process, meter: h.Meter) ->
     try:
         task = asyncio.create_task(probe())
         meter.server_pids = [server.pid]
-        (status, body), usage = await meter.measure(
-            conn.request(b"GET", b"/metrics", h.bearer(h.OPERATOR_TOKEN))
-        )
+        (status, body), usage = await meter.measure(conn.request(b"GET", b"/metrics", bearer(OPERATOR_TOKEN)))
         done.set()
         await task
     finally:
@@ -268,11 +277,11 @@ async def run(args: argparse.Namespace) -> int:
     from projections.inventory import ALL_PROJECTIONS
     from projections.rebuild import rebuild_outdated
 
-    h.require_wrk()
+    require_wrk()
     report = h.Report("api")
     await h.describe_environment(report, "API")
-    async with h.throwaway_database("api", keep=args.keep) as db, h.workdir("api", keep=args.keep) as work:
-        processes: list[h.Process] = []
+    async with h.throwaway_database("api", keep=args.keep) as db, workdir("api", keep=args.keep) as work:
+        processes: list[Process] = []
         meter: h.Meter | None = None
         try:
             pool = await create_pool(db.dsn, min_size=1, max_size=8)
@@ -298,23 +307,23 @@ async def run(args: argparse.Namespace) -> int:
             # with the default 60 s, every node turned stale during the measured rounds, and each
             # such change renders that node, and every page, anew. A fleet that reports stays
             # online; so does this one, for the run.
-            real = await h.start_product_server(
+            real = await start_product_server(
                 db.dsn, work, "server", log_level="WARNING", settings=STEADY_LIVENESS
             )
             processes.append(real)
-            port = h.free_port()
+            port = free_port()
             argv = [sys.executable, "-m", "bench.api", "_ceiling", str(port)]
-            ceiling = await h.spawn("ceiling", argv, port, "/ping", work, {})
+            ceiling = await spawn("ceiling", argv, port, "/ping", work, {})
             processes.append(ceiling)
 
             # Correctness before speed: the guard, one node, every accelerator exactly once by cursor.
             random.Random(1).shuffle(node_ids)
-            conn = await h.HttpConnection.open(real.port)
+            conn = await HttpConnection.open(real.port)
             try:
                 status, _ = await conn.request(b"GET", b"/api/v1/hardware/accelerators?limit=1")
                 assert status == 401, "the benchmark must go through the operator guard"
                 status, body = await conn.request(
-                    b"GET", f"/api/v1/hardware/nodes/{node_ids[0]}".encode(), h.bearer(h.OPERATOR_TOKEN)
+                    b"GET", f"/api/v1/hardware/nodes/{node_ids[0]}".encode(), bearer(OPERATOR_TOKEN)
                 )
                 assert status == 200 and msgspec.json.decode(body)["id"] == node_ids[0], body[:300]
             finally:
@@ -326,14 +335,14 @@ async def run(args: argparse.Namespace) -> int:
                   f"{time.perf_counter() - t0:.1f} s by one client (page p50 {1e3 * h.percentile(walk, 50):.1f} ms, "
                   f"max {1e3 * max(walk):.1f} ms)")  # fmt: skip
 
-            endpoints: list[tuple[h.Sample, h.Process, list[str], str]] = [
+            endpoints: list[tuple[h.Sample, Process, list[str], str]] = [
                 (h.Sample("ceiling: GET /ping"), ceiling, ["/ping"], ""),
-                (h.Sample(f"GET accelerators?limit={args.limit} (paged)"), real, pages, h.OPERATOR_TOKEN),
+                (h.Sample(f"GET accelerators?limit={args.limit} (paged)"), real, pages, OPERATOR_TOKEN),
                 (
                     h.Sample("GET nodes/{id}"),
                     real,
                     [f"/api/v1/hardware/nodes/{n}" for n in node_ids],
-                    h.OPERATOR_TOKEN,
+                    OPERATOR_TOKEN,
                 ),
             ]
             print(f"load: wrk, {args.connections} connections, closed loop, {args.duration:.0f} s per endpoint "
@@ -344,7 +353,7 @@ async def run(args: argparse.Namespace) -> int:
                 for sample, proc, paths, token in endpoints:
                     meter.server_pids = [proc.pid]
                     run_, usage = await meter.measure(
-                        h.run_wrk(proc.base, paths, args.duration, args.connections, token, work)
+                        run_wrk(proc.base, paths, args.duration, args.connections, token, work)
                     )
                     usage.seconds, usage.client_cpu = run_.seconds, run_.generator_cpu
                     one = h.Sample(sample.name, ops=run_.requests, errors=run_.errors)

@@ -25,7 +25,8 @@ import time
 from collections.abc import Sequence
 
 from bench.api import fill_by_fold
-from bench.harness import OPERATOR_TOKEN, start_product_server, throwaway_database, workdir
+from bench.harness import throwaway_database
+from bench.servers import OPERATOR_TOKEN, start_product_server, workdir
 
 # The console's login cookie (api/http/console/routes.py COOKIE): the bench logs in like a person.
 CONSOLE_COOKIE = "mf_console_token"

@@ -31,6 +31,7 @@ import msgspec
 
 from bench import harness as h
 from bench.fleet import node_key, node_observation
+from bench.servers import OPERATOR_TOKEN, HttpConnection, bearer, start_product_server, workdir
 
 TARGET_SECONDS = 10.0
 GPUS = 8
@@ -239,7 +240,7 @@ async def run(args: Any) -> int:
     report.row(step="pure fold", seconds=round(pure, 3), events=len(recorded), differing=s.differing)
     async with (
         h.throwaway_database("backtest", keep=args.keep) as db,
-        h.workdir("backtest", keep=args.keep) as wd,
+        workdir("backtest", keep=args.keep) as wd,
     ):
         pool = await create_pool(db.dsn, min_size=1, max_size=8)
         try:
@@ -254,9 +255,9 @@ async def run(args: Any) -> int:
                 await conn.execute("VACUUM ANALYZE")
         finally:
             await pool.close()
-        server = await h.start_product_server(db.dsn, wd, retention=False)
+        server = await start_product_server(db.dsn, wd, retention=False)
         try:
-            conn_ = await h.HttpConnection.open(server.port)
+            conn_ = await HttpConnection.open(server.port)
             cursor: str | None = None
             pages, first, first_server, total = 0, 0.0, 0.0, time.perf_counter()
             cpu_before, cpu_first = h.cpu_of([server.pid]), None
@@ -268,7 +269,7 @@ async def run(args: Any) -> int:
                 status, answer = await conn_.request(
                     b"POST",
                     b"/api/v1/hardware/health/backtest",
-                    h.bearer(h.OPERATOR_TOKEN) + b"Content-Type: application/json\r\n",
+                    bearer(OPERATOR_TOKEN) + b"Content-Type: application/json\r\n",
                     body,
                 )
                 if status != 200:

@@ -32,6 +32,7 @@ import msgspec
 from bench import harness as h
 from bench.api import EVENT_COLUMNS, STEADY_LIVENESS, fill_by_fold
 from bench.fleet import node_key, node_observation
+from bench.servers import OPERATOR_TOKEN, HttpConnection, Process, bearer, start_product_server, workdir
 
 TARGET_P99_MS = 100.0
 # Distinct snapshots cycled through the day: values vary as a GPU's do, without reconciling every
@@ -123,13 +124,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def timed(conn: h.HttpConnection, path: str, n: int, sample: h.Sample) -> bytes:
+async def timed(conn: HttpConnection, path: str, n: int, sample: h.Sample) -> bytes:
     """`n` sequential GETs of `path`; their latencies into `sample`; the last body."""
     body = b""
     t_start = time.perf_counter()
     for _ in range(n):
         t0 = time.perf_counter()
-        status, body = await conn.request(b"GET", path.encode(), h.bearer(h.OPERATOR_TOKEN))
+        status, body = await conn.request(b"GET", path.encode(), bearer(OPERATOR_TOKEN))
         sample.latencies.append(time.perf_counter() - t0)
         sample.ops += 1
         if status != 200:
@@ -152,9 +153,9 @@ async def run(args: argparse.Namespace) -> int:
     await h.describe_environment(report, "telemetry history")
     async with (
         h.throwaway_database("history", keep=args.keep) as db,
-        h.workdir("history", keep=args.keep) as work,
+        workdir("history", keep=args.keep) as work,
     ):
-        server: h.Process | None = None
+        server: Process | None = None
         try:
             now = datetime.now(UTC).replace(microsecond=0)
             pool = await create_pool(db.dsn, min_size=1, max_size=4)
@@ -176,7 +177,7 @@ async def run(args: argparse.Namespace) -> int:
             print(f"fill: {args.nodes:,} nodes ({events:,} events), then {count:,} snapshots of one node over "
                   f"{args.hours:g} h, {segments} day segments, in {time.perf_counter() - t0:.0f} s (untimed)")  # fmt: skip
 
-            server = await h.start_product_server(
+            server = await start_product_server(
                 db.dsn, work, "server", log_level="WARNING", settings=STEADY_LIVENESS
             )
             base = f"/api/v1/hardware/accelerators/{accelerator}"
@@ -189,7 +190,7 @@ async def run(args: argparse.Namespace) -> int:
                     f"{base}/telemetry?{window}&step=60",
                 ),
             ]
-            conn = await h.HttpConnection.open(server.port)
+            conn = await HttpConnection.open(server.port)
             try:
                 # Correctness before speed (and one warm-up each): every sample of the window counted.
                 for sample, path in endpoints:

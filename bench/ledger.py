@@ -59,6 +59,7 @@ import msgspec
 
 from bench import harness as h
 from bench.fleet import model_of, node_key, node_observation
+from bench.statements import StatementCounter, Statements
 from collectors.identity import NodeIdentity
 from domain.node import NodeState, accelerator_id_for, node_id_for
 from domain.reconcile import reconcile
@@ -412,11 +413,11 @@ async def bare_scan(pool: asyncpg.Pool) -> int:
     return n
 
 
-async def count_statements(dsn: str, nodes: list[Node]) -> tuple[h.Statements, h.Statements]:
+async def count_statements(dsn: str, nodes: list[Node]) -> tuple[Statements, Statements]:
     """Statements of one append, counted on the wire (its own pool through the counting proxy):
     onto a state the store does not hold yet (its first append to the stream), and onto the
     state it kept from its previous append (every later one)."""
-    async with h.StatementCounter(dsn) as counter:
+    async with StatementCounter(dsn) as counter:
         pool = await create_pool(counter.dsn, min_size=1, max_size=POOL)
         try:
             async with pool.acquire() as conn:
@@ -435,7 +436,7 @@ async def count_statements(dsn: str, nodes: list[Node]) -> tuple[h.Statements, h
                 d = counter.counts - before
                 n = sum(len(task[1:]) for task in reports)
                 out.append(
-                    h.Statements(round(d.executions / n), round(d.round_trips / n), round(d.transactions / n))
+                    Statements(round(d.executions / n), round(d.round_trips / n), round(d.transactions / n))
                 )
             return out[0], out[1]
         finally:

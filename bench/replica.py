@@ -21,7 +21,8 @@ from pathlib import Path
 
 from bench import harness as h
 from bench import replication
-from bench.ingest import Load, enroll
+from bench.agents import Load, enroll
+from bench.servers import HttpConnection, Process, start_product_server, workdir
 
 MODES = (
     ("no replica", None),
@@ -33,7 +34,7 @@ ON_TARGET = 0.7  # the aim for `on` against no replica
 
 
 class Mode:
-    def __init__(self, label: str, dsn: str, server: h.Process, load: Load) -> None:
+    def __init__(self, label: str, dsn: str, server: Process, load: Load) -> None:
         self.label = label
         self.dsn = dsn
         self.server = server
@@ -51,9 +52,9 @@ async def prepare(
         pair = await asyncio.to_thread(replication.ReplicatedPair.create, root, synchronous=synchronous)
         dsn = pair.dsn()
     name = f"server-{synchronous or 'alone'}"
-    server = await h.start_product_server(dsn, work, name)
+    server = await start_product_server(dsn, work, name)
     agents = await enroll(server.port, args.nodes, args.variants, 8)
-    conns = [await h.HttpConnection.open(server.port) for _ in range(8)]
+    conns = [await HttpConnection.open(server.port) for _ in range(8)]
 
     async def discover(c: int) -> None:
         for a in agents[c::8]:
@@ -85,7 +86,7 @@ async def run_replica(args: argparse.Namespace) -> int:
         print(f"cannot run: {why}")
         return 2
     async with contextlib.AsyncExitStack() as stack:
-        work = await stack.enter_async_context(h.workdir("replica", keep=args.keep))
+        work = await stack.enter_async_context(workdir("replica", keep=args.keep))
         work.chmod(0o755)
         clusters = work / "clusters"
         stack.callback(stop_clusters, clusters)

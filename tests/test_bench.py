@@ -10,7 +10,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from bench.harness import OpenLoop, Sample, StatementCounter, WalInspector, cpu_ticks, steal_share
+from bench.harness import OpenLoop, Sample, cpu_ticks, steal_share
+from bench.statements import StatementCounter
+from bench.wal import WalInspector
 
 ROOT = Path(__file__).resolve().parent.parent
 

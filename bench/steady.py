@@ -1,0 +1,131 @@
+"""bench.ingest's steady window: telemetry reports only, one checkout's server at a time with
+nothing else of the run writing, and what they cost in WAL (that database's records, bench/wal.py)
+and in the log's bytes; the figures per report and their ratios this checkout / baseline."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from bench import harness as h
+from bench.agents import Target
+from bench.servers import HttpConnection
+from bench.wal import WalInspector, WalShare
+
+STEADY_REPORTS = 5000  # the steady window's reports per checkout (--quick: 2,000)
+SNAPSHOTS = "SELECT count(*) FROM events WHERE event_type = 'NODE_TELEMETRY_OBSERVED'"
+
+
+@dataclass
+class Steady:
+    """A window of steady telemetry reports of one checkout, nothing else of this run writing
+    meanwhile: what they cost in WAL and in the log's bytes."""
+
+    reports: int  # accepted
+    errors: int
+    snapshots: int  # NODE_TELEMETRY_OBSERVED events appended in the window
+    log_bytes: int  # growth of `events`: every partition with its TOAST and indexes
+    wal: WalShare
+
+    @property
+    def wal_per_report(self) -> float | None:
+        """The database's own WAL records per report; the cluster's WAL when they cannot be read."""
+        wal = self.wal.database if self.wal.database is not None else self.wal.total
+        return wal / self.reports if self.reports else None
+
+    @property
+    def storage_per_snapshot(self) -> float | None:
+        return self.log_bytes / self.snapshots if self.snapshots else None
+
+    def as_row(self, who: str) -> dict[str, Any]:
+        return {
+            "name": f"steady telemetry window ({who})",
+            "reports": self.reports,
+            "errors": self.errors,
+            "snapshots": self.snapshots,
+            "log_bytes": self.log_bytes,
+            "wal_bytes_per_report": self.wal_per_report,
+            "storage_bytes_per_snapshot": self.storage_per_snapshot,
+            "wal_cluster_bytes": self.wal.total,
+            "wal_records_bytes": self.wal.records,
+            "wal_database_bytes": self.wal.database,
+            "wal_database_fpi_bytes": self.wal.database_fpi,
+        }
+
+
+async def log_figures(dsn: str) -> tuple[int, int]:
+    """(bytes of `events`: every partition with its TOAST and indexes, telemetry snapshots in it)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        size = await conn.fetchval(
+            f"SELECT sum(pg_total_relation_size(relid)) FROM ({h.LOG_PARTITIONS}) leaves"
+        )
+        return int(size), int(await conn.fetchval(SNAPSHOTS))
+    finally:
+        await conn.close()
+
+
+async def steady_window(target: Target, reports: int, connections: int, wal: WalInspector) -> Steady:
+    """`reports` telemetry reports (no inventory report among them) to `target`'s server alone,
+    closed loop; the other checkout's server idles meanwhile."""
+    conns = [await HttpConnection.open(target.server.port) for _ in range(connections)]
+    groups = [target.agents[c::connections] for c in range(connections)]
+    per = -(-reports // connections)
+    accepted, errors = 0, 0
+
+    async def worker(c: int) -> None:
+        nonlocal accepted, errors
+        for k in range(per):
+            try:
+                await groups[c][k % len(groups[c])].send(conns[c], "telemetry")
+            except Exception as exc:
+                errors += 1
+                if errors <= 3:
+                    print(f"  error (steady window, {target.label}): {exc!r}"[:300])
+            else:
+                accepted += 1
+
+    size0, snapshots0 = await log_figures(target.db.dsn)
+    start = await wal.position()
+    try:
+        await asyncio.gather(*(worker(c) for c in range(connections)))
+    finally:
+        for conn in conns:
+            conn.close()
+    end = await wal.position()
+    size1, snapshots1 = await log_figures(target.db.dsn)
+    share = await wal.share(start, end, target.db.name)
+    return Steady(accepted, errors, snapshots1 - snapshots0, size1 - size0, share)
+
+
+def print_per_report(who: str, steady: Steady | None, http: h.Sample) -> None:
+    """The figures issue 33 compares, on lines of their own: WAL and storage from the steady
+    window, CPU from the closed loop (its rounds interleaved with the other checkout's)."""
+    wal = steady.wal_per_report if steady is not None else None
+    storage = steady.storage_per_snapshot if steady is not None else None
+    server, db = http.per_op("server_cpu"), http.per_op("db_cpu")
+    print(f"{who}:")
+    print(f"  WAL per report: {'n/a' if wal is None else f'{wal:,.0f}'} B")
+    print(f"  storage per snapshot: {'n/a' if storage is None else f'{storage:,.0f}'} B")
+    print(f"  server CPU per report: {'n/a' if server is None else f'{server:.3f}'} ms")
+    print(f"  PostgreSQL CPU per report: {'n/a' if db is None else f'{db:.3f}'} ms")
+
+
+def this_over_baseline(
+    report: h.Report, steady: Steady, bsteady: Steady, http: h.Sample, base: h.Sample
+) -> None:
+    """Issue 33's targets: this checkout's figures over the baseline's, same run, same PostgreSQL."""
+
+    def over(a: float | None, b: float | None) -> float:
+        return a / b if a is not None and b else float("nan")
+
+    report.ratio(h.Ratio("WAL per steady report, this / baseline", over(steady.wal_per_report, bsteady.wal_per_report), 0.35, at_least=False))  # fmt: skip
+    report.ratio(h.Ratio("storage per snapshot, this / baseline", over(steady.storage_per_snapshot, bsteady.storage_per_snapshot), 0.35, at_least=False))  # fmt: skip
+    report.ratio(h.Ratio("this checkout / baseline (http reports/s)", over(http.rate, base.rate), 0.95, h.cost_ratio(http, base)))  # fmt: skip
+    report.ratio(h.Ratio("p99, this / baseline (closed loop)", over(http.ms(99), base.ms(99)), 1 / 0.95, at_least=False))  # fmt: skip
+    for attr, label, target in (("server_cpu", "server", 0.5), ("db_cpu", "PostgreSQL", 0.6)):
+        v = over(http.per_op(attr), base.per_op(attr))
+        report.ratio(h.Ratio(f"{label} CPU per report, this / baseline", v, target, at_least=False))
