@@ -1,6 +1,6 @@
 """The wire contract (agent/protocol.py, docs/NODE_AGENT_PROTOCOL.md section 6 "Bounds"): what a
 report may carry, refusal by refusal, without I/O. The server answering 400 with nothing appended
-is tested through a real server in tests/test_agent_acceptance.py (the bad-input table)."""
+is tested through a real server in tests/agent_acceptance/test_bad_input.py."""
 
 from __future__ import annotations
 
