@@ -18,153 +18,39 @@ skips, when that is impossible). `pytest -s` prints the figures.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import asyncpg
 import httpx
-import pytest
 
 from bench import replication
 from ledger.db import HostRotation, hosts_rotated
-from ledger.reading import Checkpoint, read_log
-from tests.agent_support import OPERATOR, ROOT, AgentProcess, ServerProcess, clean_env, create_token, wait_for
-from tests.test_deploy import _apt_install
-from tests.test_faults import account, more_reports, snapshot
+from ledger.reading import Checkpoint
+from tests.agent_support import AgentProcess, ServerProcess, wait_for
+from tests.failover_support import (
+    Ledger,
+    Watch,
+    assert_cursor_resumes,
+    assert_same_replay,
+    assert_verify_clean,
+    exactly_once,
+    postgres_programs,
+    read_from,
+    serve_with_agents,
+    stop_agents,
+    stored,
+    workdir,
+)
+from tests.test_faults import more_reports, snapshot
+
+__all__ = ["postgres_programs", "workdir"]  # the fixtures, used by name
 
 # Seconds from `pg_ctl promote` returning until the server answers 200 again (its pool's next
 # connection finds the new primary; nothing waits for a timer).
 RECOVERY_BOUND = 15.0
 OUTAGE_SECONDS = 1.5  # the primary is down this long before the promotion: reports spool
-
-
-class Ledger:
-    """Reads through the two-host URL (or one node's), one short connection at a time: a pool
-    would break with the primary it is about to lose."""
-
-    def __init__(self, dsn: str) -> None:
-        self.dsn = dsn
-
-    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
-        conn = await asyncpg.connect(self.dsn, timeout=5)
-        try:
-            return list(await conn.fetch(sql, *args))
-        finally:
-            await conn.close()
-
-
-@pytest.fixture(scope="module")
-def postgres_programs() -> None:
-    why = replication.missing()
-    if why and not (replication.PG_BIN / "initdb").exists():
-        problem = _apt_install(replication.PG_PACKAGE)
-        assert not problem, problem
-        why = replication.missing()
-    assert not why, why
-
-
-@pytest.fixture
-def workdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="mf-failover-"))
-    path.chmod(0o755)  # the postgres user reaches its data directories below it
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-class Watch:
-    """Polls a read route and the health route throughout; every answer's status is kept, and
-    every 503 must be problem+json with Retry-After."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.statuses: dict[tuple[str, int], int] = {}
-        self.bad: list[str] = []
-        self.last_ok = 0.0
-        self._task: asyncio.Task[None] | None = None
-
-    async def _run(self) -> None:
-        async with httpx.AsyncClient(timeout=10) as http:
-            while True:
-                for name, path, headers in (
-                    ("nodes", "/api/v1/hardware/nodes", OPERATOR),
-                    ("accelerators", "/api/v1/hardware/accelerators", OPERATOR),  # a rendered read
-                    ("events", "/api/v1/hardware/events?limit=5", OPERATOR),
-                    ("health", "/api/v1/health", {}),
-                ):
-                    r = await http.get(self.url + path, headers=headers)
-                    key = (name, r.status_code)
-                    self.statuses[key] = self.statuses.get(key, 0) + 1
-                    if (
-                        r.status_code == 503
-                        and name != "health"
-                        and (
-                            not r.headers.get("content-type", "").startswith("application/problem+json")
-                            or "retry-after" not in r.headers
-                        )
-                    ):
-                        self.bad.append(f"{path}: 503 without problem+json and Retry-After: {r.headers}")
-                    if r.status_code >= 500 and r.status_code != 503:
-                        self.bad.append(f"{path}: {r.status_code} {r.text[:300]}")
-                await asyncio.sleep(0.05)
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self) -> None:
-        assert self._task is not None
-        if self._task.done():
-            self._task.result()  # an httpx error here is a failure of the server
-        self._task.cancel()
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            pass
-
-
-async def stored(db: Ledger, agents: list[AgentProcess]) -> set[tuple[str, str, int]]:
-    rows = await db.fetch(
-        "SELECT stream_id, metadata->>'agent_stream' AS stream, (metadata->>'agent_sequence')::bigint AS seq "
-        "FROM events WHERE stream_id = ANY($1::text[]) AND event_type = 'NODE_TELEMETRY_OBSERVED'",
-        [a.expected_node_id for a in agents],
-    )
-    return {(r["stream_id"], r["stream"], r["seq"]) for r in rows}
-
-
-async def read_from(dsn: str, after: Checkpoint) -> tuple[list[int], Checkpoint]:
-    """Every event after `after` through the one gap-safe read, page by page, in commit order
-    (global positions), and the cursor to resume from."""
-    conn = await asyncpg.connect(dsn, timeout=10)
-    ids: list[int] = []
-    try:
-        while True:
-            page = await read_log(conn, after, limit=500)
-            ids.extend(e.global_position for e in page.entries)
-            after = page.resume
-            if not page.more:
-                return ids, after
-    finally:
-        await conn.close()
-
-
-def cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "api.cli", *args],
-        env=clean_env(MODELFORGE_DATABASE_URL=dsn),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 async def test_kill_the_primary_promote_the_standby_nothing_lost_nothing_twice(
@@ -181,13 +67,7 @@ async def test_kill_the_primary_promote_the_standby_nothing_lost_nothing_twice(
     watch = Watch(server.url)
     http = httpx.AsyncClient(timeout=10)
     try:
-        server.start()
-        await server.wait_healthy(within=60)
-        token = (await create_token(http, server.url, uses=3))["token"]
-        enrolled = await asyncio.gather(*(a.enroll(server.url, token) for a in agents))
-        assert all(e.returncode == 0 for e in enrolled), [a.log_text() for a in agents]
-        for a in agents:
-            a.start(server.url, interval=0.2)
+        await serve_with_agents(http, server, agents)
         watch.start()
         await more_reports(db, agents, {}, 30)  # type: ignore[arg-type]
 
@@ -217,41 +97,20 @@ async def test_kill_the_primary_promote_the_standby_nothing_lost_nothing_twice(
         await watch.stop()
         loaded = time.monotonic()
     finally:
-        for a in agents:
-            if a.proc is not None and a.proc.poll() is None:
-                assert a.stop() == 0, a.log_text()[-3000:]
+        stop_agents(agents)
         await http.aclose()
 
     try:
-        figures = await account(db, agents)  # type: ignore[arg-type]
-        after = await stored(db, agents)
-        log = server.log_text()
+        figures = await exactly_once(db, agents, before_kill, server.log_text())
         print(
             f"\nfailover: recovery {recovery:.2f}s after promotion (bound {RECOVERY_BOUND}s), "
             f"spooled during the outage {spooled_in_outage}, answers {sorted(watch.statuses.items())}, "
             "reports sent={sent} accepted={accepted} still spooled={spooled} lost={lost} "
             "duplicated={duplicated} sequence gaps={gaps}".format(**figures)
         )
-        assert not watch.bad, watch.bad[:5]
-        assert not [k for k in watch.statuses if k[1] >= 500 and k[1] != 503], watch.statuses
-        assert ("health", 503) in watch.statuses, "the outage was never seen"
-        assert before_kill <= after, "a report accepted before the kill is missing"
-        assert figures["lost"] == 0 and figures["duplicated"] == 0 and figures["gaps"] == 0, figures
-        assert "http.unexpected_error" not in log and "Traceback" not in log, log[-5000:]
-        # What the rendered reads kept from the old primary's probes is not trusted on the new one.
-        assert "rendered.server_changed" in log
-
-        # The cursor taken on the old primary resumes on the promoted one: every event once.
-        read_after, _ = await read_from(pair.dsn(), cursor)
-        everything, _ = await read_from(pair.dsn(), Checkpoint())
-        assert not set(read_before) & set(read_after)
-        assert read_before + read_after == everything
-
-        checks = await asyncio.gather(
-            *(asyncio.to_thread(cli, pair.dsn(), *args) for args in (("verify",), ("rebuild", "--verify")))
-        )
-        for done in checks:
-            assert done.returncode == 0, (done.args, done.stdout + done.stderr)
+        watch.assert_no_500_and_the_outage_seen()
+        await assert_cursor_resumes(pair.dsn(), read_before, cursor)
+        await assert_verify_clean(pair.dsn())
     finally:
         assert server.stop() == 0, server.log_text()[-3000:]
 
@@ -260,18 +119,7 @@ async def test_kill_the_primary_promote_the_standby_nothing_lost_nothing_twice(
         checked = time.monotonic()
         await asyncio.to_thread(pair.rejoin)
         await asyncio.to_thread(pair.caught_up)
-        on_primary, _ = await read_from(pair.primary.dsn(), Checkpoint())
-        on_standby, _ = await read_from(pair.standby.dsn(), Checkpoint())
-        assert on_standby == on_primary and len(set(on_primary)) == len(on_primary)
-        replays = await asyncio.gather(
-            *(
-                asyncio.to_thread(cli, n.dsn(), "replay", "--format", "jsonl")
-                for n in (pair.primary, pair.standby)
-            )
-        )
-        for done in replays:
-            assert done.returncode == 0, done.stdout + done.stderr
-        assert replays[0].stdout == replays[1].stdout and replays[0].stdout.count("\n") >= len(on_primary)
+        await assert_same_replay(pair.primary.dsn(), pair.standby.dsn())
     finally:
         await asyncio.to_thread(pair.close)
     print(

@@ -26,7 +26,7 @@ from tests.agent_support import (
     post_report,
     report_body,
 )
-from tests.test_failover import postgres_programs, read_from
+from tests.failover_support import postgres_programs, read_from
 
 __all__ = ["postgres_programs"]  # the fixture, used by name
 
