@@ -4,11 +4,14 @@ stream (`domain.node.evolve`)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import msgspec
 
-from domain.node import NodeState, evolve
+from collectors.facts import Fact
+from collectors.observations import StorageObservation
+from domain.node import NodeState, Telemetry, evolve
 from ledger.events import (
     RecordedEvent,
     is_decommission_audit_stream,
@@ -107,6 +110,51 @@ WORK_LEASES = TableSpec(
 )
 
 
+class HostSampleRef(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """The node's latest host sample in a checkpoint: its times and position (its metrics last)."""
+
+    observed_at: datetime | None
+    received_at: datetime
+    position: int
+
+
+# Of a GPU in a checkpoint's first part: its sample is the node's latest snapshot (the host
+# sample's times and position, no metrics kept, no health signals).
+_HOST_SAMPLE = 0
+
+
+class NodeVolatile(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """What a steady report changes in a node's folded state: the first part of its checkpoint
+    (`Projection.split`), the rest of the state after it unchanged. Most often changed first:
+    what stays the same (the host's metrics, the mounts) then joins the unchanged rest."""
+
+    stream_version: int
+    position: int
+    last_received_at: datetime | None
+    last_observed_at: datetime | None
+    clock_skew_seconds: float | None
+    last_seen_at: datetime | None
+    host: HostSampleRef | None
+    # One per accelerator of the rest, in its order: None (no sample), `_HOST_SAMPLE`, or its own.
+    accelerators: list[int | Telemetry | None]
+    host_metrics: dict[str, Fact]
+    storage: list[StorageObservation]
+
+
+def _gpu_sample(t: Telemetry | None, host: Telemetry | None) -> int | Telemetry | None:
+    if (
+        t is not None
+        and host is not None
+        and t.position == host.position
+        and t.received_at == host.received_at
+        and t.observed_at == host.observed_at
+        and t.health is None
+        and not t.metrics
+    ):
+        return _HOST_SAMPLE
+    return t
+
+
 class InventoryProjection(Projection[NodeState]):
     name = "inventory"
     # 2: GPU health verdicts, recent XIDs and health signals.
@@ -163,6 +211,80 @@ class InventoryProjection(Projection[NodeState]):
 
     def checkpoint_of(self, state: NodeState) -> tuple[int, int]:
         return state.stream_version, state.position
+
+    volatile_type = NodeVolatile
+
+    def split(self, state: NodeState) -> tuple[NodeVolatile, NodeState]:
+        host = state.host_telemetry
+        volatile = NodeVolatile(
+            stream_version=state.stream_version,
+            position=state.position,
+            last_received_at=state.last_received_at,
+            last_observed_at=state.last_observed_at,
+            clock_skew_seconds=state.clock_skew_seconds,
+            last_seen_at=state.last_seen_at,
+            host=None if host is None else HostSampleRef(host.observed_at, host.received_at, host.position),
+            accelerators=[_gpu_sample(a.telemetry, host) for a in state.accelerators.values()],
+            host_metrics={} if host is None else host.metrics,
+            storage=state.storage,
+        )
+        rest = msgspec.structs.replace(
+            state,
+            stream_version=0,
+            position=0,
+            last_received_at=None,
+            last_observed_at=None,
+            clock_skew_seconds=None,
+            last_seen_at=None,
+            host_telemetry=None,
+            storage=[],
+            accelerators={
+                u: a if a.telemetry is None else msgspec.structs.replace(a, telemetry=None)
+                for u, a in state.accelerators.items()
+            },
+        )
+        return volatile, rest
+
+    def joined(self, volatile: NodeVolatile, rest: NodeState) -> NodeState:
+        v = volatile
+        if len(v.accelerators) != len(rest.accelerators):
+            raise ValueError("a checkpoint's samples do not match its accelerators")
+        host = (
+            None
+            if v.host is None
+            else Telemetry(
+                metrics=v.host_metrics,
+                observed_at=v.host.observed_at,
+                received_at=v.host.received_at,
+                position=v.host.position,
+            )
+        )
+        accelerators = rest.accelerators
+        if any(t is not None for t in v.accelerators):
+            accelerators = {}
+            for (u, a), t in zip(rest.accelerators.items(), v.accelerators, strict=True):
+                if isinstance(t, int):
+                    if host is None:
+                        raise ValueError("a checkpoint's GPU sample names a host sample it lacks")
+                    t = Telemetry(
+                        metrics={},
+                        observed_at=host.observed_at,
+                        received_at=host.received_at,
+                        position=host.position,
+                    )
+                accelerators[u] = a if t is None else msgspec.structs.replace(a, telemetry=t)
+        return msgspec.structs.replace(
+            rest,
+            stream_version=v.stream_version,
+            position=v.position,
+            last_received_at=v.last_received_at,
+            last_observed_at=v.last_observed_at,
+            clock_skew_seconds=v.clock_skew_seconds,
+            last_seen_at=v.last_seen_at,
+            host_telemetry=host,
+            storage=v.storage,
+            accelerators=accelerators,
+        )
 
     def rows(self, state: NodeState) -> Rows:
         s = state
