@@ -211,7 +211,7 @@ async def test_a_4xx_is_recorded_with_its_body_and_skipped_a_5xx_retried_until_f
         await service.resume(sub.subscription_id)
         await asyncio.to_thread(receiver.wait_for, 1)
     assert receiver.positions() == [later], "the refused event skipped, the retried one delivered once"
-    attempts = await service.deliveries(sub.subscription_id)
+    attempts = (await service.deliveries(sub.subscription_id)).items
     outcomes = [(a.global_position, a.outcome, a.status_code) for a in reversed(attempts)]
     assert outcomes[0] == (refused, "rejected", 422)
     assert attempts[-1].response_body == '{"error": "no such pager"}'

@@ -1,6 +1,7 @@
 """Webhooks end to end: two real `modelforge-hw serve` processes on one database, subscriptions
 made and listed with the `modelforge-hw webhook` commands, events made over HTTP on either
-server, each delivered once to each receiver, in commit order."""
+server, each delivered once to each receiver, in commit order; `webhook deliveries` reads the
+attempts page after page."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import asyncpg
 import httpx
 
 from tests.agent_support import OPERATOR_TOKEN, ROOT, ServerProcess, clean_env, create_token
@@ -99,3 +101,47 @@ async def test_two_servers_deliver_each_event_once_and_the_cli_shows_it(
             r.stop()
     for s in servers:
         assert SECRET not in s.log_text()
+
+
+async def test_the_deliveries_command_follows_pages_newest_first(database_dsn: str, tmp_path: Path) -> None:
+    server = ServerProcess(database_dsn, tmp_path / "s", env=WEBHOOK_ENV).start()
+    receiver = Receiver().start()
+    secret_file = tmp_path / "hook.secret"
+    secret_file.write_text(SECRET + "\n")
+    try:
+        await server.wait_healthy()
+        # A type nothing here makes: the server delivers (and trims) nothing meanwhile.
+        made = cli(server.url, "create", receiver.url, "--secret-file", str(secret_file),
+                   "--type", "ACCELERATOR_MISSING", "-o", "json")  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        sid = json.loads(made.stdout)["subscription_id"]
+        # More attempts than the route's largest page (500).
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            await conn.execute(
+                "INSERT INTO webhook_deliveries (subscription_id, global_position, event_type, attempt, "
+                "outcome, status_code, duration_ms) SELECT $1, p, 'ACCELERATOR_MISSING', 1, 'delivered', "
+                "200, 2.0 FROM generate_series(1, 520) p",
+                sid,
+            )
+            newest_first = [
+                r["global_position"]
+                for r in await conn.fetch(
+                    "SELECT global_position FROM webhook_deliveries WHERE subscription_id = $1 "
+                    "ORDER BY delivery_id DESC",
+                    sid,
+                )
+            ]
+        finally:
+            await conn.close()
+        assert newest_first == list(range(520, 0, -1))
+        for limit, expected in ((510, newest_first[:510]), (1000, newest_first), (500, newest_first[:500])):
+            shown = cli(server.url, "deliveries", sid, "--limit", str(limit), "-o", "json")
+            assert shown.returncode == 0, shown.stderr
+            assert [d["global_position"] for d in json.loads(shown.stdout)] == expected, limit
+        table = cli(server.url, "deliveries", sid)
+        assert table.returncode == 0, table.stderr
+        assert table.stdout.count("delivered") == 20 and " 520 " in table.stdout.splitlines()[1]
+    finally:
+        server.stop()
+        receiver.stop()

@@ -15,6 +15,7 @@ import pytest
 from api.config import ServerConfig
 from api.http.app import create_app
 from api.http.context import AppContext
+from api.services.reads.cursors import encode_id_cursor
 from api.wiring import build_services
 from runtime.secrets import digest
 from tests.conftest import OPERATOR_TOKEN
@@ -115,7 +116,10 @@ async def test_a_resume_is_an_audited_event_and_clears_the_retry_state(
     assert r.status_code == 200, r.text
     assert r.json()["state"] == "active" and r.json()["attempts"] == 0 and r.json()["next_attempt_at"] is None
     assert [e["type"] for e in await webhook_events(pool)] == ["WEBHOOK_SUBSCRIBED", "WEBHOOK_RESUMED"]
-    assert (await client.get(f"/api/v1/webhooks/{sid}/deliveries", headers=AUTH)).json() == {"items": []}
+    assert (await client.get(f"/api/v1/webhooks/{sid}/deliveries", headers=AUTH)).json() == {
+        "items": [],
+        "next_cursor": None,
+    }
 
 
 async def test_metrics_show_each_subscription_and_its_state(
@@ -251,3 +255,60 @@ async def test_the_console_lists_subscriptions_with_their_state_and_origin_only(
     assert "failing" in row and "HTTP 503" in row and f"http://127.0.0.1:{receiver.port}" in row
     assert "receiver-token-in-the-path" not in page.text
     assert 'href="/console/webhooks"' in (await client.get("/console/")).text
+
+
+async def test_deliveries_are_paged_newest_first_across_page_boundaries(
+    client: httpx.AsyncClient, pool: asyncpg.Pool, receiver: Receiver
+) -> None:
+    sids = [
+        (
+            await client.post("/api/v1/webhooks", headers=AUTH, json={"url": receiver.url, "secret": SECRET})
+        ).json()["subscription_id"]
+        for _ in range(2)
+    ]
+    # Seven attempts of the first subscription, three of the second's between them.
+    async with pool.acquire() as conn:
+        for i in range(10):
+            await conn.execute(
+                "INSERT INTO webhook_deliveries (subscription_id, global_position, event_type, attempt, "
+                "outcome, status_code, duration_ms) VALUES ($1, $2, 'ACCELERATOR_MISSING', 1, 'delivered', 200, 1.5)",
+                sids[1] if i % 3 == 2 else sids[0],
+                i + 1,
+            )
+        newest_first = [
+            r["delivery_id"]
+            for r in await conn.fetch(
+                "SELECT delivery_id FROM webhook_deliveries WHERE subscription_id = $1 ORDER BY delivery_id DESC",
+                sids[0],
+            )
+        ]
+    assert len(newest_first) == 7
+    url = f"/api/v1/webhooks/{sids[0]}/deliveries"
+
+    async def every_page(limit: int) -> tuple[list[int], list[int]]:
+        seen: list[int] = []
+        sizes: list[int] = []
+        cursor: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": limit} | ({"cursor": cursor} if cursor else {})
+            r = await client.get(url, params=params, headers=AUTH)
+            assert r.status_code == 200, r.text
+            seen += [d["delivery_id"] for d in r.json()["items"]]
+            sizes.append(len(r.json()["items"]))
+            cursor = r.json()["next_cursor"]
+            if cursor is None:
+                return seen, sizes
+
+    # Pages cut inside the attempts, one at a time, a page that ends exactly at the oldest (no empty
+    # page after it) and one larger than them all: each attempt once, newest first.
+    for limit, sizes in ((3, [3, 3, 1]), (1, [1] * 7), (7, [7]), (500, [7])):
+        assert await every_page(limit) == (newest_first, sizes), limit
+
+    first = (await client.get(url, params={"limit": 3}, headers=AUTH)).json()["next_cursor"]
+    for bad in (first + "x", "not-a-cursor"):
+        r = await client.get(url, params={"cursor": bad}, headers=AUTH)
+        assert r.status_code == 400 and r.json()["type"].endswith("/invalid-cursor"), r.text
+    other = await client.get(f"/api/v1/webhooks/{sids[1]}/deliveries", params={"cursor": first}, headers=AUTH)
+    assert other.status_code == 400 and other.json()["type"].endswith("/invalid-cursor"), "another's cursor"
+    another_list = await client.get(url, params={"cursor": encode_id_cursor(sids[0])}, headers=AUTH)
+    assert another_list.status_code == 400, "a cursor of another list"

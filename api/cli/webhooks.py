@@ -175,21 +175,40 @@ def webhook_resume(
     _show(_subscription(api.send("POST", f"/webhooks/{subscription}/resume")), output)
 
 
+# The route's largest page: the kept attempts in few requests.
+DELIVERIES_PAGE = 500
+
+
+def read_deliveries(api: Api, subscription: str, limit: int) -> list[DeliveryBody]:
+    """The newest `limit` attempts, newest first, page after page."""
+    from api.services.webhooks import DeliveryPage
+
+    items: list[DeliveryBody] = []
+    cursor: str | None = None
+    while len(items) < limit:
+        params = [("limit", str(min(DELIVERIES_PAGE, limit - len(items))))]
+        params += [("cursor", cursor)] if cursor else []
+        raw = api.get(f"/webhooks/{subscription}/deliveries", params)
+        page = msgspec.json.decode(raw, type=DeliveryPage)
+        items += page.items
+        if not page.next_cursor:
+            break
+        cursor = page.next_cursor
+    return items
+
+
 @webhook_app.command("deliveries")
 def webhook_deliveries(
     subscription: SubscriptionId,
     server: Server,
-    limit: Annotated[int, typer.Option("--limit", min=1, max=500, help="How many, newest first.")] = 20,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many, newest first.")] = 20,
     token: Token = None,
     token_file: TokenFile = None,
     output: OutputOpt = Output.table,
 ) -> None:
     """The newest delivery attempts: event, outcome, HTTP status, the receiver's answer."""
-    from api.services.webhooks import DeliveryBody
-
     api = connect(server, token, token_file)
-    answer = api.get(f"/webhooks/{subscription}/deliveries", [("limit", str(limit))])
-    items = msgspec.json.decode(answer, type=dict[str, list[DeliveryBody]])["items"]
+    items = read_deliveries(api, subscription, limit)
     if emit(items, output):
         return
     if not items:

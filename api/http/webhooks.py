@@ -6,7 +6,7 @@ and the operator bearer token (a viewer token may not use them):
     GET    /webhooks/{id}                one subscription
     DELETE /webhooks/{id}                unsubscribe
     POST   /webhooks/{id}/resume         deliver again now from the cursor (a failing one)
-    GET    /webhooks/{id}/deliveries     the newest delivery attempts, newest first
+    GET    /webhooks/{id}/deliveries     delivery attempts, newest first, a page at a time (cursor, limit)
 
 Routes do no SQL: they call the WebhookService, given to them as a dependency.
 """
@@ -17,12 +17,12 @@ from typing import Annotated
 
 from litestar import Router, delete, get, post
 from litestar.di import NamedDependency
-from litestar.params import FromPath, JSONBody, QueryParameter
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from api.http.context import operator_guard
 from api.services.webhooks import (
-    MAX_DELIVERIES_SHOWN,
-    DeliveryBody,
+    MAX_DELIVERIES_PAGE,
+    DeliveryPage,
     WebhookBody,
     WebhookCreateRequest,
     WebhookService,
@@ -66,13 +66,14 @@ async def resume_webhook(
     return await webhooks.resume(subscription_id)
 
 
-@get("/webhooks/{subscription_id:str}/deliveries", summary="The newest delivery attempts, newest first")
+@get("/webhooks/{subscription_id:str}/deliveries", summary="Delivery attempts, newest first (paged)")
 async def list_deliveries(
     webhooks: NamedDependency[WebhookService],
     subscription_id: FromPath[str],
-    limit: Annotated[int, QueryParameter(ge=1, le=MAX_DELIVERIES_SHOWN)] = 50,
-) -> dict[str, list[DeliveryBody]]:
-    return {"items": await webhooks.deliveries(subscription_id, limit=limit)}
+    cursor: FromQuery[str | None] = None,
+    limit: Annotated[int, QueryParameter(ge=1, le=MAX_DELIVERIES_PAGE)] = 50,
+) -> DeliveryPage:
+    return await webhooks.deliveries(subscription_id, cursor=cursor, limit=limit)
 
 
 def webhook_routers() -> list[Router]:

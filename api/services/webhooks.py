@@ -25,6 +25,7 @@ import structlog
 
 from api.services.clock import central_now
 from api.services.errors import InvalidRequest, NotFound
+from api.services.reads.cursors import decode_deliveries_cursor, encode_deliveries_cursor
 from domain.webhooks import Destination, UrlRefusal, parse_url, refused_address, signing_key
 from ledger.events import (
     EVENT_TYPES,
@@ -41,7 +42,8 @@ from ledger.store import EventStore
 log = structlog.get_logger(__name__)
 
 CONNECT_PROBE_SECONDS = 3.0
-MAX_DELIVERIES_SHOWN = 500
+MAX_DELIVERIES_PAGE = 500
+_BEYOND_EVERY_ID = 2**63 - 1  # bigint's largest: a first page starts below it
 
 
 class WebhookCreateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -88,6 +90,14 @@ class DeliveryBody(msgspec.Struct, frozen=True):
     response_body: str | None
     error: str | None
     attempted_at: datetime
+
+
+class DeliveryPage(msgspec.Struct, frozen=True):
+    """A page of a subscription's delivery attempts, newest first; `next_cursor` continues with the
+    older ones (None: this page has the oldest kept)."""
+
+    items: list[DeliveryBody]
+    next_cursor: str | None
 
 
 _COLUMNS = (
@@ -293,15 +303,24 @@ class WebhookService:
         self.changed()
         return webhook_body(row)
 
-    async def deliveries(self, subscription_id: str, *, limit: int = 50) -> list[DeliveryBody]:
-        """The newest `limit` delivery attempts, newest first."""
+    async def deliveries(
+        self, subscription_id: str, *, cursor: str | None = None, limit: int = 50
+    ) -> DeliveryPage:
+        """A page of `limit` delivery attempts, newest first, older than `cursor`'s."""
+        below = decode_deliveries_cursor(cursor, subscription_id) if cursor else _BEYOND_EVERY_ID
+        limit = min(max(limit, 1), MAX_DELIVERIES_PAGE)
         await self.get(subscription_id)
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(
                 "SELECT delivery_id, global_position, event_type, attempt, outcome, status_code, "
                 "duration_ms, response_body, error, attempted_at FROM webhook_deliveries "
-                "WHERE subscription_id = $1 ORDER BY delivery_id DESC LIMIT $2",
+                "WHERE subscription_id = $1 AND delivery_id < $2 ORDER BY delivery_id DESC LIMIT $3",
                 subscription_id,
-                min(max(limit, 1), MAX_DELIVERIES_SHOWN),
+                below,
+                limit + 1,  # the extra row says whether older ones follow
             )
-        return [DeliveryBody(**dict(r)) for r in rows]
+        items = [DeliveryBody(**dict(r)) for r in rows[:limit]]
+        more = len(rows) > limit  # then this page is full: its last item is where the next starts
+        return DeliveryPage(
+            items, encode_deliveries_cursor(subscription_id, items[-1].delivery_id) if more else None
+        )

@@ -24,6 +24,8 @@ _IdCursor = tuple[Literal["id"], _Id]
 _LogCursor = tuple[Literal["log"], _TxId, _Position]
 _FleetCursor = tuple[Literal["fleet"], _Id, _Id]
 _GpuHistoryCursor = tuple[Literal["gpu-history"], _TxId, _Position]
+_DeliveryId = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
+_DeliveriesCursor = tuple[Literal["webhook-deliveries"], _Id, _DeliveryId]
 
 
 def _encode(parts: tuple[Any, ...]) -> str:
@@ -88,3 +90,16 @@ def encode_gpu_history_cursor(checkpoint: Checkpoint) -> str:
 def decode_gpu_history_cursor(cursor: str) -> Checkpoint:
     _, tx_id, position = _decode(cursor, _GpuHistoryCursor)
     return Checkpoint(tx_id, position)
+
+
+def encode_deliveries_cursor(subscription_id: str, last_delivery_id: int) -> str:
+    return _encode(("webhook-deliveries", subscription_id, last_delivery_id))
+
+
+def decode_deliveries_cursor(cursor: str, subscription_id: str) -> int:
+    """The delivery id a page of `subscription_id`'s attempts continues below; another
+    subscription's cursor is refused, not read as a place in this one's attempts."""
+    _, issued_for, last_delivery_id = _decode(cursor, _DeliveriesCursor)
+    if issued_for != subscription_id:
+        raise BadCursor("cursor is not one this list issued")
+    return int(last_delivery_id)
