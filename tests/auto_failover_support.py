@@ -102,11 +102,14 @@ class Keeper:
     pgdata: Path
     port: int
     env: dict[str, str]
+    # What runs it: `pg_autoctl run` over an existing node, or a script that creates one first.
+    command: list[str] = field(default_factory=list)
     log: Path = field(init=False)
     proc: subprocess.Popen[bytes] | None = None
 
     def __post_init__(self) -> None:
         self.log = self.pgdata.parent / f"{self.name}.log"
+        self.command = self.command or ["pg_autoctl", "run", "--pgdata", str(self.pgdata)]
 
     def dsn(self, database: str = DATABASE) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
@@ -114,7 +117,7 @@ class Keeper:
     def start(self) -> None:
         assert not self.running(), f"{self.name}: pg_autoctl already runs"
         self.proc = subprocess.Popen(
-            ["pg_autoctl", "run", "--pgdata", str(self.pgdata)],
+            self.command,
             env=self.env,
             cwd="/",
             stdout=self.log.open("ab"),
@@ -181,6 +184,27 @@ class Keeper:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
+def prepare(root: Path) -> dict[str, str]:
+    """The directory, owned by `postgres`, and the environment every pg_autoctl of it runs with:
+    its own XDG folders for pg_autoctl's configuration, state and pid files."""
+    root.mkdir(parents=True, exist_ok=True)
+    xdg = {"XDG_CONFIG_HOME": root / "xdg-config", "XDG_DATA_HOME": root / "xdg-data",
+           "XDG_RUNTIME_DIR": root / "xdg-run"}  # fmt: skip
+    for path in (root, *xdg.values()):
+        path.mkdir(exist_ok=True)
+        path.chmod(0o700 if path.name == "xdg-run" else 0o755)
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam("postgres")
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+    return {
+        "PATH": f"{replication.PG_BIN}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(root),
+        "LANG": "C.UTF-8",
+        "PG_CONFIG": str(replication.PG_BIN / "pg_config"),
+        **{k: str(v) for k, v in xdg.items()},
+    }
+
+
 @dataclass
 class Formation:
     """The monitor and two nodes, node1 created first (the primary), node2 from it."""
@@ -189,30 +213,16 @@ class Formation:
     monitor: Keeper
     nodes: dict[str, Keeper]
     env: dict[str, str]
+    monitor_dsn: str  # how the test reads the monitor's tables
 
     @classmethod
     def create(cls, root: Path) -> Formation:
         why = missing()
         if why:
             raise RuntimeError(why)
-        root.mkdir(parents=True, exist_ok=True)
-        xdg = {"XDG_CONFIG_HOME": root / "xdg-config", "XDG_DATA_HOME": root / "xdg-data",
-               "XDG_RUNTIME_DIR": root / "xdg-run"}  # fmt: skip
-        for path in (root, *xdg.values()):
-            path.mkdir(exist_ok=True)
-            path.chmod(0o700 if path.name == "xdg-run" else 0o755)
-            if os.geteuid() == 0:
-                entry = pwd.getpwnam("postgres")
-                os.chown(path, entry.pw_uid, entry.pw_gid)
-        env = {
-            "PATH": f"{replication.PG_BIN}:/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(root),
-            "LANG": "C.UTF-8",
-            "PG_CONFIG": str(replication.PG_BIN / "pg_config"),
-            **{k: str(v) for k, v in xdg.items()},
-        }
+        env = prepare(root)
         monitor = Keeper("monitor", root / "monitor", replication.free_port(), env)
-        formation = cls(root, monitor, {}, env)
+        formation = cls(root, monitor, {}, env, monitor.dsn("pg_auto_failover"))
         try:
             formation._create_monitor()
             for name in ("node1", "node2"):
@@ -241,7 +251,10 @@ class Formation:
         self.autoctl("create", "monitor", "--pgdata", str(m.pgdata), "--pgport", str(m.port), *self._common())
         _settings(m.pgdata, MONITOR_SETTINGS)
         m.start()
-        self._wait(lambda: self.monitor_sql("SELECT count(*) FROM pgautofailover.formation") != "", 60,
+        self.wait_monitor()
+
+    def wait_monitor(self, within: float = 60) -> None:
+        self._wait(lambda: self.monitor_sql("SELECT count(*) FROM pgautofailover.formation") != "", within,
                    "the monitor answering")  # fmt: skip
 
     def monitor_uri(self) -> str:
@@ -264,8 +277,7 @@ class Formation:
     def monitor_sql(self, sql: str) -> str:
         """One statement on the monitor's database; '' when the monitor does not answer."""
         done = subprocess.run(
-            [str(replication.PG_BIN / "psql"), "-X", "-qtA", "-h", "127.0.0.1", "-p", str(self.monitor.port),
-             "-U", "postgres", "-d", "pg_auto_failover", "-c", sql],
+            [str(replication.PG_BIN / "psql"), "-X", "-qtA", "-d", self.monitor_dsn, "-c", sql],
             capture_output=True, text=True, timeout=30, check=False,
         )  # fmt: skip
         return done.stdout.strip() if done.returncode == 0 else ""

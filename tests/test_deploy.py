@@ -95,9 +95,9 @@ def systemd_analyze() -> str:
 # --- the image ----------------------------------------------------------------------------------
 
 
-def dockerfile_instructions() -> list[tuple[str, str]]:
+def dockerfile_instructions(path: Path = DOCKERFILE) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text(encoding="utf-8"))
+    text = re.sub(r"\\\n", " ", path.read_text(encoding="utf-8"))
     out = []
     for line in text.splitlines():
         line = line.strip()

@@ -1,0 +1,245 @@
+"""deploy/ha/compose.yaml: the pg_auto_failover pair in containers (a monitor, node1, node2, the
+server on the two-host URL). No Docker engine runs here, so what is checked is what can be
+without one:
+
+* the file as written: its services, the server's URL (both nodes, `target_session_attrs=
+  read-write`, the database the nodes create), a named volume per database container, the same
+  confinement as deploy/compose.yaml, and that HIGH_AVAILABILITY.md describes the same;
+* `docker-compose config` (Debian's docker-compose 1.29, installed when missing: the test fails,
+  never skips, when it cannot be): the file validates and interpolates, and refuses to run
+  without its passwords;
+* the image's Dockerfile: Debian's packages, the ones tests/test_auto_failover.py runs;
+* the containers' entrypoint itself (deploy/ha/pgaf-entrypoint.sh), run on this machine as the
+  containers run it: it makes a monitor and two nodes with scram-sha-256 and self-signed TLS,
+  and the compose file's URL, with this machine's ports for the two hosts, reaches the primary as
+  the `modelforge` role, over TLS, with `synchronous_commit = remote_apply`; `modelforge-hw
+  migrate` applies the schema through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import asyncpg
+import pytest
+import yaml
+
+from bench import replication
+from tests import auto_failover_support as paf
+from tests.cli_support import parse
+from tests.failover_support import cli, postgres_programs, workdir
+from tests.test_auto_failover import auto_failover_programs
+from tests.test_deploy import _apt_install, assert_confined, dockerfile_instructions
+
+__all__ = ["auto_failover_programs", "postgres_programs", "workdir"]  # the fixtures, used by name
+
+ROOT = Path(__file__).resolve().parent.parent
+HA = ROOT / "deploy" / "ha"
+COMPOSE = HA / "compose.yaml"
+DOCKERFILE = HA / "Dockerfile.pg_auto_failover"
+ENTRYPOINT = HA / "pgaf-entrypoint.sh"
+DOC = ROOT / "docs" / "operations" / "HIGH_AVAILABILITY.md"
+PASSWORDS = {
+    "POSTGRES_PASSWORD": "app-s3cret",
+    "PGAF_AUTOCTL_NODE_PASSWORD": "node-s3cret",
+    "PGAF_REPLICATION_PASSWORD": "repl-s3cret",
+}
+DATABASE_SERVICES = ("monitor", "node1", "node2")
+
+
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    assert isinstance(data, dict)
+    return data
+
+
+def server_url() -> str:
+    """The server's URL as the file writes it, with POSTGRES_PASSWORD as docker-compose fills it."""
+    url = compose()["services"]["server"]["environment"]["MODELFORGE_DATABASE_URL"]
+    return str(re.sub(r"\$\{POSTGRES_PASSWORD(:\?[^}]*)?\}", PASSWORDS["POSTGRES_PASSWORD"], url))
+
+
+def test_the_pair_the_monitor_and_the_server_with_a_volume_each() -> None:
+    config = compose()
+    services = config["services"]
+    assert set(services) == {*DATABASE_SERVICES, "server"}
+    assert_confined(config, "deploy/ha/compose.yaml")
+    mounts = {}
+    for name in DATABASE_SERVICES:
+        service = services[name]
+        assert service["command"] == ["monitor" if name == "monitor" else "node"]
+        assert service["hostname"] == service["environment"]["PGAF_HOSTNAME"] == name
+        assert service["user"] == "postgres"
+        (volume,) = service["volumes"]
+        source, target = volume.split(":")
+        assert target == "/var/lib/postgresql", "PGDATA and pg_autoctl's state live there"
+        mounts[name] = source
+    assert len(set(mounts.values())) == 3, mounts
+    assert set(config["volumes"]) == {*mounts.values(), "modelforge-state"}
+    # The secondary is copied from the primary on its first start.
+    assert services["node2"]["depends_on"]["node1"]["condition"] == "service_healthy"
+    # The server waits for no node's health: it must come up whichever node is the primary.
+    assert all(d["condition"] == "service_started" for d in services["server"]["depends_on"].values())
+    assert parse(services["server"]["command"]) == ("serve",)
+
+
+def test_the_server_url_names_both_nodes_and_asks_for_the_writable_one() -> None:
+    parts = urlsplit(server_url())
+    assert parts.netloc == "modelforge:app-s3cret@node1:5432,node2:5432"
+    assert parts.path == "/modelforge"
+    assert parse_qs(parts.query) == {"target_session_attrs": ["read-write"], "sslmode": ["require"]}
+    # The database the nodes create and the role they give it to.
+    script = ENTRYPOINT.read_text(encoding="utf-8")
+    assert "--dbname modelforge" in script and "CREATE ROLE modelforge LOGIN" in script
+    assert "synchronous_commit = 'remote_apply'" in script
+
+
+def test_the_docs_describe_this_file() -> None:
+    doc = DOC.read_text(encoding="utf-8")
+    assert "deploy/ha/compose.yaml" in doc
+    for name in (*DATABASE_SERVICES, "node1:5432,node2:5432", *PASSWORDS, "docker-compose config"):
+        assert name in doc, f"HIGH_AVAILABILITY.md does not mention {name}"
+    example = (HA / "env.example").read_text(encoding="utf-8")
+    for variable in PASSWORDS:
+        assert f"\n{variable}=\n" in example, variable
+
+
+def test_the_image_is_debians_packages_run_as_postgres() -> None:
+    instructions = dockerfile_instructions(DOCKERFILE)
+    assert [a for w, a in instructions if w == "FROM"] == ["debian:bookworm-slim"]
+    (install,) = [a for w, a in instructions if w == "RUN"]
+    for package in ("postgresql-15", *paf.PACKAGES):
+        assert f" {package}" in install, package
+    assert [a for w, a in instructions if w == "USER"] == ["postgres"]
+    (copy,) = [a.split() for w, a in instructions if w == "COPY"]
+    assert (HA / copy[0]).is_file() and copy[1] == "/usr/local/bin/pgaf-entrypoint.sh"
+    (entrypoint,) = [yaml.safe_load(a) for w, a in instructions if w == "ENTRYPOINT"]
+    assert entrypoint == [copy[1]]
+    assert os.access(ENTRYPOINT, os.X_OK)
+    assert subprocess.run(["sh", "-n", str(ENTRYPOINT)], check=False).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def docker_compose() -> str:
+    path = shutil.which("docker-compose")
+    if path is None:
+        why = _apt_install("docker-compose")
+        path = shutil.which("docker-compose")
+        assert path is not None, f"docker-compose cannot be installed: {why or 'not on PATH after install'}"
+    return path
+
+
+def compose_config(docker_compose: str, tmp_path: Path, variables: dict[str, str]) -> tuple[int, Any, str]:
+    env_file = tmp_path / "test.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in variables.items()), encoding="utf-8")
+    done = subprocess.run(
+        [docker_compose, "--env-file", str(env_file), "-f", str(COMPOSE), "config"],
+        cwd=ROOT,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return done.returncode, yaml.safe_load(done.stdout) if done.returncode == 0 else None, done.stderr
+
+
+def test_docker_compose_config_validates_it(docker_compose: str, tmp_path: Path) -> None:
+    code, config, err = compose_config(docker_compose, tmp_path, PASSWORDS)
+    assert code == 0, err
+    server = config["services"]["server"]
+    assert server["environment"]["MODELFORGE_DATABASE_URL"] == (
+        "postgresql://modelforge:app-s3cret@node1:5432,node2:5432/modelforge"
+        "?target_session_attrs=read-write&sslmode=require"
+    )
+    for name in ("node1", "node2"):
+        env = config["services"][name]["environment"]
+        assert {k: env[k] for k in PASSWORDS} == PASSWORDS
+        assert env["PGAF_HOSTNAME"] == name
+    assert config["services"]["monitor"]["environment"]["PGAF_AUTOCTL_NODE_PASSWORD"] == "node-s3cret"
+    assert config["services"]["node1"]["build"]["context"] == str(HA)
+    assert_confined(config, "docker-compose config deploy/ha/compose.yaml")
+
+
+@pytest.mark.parametrize("absent", sorted(PASSWORDS))
+def test_docker_compose_refuses_it_without_a_password(
+    docker_compose: str, tmp_path: Path, absent: str
+) -> None:
+    code, _, err = compose_config(
+        docker_compose, tmp_path, {k: v for k, v in PASSWORDS.items() if k != absent}
+    )
+    assert code != 0 and absent in err, err
+
+
+async def test_the_entrypoint_makes_the_formation_the_compose_url_reaches(
+    auto_failover_programs: None, workdir: Path
+) -> None:
+    root = workdir / "compose-pgaf"
+    env = {**paf.prepare(root), **PASSWORDS}
+    monitor_port = replication.free_port()
+    tag = uuid.uuid4().hex[:6]
+
+    def keeper(name: str, port: int) -> paf.Keeper:
+        role = "monitor" if name == "monitor" else "node"
+        # Each container's hostname is 127.0.0.1 here; names tell the nodes apart on the monitor.
+        own = {"PGDATA": str(root / name), "PGAF_HOSTNAME": "127.0.0.1", "PGAF_NAME": f"{name}-{tag}",
+               "PGAF_PORT": str(port), "PGAF_MONITOR_HOST": "127.0.0.1", "PGAF_MONITOR_PORT": str(monitor_port)}  # fmt: skip
+        return paf.Keeper(name, root / name, port, {**env, **own}, command=[str(ENTRYPOINT), role])
+
+    monitor = keeper("monitor", monitor_port)
+    nodes = {n: keeper(n, replication.free_port()) for n in ("node1", "node2")}
+    monitor_dsn = (
+        f"postgresql://autoctl_node:{PASSWORDS['PGAF_AUTOCTL_NODE_PASSWORD']}@127.0.0.1:{monitor_port}"
+        "/pg_auto_failover?sslmode=require"
+    )
+    formation = paf.Formation(root, monitor, nodes, env, monitor_dsn)
+    names = {n: f"{n}-{tag}" for n in nodes}
+    try:
+        monitor.start()
+        await asyncio.to_thread(formation.wait_monitor, 120)  # as autoctl_node, with its password
+        nodes["node1"].start()
+        await asyncio.to_thread(formation.wait_states, {names["node1"]: "single"}, 120)
+        nodes["node2"].start()  # compose starts it once node1 is healthy
+        await asyncio.to_thread(
+            formation.wait_states, {names["node1"]: "primary", names["node2"]: "secondary"}, 180
+        )
+        # The compose file's URL, with this machine's address and ports for node1 and node2.
+        url = server_url().replace(
+            "node1:5432,node2:5432", f"127.0.0.1:{nodes['node1'].port},127.0.0.1:{nodes['node2'].port}"
+        )
+        printed = formation.monitor_sql(
+            "SELECT pgautofailover.formation_uri('default', 'default', 'require')"
+        )
+        assert printed.replace("postgres://", "postgresql://modelforge:app-s3cret@", 1) == url, printed
+        conn = await asyncpg.connect(url, timeout=10)
+        try:
+            row = await conn.fetchrow(
+                "SELECT current_user AS role, inet_server_port() AS port, "
+                "current_setting('synchronous_commit') AS sync, "
+                "(SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()) AS tls"
+            )
+        finally:
+            await conn.close()
+        assert row is not None
+        assert dict(row) == {
+            "role": "modelforge",
+            "port": nodes["node1"].port,
+            "sync": "remote_apply",
+            "tls": True,
+        }
+        done = await asyncio.to_thread(cli, url, "migrate")
+        assert done.returncode == 0, done.stdout + done.stderr
+    except BaseException:
+        for k in (monitor, *nodes.values()):
+            print(f"--- {k.name}\n{k.log_text()[-3000:]}")
+        raise
+    finally:
+        await asyncio.to_thread(formation.close)
