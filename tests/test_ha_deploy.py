@@ -121,6 +121,9 @@ def test_the_image_is_debians_packages_run_as_postgres() -> None:
     assert [a for w, a in instructions if w == "USER"] == ["postgres"]
     (copy,) = [a.split() for w, a in instructions if w == "COPY"]
     assert (HA / copy[0]).is_file() and copy[1] == "/usr/local/bin/pgaf-entrypoint.sh"
+    # The build context (deploy/ha) sends the entrypoint alone: never deploy/ha/.env's passwords.
+    ignore = (HA / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    assert "*" in ignore and f"!{copy[0]}" in ignore
     (entrypoint,) = [yaml.safe_load(a) for w, a in instructions if w == "ENTRYPOINT"]
     assert entrypoint == [copy[1]]
     assert os.access(ENTRYPOINT, os.X_OK)
