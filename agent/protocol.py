@@ -6,6 +6,7 @@ the same types, so the contract cannot drift between the two.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Generic, Literal, TypeAlias, TypeVar
@@ -28,6 +29,19 @@ REPORTS_PATH = "/api/v1/agent/reports"
 # The agent's clock when it sent this attempt (RFC 3339). Not in the body: a retry must be
 # byte-identical to the first attempt, and the send time differs per attempt.
 SENT_AT_HEADER = "Modelforge-Agent-Sent-At"
+
+
+def sent_at_of(value: str | None) -> datetime | None:
+    """The send time a SENT_AT_HEADER value says; None when absent or malformed (advisory only:
+    a malformed clock reading does not cost the report)."""
+    if not value:
+        return None
+    with contextlib.suppress(ValueError):
+        parsed = datetime.fromisoformat(value)
+        if parsed.tzinfo is not None:
+            return parsed
+    return None
+
 
 ENROLLMENT_TOKEN_PREFIX = "mfe"
 CREDENTIAL_PREFIX = "mfc"

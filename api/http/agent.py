@@ -17,7 +17,6 @@ to them as dependencies.
 
 from __future__ import annotations
 
-import contextlib
 from datetime import datetime
 from typing import Any
 
@@ -28,8 +27,9 @@ from litestar.di import NamedDependency
 from litestar.handlers.base import BaseRouteHandler
 from litestar.params import FromPath, FromQuery, JSONBody
 
-from agent.protocol import SENT_AT_HEADER, EnrollRequest, EnrollResponse, ReportAck
+from agent.protocol import SENT_AT_HEADER, EnrollRequest, EnrollResponse, ReportAck, sent_at_of
 from api.http.context import bearer, ctx, operator_guard
+from api.http.fast_report import report_fast_path
 from api.services.credentials import AgentStreamBody, CredentialBody, CredentialService
 from api.services.enrollment import EnrollmentService, TokenBody, TokenCreated, TokenCreateRequest
 from api.wiring import Services
@@ -40,14 +40,7 @@ class RevokeRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def _sent_at(request: Request[Any, Any, Any]) -> datetime | None:
-    value = request.headers.get(SENT_AT_HEADER)
-    if not value:
-        return None
-    with contextlib.suppress(ValueError):
-        parsed = datetime.fromisoformat(value)
-        if parsed.tzinfo is not None:
-            return parsed
-    return None  # advisory only: a malformed clock reading does not cost the report
+    return sent_at_of(request.headers.get(SENT_AT_HEADER))
 
 
 # --- agent -----------------------------------------------------------------------------------------
@@ -72,7 +65,12 @@ async def enroll(
     return await enrollment.enroll(bearer(request), data)
 
 
-@post("/agent/reports", status_code=200, summary="Publish one report (the node credential as bearer)")
+@post(
+    "/agent/reports",
+    status_code=200,
+    summary="Publish one report (the node credential as bearer)",
+    middleware=[report_fast_path],
+)
 async def report(request: Request[Any, Any, Any], services: NamedDependency[Services]) -> ReportAck:
     principal = await services.credentials.authenticate(bearer(request))
     raw = await request.body()  # over the size limit: 413 problem+json (api.http.problems.handle_http)
