@@ -12,9 +12,10 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from agent import protocol
 from agent.protocol import (
     ACCELERATOR_METRIC_TYPES,
     HOST_METRIC_TYPES,
@@ -115,6 +116,64 @@ def test_every_string_refuses_nul(where: tuple[tuple[Any, ...], Any], before: st
     path, shape = where
     message = refused(put(doc(), path, shape(f"{before}\x00{after}")))
     assert "regex" in message or "NUL" in message, message
+
+
+def _outcome(decoder: msgspec.json.Decoder[Any], raw: bytes) -> tuple[str, Any]:
+    try:
+        return "decoded", msgspec.to_builtins(decoder.decode(raw))
+    except msgspec.DecodeError as exc:  # a ValidationError too
+        return type(exc).__name__, str(exc)
+
+
+VALUE_PATHS: list[tuple[Any, ...]] = [
+    *(path for path, _shape in STRING_PATHS),
+    ("sequence",),
+    ("observed_at",),
+    (*HOST, "memory_total_bytes"),
+    (*HOST, "storage", 0, "used_bytes"),
+    (*GPU0, "telemetry", "temperature_celsius"),
+    (*GPU0, "telemetry", "performance_state"),
+    (*GPU0, "index"),
+    (*GPU0, "mig_mode"),
+    ("observation", "nvml", "accelerators"),
+]
+NUL_FREE_TEXT = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=1100
+)
+VALUES = st.one_of(
+    NUL_FREE_TEXT,
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False),
+    st.booleans(),
+    st.none(),
+    st.lists(st.integers(), max_size=3),
+    st.fixed_dictionaries({"state": st.sampled_from(["known", "unknown", "unavailable", "x"])}),
+    st.fixed_dictionaries({"state": st.just("known"), "value": st.one_of(NUL_FREE_TEXT, st.integers())}),
+    st.fixed_dictionaries({"state": st.just("unavailable"), "reason": NUL_FREE_TEXT}),
+)
+
+
+@settings(max_examples=200)
+@given(path=st.sampled_from(VALUE_PATHS), value=VALUES)
+def test_a_body_without_a_nul_is_judged_alike_without_the_nul_patterns(
+    path: tuple[Any, ...], value: Any
+) -> None:
+    """decode_report decodes a body that holds no NUL (neither raw nor as `\\u0000`) against the
+    wire types with their NUL patterns left out: it must accept and refuse exactly what the full
+    types do, with the same words."""
+    raw = put(doc(), path, value)
+    assume(b"\\u0000" not in raw)  # text that reads `\u0000` once escaped: the full types decode it
+    assert _outcome(protocol._nul_free_report_decoder, raw) == _outcome(protocol._wire_report_decoder, raw)
+
+
+def test_a_body_that_writes_a_nul_is_decoded_against_the_full_types() -> None:
+    raw = put(doc(), (*HOST, "hostname"), "gpu\x00host")
+    assert b"\\u0000" in raw
+    assert "regex" in refused(raw)
+    # An escaped backslash before `u0000` is text, not a NUL: the full types accept it.
+    text = put(doc(), (*HOST, "hostname"), "gpu\\u0000host")
+    assert b"\\\\u0000" in text
+    assert decode_report(text).observation.host.hostname == "gpu\\u0000host"
 
 
 @pytest.mark.parametrize(
