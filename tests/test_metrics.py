@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -29,9 +30,12 @@ from api.services.metrics.catalog import (
 )
 from api.services.metrics.exposition import render
 from api.services.metrics.page import render_catalog
-from api.services.metrics.samples import clock_event_mask, sample_value, signal_value
-from api.services.metrics.snapshot import GpuRow, NodeRow, Snapshot, WebhookRow
-from collectors.gpu_health import CLOCK_EVENT_REASONS
+from api.services.metrics.samples import clock_event_mask, fact_value, sample_value, signal_value
+from api.services.metrics.snapshot import GpuRow, NodeRow, Snapshot, WebhookRow, read_snapshot
+from api.services.reads.facts import stored_fact, stored_facts
+from api.services.reads.liveness import LivenessPolicy
+from collectors.facts import Unsupported
+from collectors.gpu_health import CLOCK_EVENT_REASONS, AcceleratorHealthSignals
 from tests.fakes.fake_pynvml import nvmlClocksEventReasonGpuIdle, nvmlClocksEventReasonHwThermalSlowdown
 from tests.fixtures_nvml import multi_gpu_scenario, rtx_3060_laptop, rtx_4090_driver_535
 
@@ -105,6 +109,40 @@ async def test_missing_gpu_is_flagged_and_has_no_current_telemetry(make_api) -> 
     assert all(s.labels["UUID"] != gone.uuid for s in samples(text, "modelforge_gpu_power_watts"))
     counts = {s.labels["status"]: s.value for s in samples(text, "modelforge_accelerators")}
     assert counts == {"active": 1, "missing": 1}
+
+
+async def test_a_fleets_text_from_its_decoded_samples_is_that_of_their_stored_form(make_api) -> None:  # type: ignore[no-untyped-def]
+    # A scrape reads each GPU's sample as its event decodes it; the same facts in the stored
+    # (jsonb) form, as the read models keep a node's, must make the same bytes, signals and all.
+    sc = multi_gpu_scenario(4)
+    sc.gpus[1].remapped_rows = (0, 0, 0, 1)
+    sc.gpus[2].errors["fan_speed"] = "NotSupported"
+    api = make_api(sc)
+    await api.refresh()
+    api.nvml.xid(sc.gpus[3].uuid, 79)
+    await api.refresh()
+    decoded = await read_snapshot(
+        api.pool, LivenessPolicy(api.config.stale_after, api.config.offline_after), {}
+    )
+    assert len(decoded.gpus) == 4
+    assert all(g.telemetry and g.health_signals is not None for g in decoded.gpus)
+    stored = msgspec.structs.replace(
+        decoded,
+        gpus=[
+            msgspec.structs.replace(
+                g,
+                telemetry=stored_facts(msgspec.to_builtins(g.telemetry)),
+                health_signals=msgspec.convert(
+                    msgspec.to_builtins(g.health_signals), AcceleratorHealthSignals
+                ),
+            )
+            for g in decoded.gpus
+        ],
+    )
+    text = render(decoded)
+    assert text == render(stored)
+    assert by_uuid(text.decode(), "DCGM_FI_DEV_ROW_REMAP_FAILURE")[sc.gpus[1].uuid] == 1
+    assert sc.gpus[2].uuid not in by_uuid(text.decode(), "modelforge_gpu_fan_speed_ratio")
 
 
 def by_uuid(text: str, name: str) -> dict[str, float]:
@@ -252,7 +290,8 @@ def expected(fact: dict[str, Any], scale: float) -> float | None:
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(telemetry=st.dictionaries(st.sampled_from([m.source for m in GPU_TELEMETRY]), facts))
 def test_a_sample_exists_exactly_when_its_fact_is_a_known_number(telemetry: dict[str, Any]) -> None:
-    gpu = GpuRow("n1", "host", "GPU-1", "active", "0", "NVIDIA H200", "0000:01:00.0", "580", telemetry)
+    decoded = stored_facts(telemetry)
+    gpu = GpuRow("n1", "host", "GPU-1", "active", "0", "NVIDIA H200", "0000:01:00.0", "580", decoded)
     text = render(
         Snapshot(nodes=[], gpus=[gpu], accelerator_counts={}, head=0, folded=0, counters={})
     ).decode()
@@ -394,7 +433,7 @@ def reference_text(s: Snapshot) -> bytes:
             labels = [g.index, g.uuid, g.model, g.hostname, g.pci_bus_id, g.node_id]
             f[m.GPU_INFO.name].add_metric([*labels, g.status, g.driver_version], 1)
             for spec in m.GPU_TELEMETRY:
-                value = sample_value(g.telemetry.get(spec.source))
+                value = fact_value(g.telemetry.get(spec.source))
                 if value is not None:
                     f[spec.name].add_metric(labels, value * spec.scale)
             for state in m.HEALTH_STATES:
@@ -455,16 +494,25 @@ def reference_text(s: Snapshot) -> bytes:
     return generate_latest(registry)
 
 
-def signals_of(values: dict[str, Any], reasons: dict[str, Any]) -> dict[str, Any]:
-    """Health signals as the read model stores them, from one fact per signal's source."""
-    signals: dict[str, Any] = {"clock_event_reasons": reasons}
+def signals_of(values: dict[str, Any], reasons: dict[str, Any]) -> AcceleratorHealthSignals:
+    """Health signals as a sample's event decodes them, from one stored fact per signal's source
+    (any other signal unsupported)."""
+    groups: dict[str, Any] = {
+        "clock_event_reasons": stored_facts(reasons),
+        "ecc_mode": Unsupported(),
+        "ecc_errors": {},
+        "remapped_rows": {},
+        "retired_pages": {},
+        "pcie_replay_count": Unsupported(),
+        "xid_events": Unsupported(),
+    }
     for source, fact in values.items():
         group, _, name = source.removeprefix("health.").partition(".")
         if name:
-            signals.setdefault(group, {})[name] = fact
+            groups[group][name] = stored_fact(fact)
         else:
-            signals[group] = fact
-    return signals
+            groups[group] = stored_fact(fact)
+    return AcceleratorHealthSignals(**groups)
 
 
 # Label values a scrape must carry through intact: quotes, backslashes, newlines, non-ASCII.
@@ -481,7 +529,7 @@ gpu_rows = st.builds(
     model=label_text,
     pci_bus_id=label_text,
     driver_version=label_text,
-    telemetry=st.dictionaries(st.sampled_from([m.source for m in GPU_TELEMETRY]), facts),
+    telemetry=st.dictionaries(st.sampled_from([m.source for m in GPU_TELEMETRY]), facts).map(stored_facts),
     health_status=st.sampled_from(HEALTH_STATES),
     health_action=st.sampled_from(HEALTH_ACTIONS),
     health_reasons=st.lists(
@@ -584,7 +632,7 @@ def test_a_fleet_without_lines_for_a_family_is_still_rendered_in_bounded_pieces(
 
         return wrapper
 
-    for name in ("sample_value", "signal_value", "clock_event_mask"):
+    for name in ("fact_value", "signal_value", "clock_event_mask"):
         monkeypatch.setattr(exposition, name, counted(getattr(exposition, name)))
     snapshot = Snapshot(nodes=[], gpus=gpus, accelerator_counts={}, head=0, folded=0, counters={})
     marks = [examined for _piece in exposition.render_chunks(snapshot)]

@@ -50,7 +50,7 @@ from api.services.metrics.catalog import (
     WEBHOOK_SUBSCRIPTIONS,
     MetricSpec,
 )
-from api.services.metrics.samples import clock_event_mask, sample_value, signal_value
+from api.services.metrics.samples import clock_event_mask, fact_value, sample_value, signal_value
 from api.services.metrics.snapshot import GpuRow, NodeRow, Snapshot
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -158,7 +158,7 @@ def _lines(s: Snapshot) -> Iterator[str]:
     for spec in GPU_TELEMETRY:
         yield _header(spec)
         for g, labels in gpus:
-            value = sample_value(g.telemetry.get(spec.source))
+            value = fact_value(g.telemetry.get(spec.source))
             # unsupported / failed: absent, never 0
             yield "" if value is None else _line(spec, labels.plain, value * spec.scale)
     yield _header(GPU_HEALTH_STATUS)

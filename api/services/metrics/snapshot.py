@@ -15,6 +15,8 @@ from api.services.metrics.samples import known_text
 from api.services.reads.liveness import LIVENESS, LivenessPolicy
 from api.services.reads.samples import Sample, samples_at
 from api.services.reads.statement import Query
+from collectors.facts import Fact
+from collectors.gpu_health import AcceleratorHealthSignals
 from runtime.process import older_collections_deferred
 
 
@@ -37,13 +39,14 @@ class GpuRow(msgspec.Struct, frozen=True):
     model: str
     pci_bus_id: str
     driver_version: str
-    telemetry: dict[str, Any]
+    # the GPU's sample as decoded from its event; empty without a current one
+    telemetry: dict[str, Fact]
     health_status: str = "healthy"
     health_action: str = "none"
     # (code, status, action) of each reason of the verdict
     health_reasons: list[tuple[str, str, str]] = []
-    # the latest health signals as stored (jsonb builtins); None without any
-    health_signals: dict[str, Any] | None = None
+    # the latest health signals as decoded from the sample's event; None without any
+    health_signals: AcceleratorHealthSignals | None = None
     last_xid: int | None = None
 
 
@@ -81,12 +84,6 @@ _NODES = Query(
 ).build()
 
 
-def _builtins(value: object) -> dict[str, Any]:
-    """A sample's part in the stored JSON form the samples of a scrape are read in."""
-    out: dict[str, Any] = msgspec.to_builtins(value)
-    return out
-
-
 def _slices(rows: list[asyncpg.Record], size: int = 250) -> Iterator[list[asyncpg.Record]]:
     """A fleet's rows in slices: turned into rows one slice at a time, with the event loop free
     between them (80,000 GPUs at once hold agent reports up for over a second)."""
@@ -118,12 +115,12 @@ def _gpu_row(r: asyncpg.Record, sample: Sample | None) -> GpuRow:
         model=known_text(r["name"]),
         pci_bus_id=known_text(r["pci_bus_id"]),
         driver_version=known_text(r["driver_version"]),
-        telemetry=_builtins(current.metrics) if current is not None else {},
+        telemetry=current.metrics if current is not None else {},
         # The verdict and the XIDs are the ledger's record, not a reading: kept when missing.
         health_status=r["health_status"],
         health_action=r["health_action"],
         health_reasons=[(x["code"], x["status"], x["action"]) for x in r["health_reasons"] or []],
-        health_signals=_builtins(current.health) if current is not None and current.health else None,
+        health_signals=current.health if current is not None else None,
         last_xid=r["last_xid"] if isinstance(r["last_xid"], int) else None,
     )
 
