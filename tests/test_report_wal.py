@@ -8,6 +8,7 @@ and checkpoints in either encoding compared by state in `rebuild --verify`."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from pathlib import Path
@@ -116,7 +117,7 @@ async def test_a_steady_report_changes_its_rows_in_place_without_row_locks_or_to
         bytes_of: Counter[str] = Counter()
         records = await _records(admin, start, end, bytes_of)
         stored = await admin.fetchrow(
-            "SELECT recent FROM agent_stream_positions WHERE node_id = $1 AND stream = 'telemetry'",
+            "SELECT recent, last_sequence FROM agent_stream_positions WHERE node_id = $1 AND stream = 'telemetry'",
             principal.node_id,
         )
         state = await admin.fetchval(
@@ -126,7 +127,8 @@ async def test_a_steady_report_changes_its_rows_in_place_without_row_locks_or_to
     finally:
         await pool.close()
         await admin.close()
-    assert stored is not None and len(recent_digests(stored["recent"])) == RECENT_REPORT_DIGESTS
+    assert stored is not None
+    assert len(recent_digests(stored["recent"], stored["last_sequence"])) == RECENT_REPORT_DIGESTS
     written = {rel for rel, _type in records}
     assert {"projection_state", "agent_stream_positions"} <= written
     # every GPU is in the report's own snapshot: none has a telemetry row to rewrite
@@ -136,19 +138,42 @@ async def test_a_steady_report_changes_its_rows_in_place_without_row_locks_or_to
     )
     # The checkpoint's unchanged part (all but what the report changed) is not logged again.
     assert bytes_of["projection_state"] < len(state) / 3, (bytes_of, len(state))
+    # Nor the stream's window of digests: its new entry goes in front of the ones stored before.
+    assert bytes_of["agent_stream_positions"] < len(stored["recent"]) / 3, bytes_of
 
 
 @given(
-    st.dictionaries(
-        st.integers(min_value=-(2**63), max_value=2**63 - 1).map(str),
-        st.binary(min_size=32, max_size=32).map(bytes.hex),
-        max_size=RECENT_REPORT_DIGESTS,
-    )
+    st.lists(st.integers(min_value=1, max_value=2 * RECENT_REPORT_DIGESTS), min_size=1, max_size=120),
+    st.integers(min_value=-(2**40), max_value=2**40),
 )
-def test_recent_digests_round_trip_through_their_stored_bytes(recent: dict[str, str]) -> None:
-    packed = recent_bytes(recent)
-    assert len(packed) == 40 * len(recent)
-    assert recent_digests(packed) == recent
+def test_recent_digests_round_trip_through_their_stored_bytes(steps: list[int], first: int) -> None:
+    """A stream's accepted sequences (increasing, with gaps): after each, the stored bytes give
+    back exactly the window the decision kept, stay under the 2 KB at which PostgreSQL would move
+    them to TOAST, and mostly grow by the new entry in front of the bytes stored before."""
+    stored = b""
+    recent: dict[str, str] = {}
+    seq = first
+    in_front = 0
+    for step in steps:
+        seq += step
+        recent = {k: v for k, v in recent.items() if int(k) > seq - RECENT_REPORT_DIGESTS}
+        recent[str(seq)] = hashlib.sha256(str(seq).encode()).hexdigest()
+        packed = recent_bytes(recent, seq, stored)
+        assert recent_digests(packed, seq) == recent
+        assert len(packed) <= 46 * 40
+        in_front += packed.endswith(stored) and len(packed) == len(stored) + 40
+        stored = packed
+    assert in_front >= len(steps) * 2 // 3 - 1
+
+
+def test_recent_digests_written_anew_where_the_stored_ones_do_not_fit() -> None:
+    window = {str(s): hashlib.sha256(bytes([s])).hexdigest() for s in (5, 6, 7)}
+    # stored by another window: a digest that differs, or an entry the new window lacks
+    other = recent_bytes({**window, "6": "00" * 32}, 7)
+    assert recent_digests(recent_bytes(window, 7, other), 7) == window
+    wider = recent_bytes({**window, "4": "11" * 32}, 7)
+    assert recent_digests(recent_bytes(window, 7, wider), 7) == window
+    assert recent_digests(b"", None) == {}
 
 
 def test_a_checkpoint_decodes_from_either_encoding_and_refuses_an_unknown_one() -> None:

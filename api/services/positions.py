@@ -11,33 +11,71 @@ import msgspec
 
 from agent.protocol import STREAMS
 from domain.node import NodeState
+from domain.report_decisions import RECENT_REPORT_DIGESTS
 
 # One entry of a stream's `recent` digests as stored: the sequence (8 bytes, big-endian), then the
-# SHA-256 of the report accepted at it (32 bytes).
+# SHA-256 of the report accepted at it (32 bytes). Newest first: an accepted report puts its entry
+# in front of the bytes stored before, and the entries the window has left stay behind them (read
+# past: the window is the sequences within RECENT_REPORT_DIGESTS of the stream's last one) until
+# the row holds `_MAX_ENTRIES`, when the window alone is written. The row's update then changes
+# its scalar columns and the first entry only: PostgreSQL logs an update in place as the bytes
+# between the old and new row's common prefix and suffix (`recent` is the row's last column), so
+# a report costs about 100 bytes of WAL where rewriting the window cost 1,300. 46 entries keep
+# the row under the 2 KB at which PostgreSQL would compress it or move `recent` to TOAST.
 _SEQUENCE_BYTES = 8
 _ENTRY_BYTES = _SEQUENCE_BYTES + 32
+_MAX_ENTRIES = 46
 
 
-def recent_bytes(recent: Mapping[str, str]) -> bytes:
-    """`agent_stream_positions.recent` as stored, from the decision's {sequence: hex digest}: a
-    full window is 1,280 bytes and stays in the row, where its JSON (2.4 KB, and incompressible)
-    went to TOAST and was written there anew with every report."""
+def _entry(sequence: int, digest: str) -> bytes:
+    return sequence.to_bytes(_SEQUENCE_BYTES, "big", signed=True) + bytes.fromhex(digest)
+
+
+def recent_bytes(recent: Mapping[str, str], last_sequence: int, stored: bytes = b"") -> bytes:
+    """`agent_stream_positions.recent` as stored, from the decision's {sequence: hex digest} at the
+    stream's new `last_sequence`: the entries `stored` (the row's bytes before) lacks in front of
+    them, where `recent_digests` of the result at `last_sequence` is exactly `recent`; else
+    `recent` alone, newest first."""
+    floor = last_sequence - RECENT_REPORT_DIGESTS
+    if stored and len(stored) % _ENTRY_BYTES == 0 and len(stored) // _ENTRY_BYTES + 1 <= _MAX_ENTRIES:
+        view = memoryview(stored)
+        # The stored entries still in the window must all be in `recent`, with the same digest.
+        have = {
+            seq: view[i + _SEQUENCE_BYTES : i + _ENTRY_BYTES]
+            for i in range(0, len(stored), _ENTRY_BYTES)
+            if (seq := int.from_bytes(view[i : i + _SEQUENCE_BYTES], "big", signed=True)) > floor
+        }
+        added: list[int] = []
+        fits = True
+        for key, digest in recent.items():
+            seq = int(key)
+            old = have.pop(seq, None)
+            if seq <= floor or (old is not None and old.hex() != digest):
+                fits = False
+                break
+            if old is None:
+                added.append(seq)
+        if fits and not have and len(stored) // _ENTRY_BYTES + len(added) <= _MAX_ENTRIES:
+            return b"".join(_entry(seq, recent[str(seq)]) for seq in sorted(added, reverse=True)) + stored
     return b"".join(
-        int(sequence).to_bytes(_SEQUENCE_BYTES, "big", signed=True) + bytes.fromhex(digest)
-        for sequence, digest in recent.items()
+        _entry(int(key), digest) for key, digest in sorted(recent.items(), key=lambda kv: -int(kv[0]))
     )
 
 
-def recent_digests(raw: bytes) -> dict[str, str]:
-    """The decision's {sequence: hex digest} from `recent_bytes`."""
+def recent_digests(raw: bytes, last_sequence: int | None) -> dict[str, str]:
+    """The decision's {sequence: hex digest} from `recent_bytes`: the entries within the window of
+    the stream's `last_sequence` (None: a stream without a row)."""
     if len(raw) % _ENTRY_BYTES:
         raise ValueError(f"recent digests of {len(raw)} bytes: not whole entries")
-    return {
-        str(int.from_bytes(raw[i : i + _SEQUENCE_BYTES], "big", signed=True)): raw[
-            i + _SEQUENCE_BYTES : i + _ENTRY_BYTES
-        ].hex()
-        for i in range(0, len(raw), _ENTRY_BYTES)
-    }
+    if last_sequence is None:
+        return {}
+    floor = last_sequence - RECENT_REPORT_DIGESTS
+    out: dict[str, str] = {}
+    for i in range(0, len(raw), _ENTRY_BYTES):
+        seq = int.from_bytes(raw[i : i + _SEQUENCE_BYTES], "big", signed=True)
+        if seq > floor:
+            out[str(seq)] = raw[i + _SEQUENCE_BYTES : i + _ENTRY_BYTES].hex()
+    return out
 
 
 class KeptPosition(msgspec.Struct, frozen=True):

@@ -9,7 +9,7 @@ accepted.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
 import asyncpg
@@ -274,7 +274,7 @@ class ReportService:
             last: int | None = row["last_sequence"] if row is not None else None
             stored: bytes = row["recent"] if row is not None else b""
             decision = decide_report(
-                node.state, item, last, recent_digests(stored), self.inventory.health_policies.current
+                node.state, item, last, recent_digests(stored, last), self.inventory.health_policies.current
             )
             if isinstance(decision, AcceptedReport):
                 accepted.append((k, node, item, decision))
@@ -286,7 +286,8 @@ class ReportService:
                 )
             outcomes.append(_answer(item, decision))
         if accepted:
-            await self._append_accepted(conn, accepted, outcomes)
+            stored_by = {key: row["recent"] for key, row in positions.items()}
+            await self._append_accepted(conn, accepted, outcomes, stored_by)
         return [o for o in outcomes if o is not None]
 
     def _decide_kept(
@@ -312,7 +313,7 @@ class ReportService:
                 state,
                 item,
                 position.last_sequence,
-                recent_digests(position.recent),
+                recent_digests(position.recent, position.last_sequence),
                 self.inventory.health_policies.current,
             )
             if not isinstance(decision, AcceptedReport) or not decision.events:
@@ -335,7 +336,9 @@ class ReportService:
         committed = await self.nodes.append_kept(conn, streams, [d.events for _p, d in decided])
         if committed is None:
             return None
-        recent = [recent_bytes(d.recent) for _p, d in decided]
+        recent = [
+            recent_bytes(d.recent, i.sequence, p.recent) for i, (p, d) in zip(items, decided, strict=True)
+        ]
         rows = await conn.fetch(
             _ADVANCE_KEPT_SQL,
             [i.node_id for i in items],
@@ -369,11 +372,15 @@ class ReportService:
         conn: asyncpg.Connection,
         accepted: list[tuple[int, OpenStream[NodeState], ReportItem, AcceptedReport]],
         outcomes: list[ReportAck | BaseException | None],
+        stored_by: Mapping[tuple[str, str], bytes],
     ) -> None:
         # The checkpoints decided on: the append moves each open stream's state on.
         before = [(node.state.stream_version, node.state.position) for _k, node, _i, _d in accepted]
         committed = await self.nodes.append_many(conn, [(node, d.events) for _k, node, _i, d in accepted])
-        recent = [recent_bytes(d.recent) for _k, _n, _i, d in accepted]
+        recent = [
+            recent_bytes(d.recent, i.sequence, stored_by.get((i.node_id, i.stream), b""))
+            for _k, _n, i, d in accepted
+        ]
         rows = await conn.fetch(
             _ADVANCE_MANY_SQL,
             [i.node_id for _k, _n, i, _d in accepted],
