@@ -10,13 +10,13 @@ that cannot report its fan is not a fan at 0 %, and a bucket without samples is 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TypeAlias
 
 import msgspec
 
-from collectors.facts import Fact, Known
+from collectors.facts import Fact, Known, Unknown
 
 # A series the default step keeps under this many points; a request for more than the most is
 # refused (a chart is a few hundred pixels wide, and every point costs the server a bucket).
@@ -108,16 +108,42 @@ _STATES: dict[type, str] = {}
 
 
 def reading(fact: Fact) -> Reading:
-    state = _STATES.get(type(fact))
-    if state is None:
-        tag = fact.__struct_config__.tag
-        assert isinstance(tag, str)
-        state = _STATES[type(fact)] = tag
+    state = _tag(fact)
     if type(fact) is Known:
         v = fact.value
         if type(v) is int or type(v) is float:
             return state, float(v)
     return state, None
+
+
+def _tag(fact: object) -> str:
+    state = _STATES.get(type(fact))
+    if state is None:
+        tag = fact.__struct_config__.tag  # type: ignore[attr-defined]
+        assert isinstance(tag, str)
+        state = _STATES[type(fact)] = tag
+    return state
+
+
+def fact_state(fact: object) -> str | None:
+    """A fact's availability state (its tag), None for NOT_CARRIED: the `state_of` of
+    `downsample_values` for values made by `fact_value`."""
+    return None if fact is NOT_CARRIED else _tag(fact)
+
+
+# A metric a sample does not carry, among the values of `fact_value`.
+NOT_CARRIED: object = object()
+
+
+def fact_value(fact: Fact | None) -> object:
+    """A fact as a value `downsample_values` counts (with `fact_state` as its `state_of`)."""
+    if fact is None:
+        return NOT_CARRIED
+    if type(fact) is Known:
+        return fact.value
+    if type(fact) is Unknown:
+        return None
+    return fact
 
 
 def bucket_index(w: Window, at: datetime) -> int | None:
@@ -129,58 +155,106 @@ def bucket_index(w: Window, at: datetime) -> int | None:
 
 def downsample(w: Window, samples: Iterable[Sample], metrics: Sequence[str]) -> list[Series]:
     """Every metric's series over the window, one bucket per step; samples outside are ignored."""
-    return downsample_readings(
+    return downsample_values(
         w,
-        (
-            (s.observed_at, [None if (f := s.telemetry.get(m)) is None else reading(f) for m in metrics])
-            for s in samples
-        ),
+        ((s.observed_at, [fact_value(s.telemetry.get(m)) for m in metrics]) for s in samples),
         metrics,
+        fact_state,
     )
 
 
-def downsample_readings(
-    w: Window, samples: Iterable[tuple[datetime, Sequence[Reading | None]]], metrics: Sequence[str]
+_NUMBERS = frozenset({int, float})
+_KNOWN_ONLY = frozenset({str, bool})
+
+
+def _tally(
+    column: Sequence[object], state_of: Callable[[object], str | None]
+) -> tuple[dict[str, int], Sequence[float]]:
+    """One metric's values in one bucket, in time order: how many in each state (in the order
+    first seen) and the known numbers. A column of numbers, of one non-numeric state or of equal
+    values (a fan that is unsupported all day) is told by a few calls into C, not a call per value."""
+    kinds = set(map(type, column))
+    if kinds <= _NUMBERS:
+        return {"known": len(column)}, column  # type: ignore[return-value]
+    if kinds <= _KNOWN_ONLY:
+        return {"known": len(column)}, ()
+    first = column[0]
+    if first is None and kinds == {type(None)}:
+        return {"unknown": len(column)}, ()
+    if len(kinds) == 1 and column.count(first) == len(column):
+        state = state_of(first)
+        return ({} if state is None else {state: len(column)}), ()
+    states: dict[str, int] = {}
+    numbers: list[float] = []
+    for v in column:
+        t = type(v)
+        if t is int or t is float:
+            s = "known"
+            numbers.append(v)  # type: ignore[arg-type]
+        elif t is str or t is bool:
+            s = "known"
+        elif v is None:
+            s = "unknown"
+        else:
+            told = state_of(v)
+            if told is None:
+                continue
+            s = told
+        states[s] = states.get(s, 0) + 1
+    return states, numbers
+
+
+def _mean(numbers: Sequence[float], low: float, high: float) -> float:
+    """The mean, exact (fsum: the mean of equal values is that value, never one ulp beside it) and
+    within low..high."""
+    try:
+        total = math.fsum(numbers) / len(numbers)
+    except OverflowError:  # finite values whose sum is not: their fractions' sum is
+        total = math.fsum(float(v) / len(numbers) for v in numbers)
+    except ValueError:  # both infinities: no mean
+        return math.nan
+    return min(max(total, low), high)
+
+
+def downsample_values(
+    w: Window,
+    samples: Iterable[tuple[datetime, Sequence[object]]],
+    metrics: Sequence[str],
+    state_of: Callable[[object], str | None],
 ) -> list[Series]:
-    """`downsample` of samples already read: each sample's time and its readings in the order of
-    `metrics` (None: the sample does not carry that metric). What a history of thousands of
-    samples is fed, without a fact object per value."""
+    """`downsample` of samples given as each one's time and its values of `metrics`, one each in
+    that order, in the order the samples are counted (time order: a bucket's `states` list the
+    states in the order first seen). A value that is an int or a float (not a bool) is a known
+    number, another str or bool is known without a number, None is unknown, and anything else is
+    in the state `state_of` tells (None: the sample does not carry the metric). A compact
+    snapshot's facts are these values as stored (ledger/compact.py), so a history of thousands of
+    samples is bucketed without an object per value."""
     n = w.points
     k = len(metrics)
-    counts = [[0] * n for _ in range(k)]
-    states: list[list[dict[str, int]]] = [[{} for _ in range(n)] for _ in range(k)]
-    values: list[list[list[float]]] = [[[] for _ in range(n)] for _ in range(k)]
+    groups: list[list[Sequence[object]]] = [[] for _ in range(n)]
     since, until = w.since, w.until
     step_us = w.step_seconds * 1_000_000
-    for at, readings in samples:
+    for at, values in samples:
         if at < since or at >= until:
             continue
+        if len(values) != k:
+            raise ValueError(f"a sample of {len(values)} values for {k} metrics")
         d = at - since
-        i = (d.days * 86_400_000_000 + d.seconds * 1_000_000 + d.microseconds) // step_us
-        for m, r in enumerate(readings):
-            if r is None:
-                continue
-            counts[m][i] += 1
-            seen = states[m][i]
-            seen[r[0]] = seen.get(r[0], 0) + 1
-            if r[1] is not None:
-                values[m][i].append(r[1])
+        groups[(d.days * 86_400_000_000 + d.seconds * 1_000_000 + d.microseconds) // step_us].append(values)
     step = timedelta(seconds=w.step_seconds)
-    series: list[Series] = []
-    for m, metric in enumerate(metrics):
-        points: list[Bucket] = []
-        for i in range(n):
-            known = values[m][i]
-            points.append(
-                Bucket(
-                    start=w.since + i * step,
-                    count=counts[m][i],
-                    states=states[m][i],
-                    min=min(known) if known else None,
-                    # fsum: the mean of equal values is that value, never one ulp beside it.
-                    mean=min(max(math.fsum(known) / len(known), min(known)), max(known)) if known else None,
-                    max=max(known) if known else None,
-                )
-            )
-        series.append(Series(metric=metric, points=points))
-    return series
+    points: list[list[Bucket]] = [[] for _ in range(k)]
+    for i, group in enumerate(groups):
+        start = since + i * step
+        if not group:
+            for m in range(k):
+                points[m].append(Bucket(start, 0, {}, None, None, None))
+            continue
+        for m, column in enumerate(zip(*group, strict=True)):
+            states, numbers = _tally(column, state_of)
+            count = sum(states.values())
+            if numbers:
+                low, high = float(min(numbers)), float(max(numbers))
+                points[m].append(Bucket(start, count, states, low, _mean(numbers, low, high), high))
+            else:
+                points[m].append(Bucket(start, count, states, None, None, None))
+    return [Series(metric=metric, points=points[m]) for m, metric in enumerate(metrics)]

@@ -34,7 +34,7 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import msgspec
 
@@ -386,38 +386,137 @@ def decode_body(body: bytes) -> tuple[NodeTelemetryObserved, EventMetadata]:
     return payload, metadata
 
 
-# What a telemetry history reads of thousands of snapshots: the times and one GPU's telemetry (or
-# the host's), every other part left undecoded.
-_View: TypeAlias = tuple[
-    int,
-    msgspec.Raw,
-    tuple[msgspec.Raw, msgspec.Raw, list[tuple[msgspec.Raw, msgspec.Raw, msgspec.Raw, msgspec.Raw]]],
-]
-_view = msgspec.msgpack.Decoder(_View)
+# ---------------------------------------------------------------------------------------------
+# What a telemetry history reads of thousands of snapshots
+# ---------------------------------------------------------------------------------------------
+# Typed views of format 1 that decode the times and the one group of facts a history counts: the
+# parts in between stay undecoded (msgspec.Raw: no object for what they hold), the parts after it
+# are not looked at (an array_like Struct skips trailing elements), and the groups of every
+# snapshot are decoded together in one call.
 
 
-def _times(raw: msgspec.Raw) -> tuple[datetime | None, datetime]:
-    m = msgspec.msgpack.decode(raw)
-    observed = m[2] if len(m) > 2 else None
-    return (observed if type(observed) is datetime else None), _at(m[0])
+class _Times1(msgspec.Struct, array_like=True):
+    received_at: msgspec.Raw  # decoded only where observed_at is missing
+    source: msgspec.Raw = msgspec.Raw(b"\xc0")
+    observed_at: datetime | None = None
+
+
+class _Entry1(msgspec.Struct, array_like=True):
+    uuid: msgspec.Raw
+    accelerator_id: msgspec.Raw
+    telemetry: msgspec.Raw
+
+
+class _Gpus1(msgspec.Struct, array_like=True):
+    host: msgspec.Raw
+    storage: msgspec.Raw
+    accelerators: list[_Entry1]
+
+
+class _GpusView1(msgspec.Struct, array_like=True):
+    format: Literal[1]
+    metadata: _Times1
+    payload: _Gpus1
+
+
+class _Host1(msgspec.Struct, array_like=True):
+    host: msgspec.Raw
+
+
+class _HostView1(msgspec.Struct, array_like=True):
+    format: Literal[1]
+    metadata: _Times1
+    payload: _Host1
+
+
+_gpus_view = msgspec.msgpack.Decoder(_GpusView1)
+_host_view = msgspec.msgpack.Decoder(_HostView1)
+_time = msgspec.msgpack.Decoder(datetime)
+_groups = msgspec.msgpack.Decoder(list[list[Any]])
+_BAD_VIEW = (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, IndexError)
+
+
+def _at_of(times: _Times1) -> datetime:
+    return times.observed_at or _time.decode(times.received_at)
+
+
+def _decoded(groups: list[msgspec.Raw]) -> list[Dense]:
+    """Many groups at once: one msgpack array of them (array 32: a marker, the count, big-endian)."""
+    return _groups.decode(b"".join([b"\xdd", len(groups).to_bytes(4, "big"), *groups]))
+
+
+def _spread(dense: Dense, codebook: Sequence[str], names: Sequence[str]) -> Dense:
+    extra = dense[-1] if dense and type(dense[-1]) is dict else None
+    positions = _POSITIONS[codebook]
+    n = len(dense) - (0 if extra is None else 1)
+    out: Dense = []
+    for name in names:
+        i = positions.get(name)
+        if i is not None and i < n:
+            out.append(dense[i])
+        elif extra is not None and name in extra:
+            out.append(extra[name])
+        else:
+            out.append(_ABSENT_FACT)
+    return out
+
+
+def _values(groups: list[Dense], codebook: Sequence[str], names: Sequence[str]) -> list[Dense]:
+    """Each group as its values of `names`, one each in that order: the group itself where it
+    holds the whole codebook and nothing else and `names` is the codebook."""
+    if tuple(names) != codebook:
+        return [_spread(d, codebook, names) for d in groups]
+    whole = len(codebook)
+    return [d if len(d) == whole and type(d[-1]) is not dict else _spread(d, codebook, names) for d in groups]
+
+
+Values: TypeAlias = list[tuple[int, datetime, Dense]]
 
 
 def gpu_key(gpu_uuid: str) -> bytes:
-    """A GPU UUID as a compact body holds it, encoded (`gpu_sample`'s key)."""
+    """A GPU UUID as a compact body holds it, encoded."""
     return _encoder.encode(_id(gpu_uuid, _GPU_UUID, 4))
 
 
-def gpu_sample(body: bytes, key: bytes) -> tuple[datetime | None, datetime, dict[str, Fact] | None]:
-    """The observed and received times of a compact snapshot and the telemetry of the GPU whose
-    `gpu_key` is `key` (its last entry), None where the snapshot does not sample it."""
-    observed, received, dense = gpu_dense(body, key)
-    return observed, received, None if dense is None else _ungroup(dense, GPU_TELEMETRY_1)
+def gpu_values(bodies: Sequence[bytes], gpu_uuid: str, names: Sequence[str]) -> Values:
+    """Of each compact snapshot in `bodies` that samples the GPU: its index in `bodies`, its time
+    (observed, else received) and the GPU's telemetry (its last entry, as the fold takes it) as
+    values of `names`, one each in that order: each fact as stored (a scalar known, nil unknown,
+    else what `value_state` tells; ABSENT where the GPU lacks the name)."""
+    key = msgspec.Raw(gpu_key(gpu_uuid))
+    found: list[tuple[int, datetime]] = []
+    groups: list[msgspec.Raw] = []
+    decode = _gpus_view.decode
+    try:
+        for i, body in enumerate(bodies):
+            view = decode(body)
+            group = None
+            for g in view.payload.accelerators:
+                if g.uuid == key:
+                    group = g.telemetry
+            if group is not None:
+                found.append((i, _at_of(view.metadata)))
+                groups.append(group)
+        dense = _values(_decoded(groups), GPU_TELEMETRY_1, names)
+    except _BAD_VIEW as exc:
+        raise UndecodableBody(f"compact body: {exc}") from exc
+    return [(i, at, d) for (i, at), d in zip(found, dense, strict=True)]
 
 
-def host_sample(body: bytes) -> tuple[datetime | None, datetime, dict[str, Fact]]:
-    """The observed and received times of a compact snapshot and the host's telemetry."""
-    observed, received, dense = host_dense(body)
-    return observed, received, _ungroup(dense, HOST_TELEMETRY_1)
+def host_values(bodies: Sequence[bytes], names: Sequence[str]) -> Values:
+    """`gpu_values` of the host's telemetry, which every snapshot holds."""
+    times: list[datetime] = []
+    groups: list[msgspec.Raw] = []
+    decode = _host_view.decode
+    try:
+        for body in bodies:
+            view = decode(body)
+            times.append(_at_of(view.metadata))
+            groups.append(view.payload.host)
+        dense = _values(_decoded(groups), HOST_TELEMETRY_1, names)
+    except _BAD_VIEW as exc:
+        raise UndecodableBody(f"compact body: {exc}") from exc
+    return [(i, at, d) for i, (at, d) in enumerate(zip(times, dense, strict=True))]
 
 
 _STATE_NAMES = {
@@ -427,78 +526,13 @@ _STATE_NAMES = {
 }
 
 
-_UNKNOWN_READING: tuple[str, float | None] = ("unknown", None)
-_KNOWN_READING: tuple[str, float | None] = ("known", None)
-
-
-def readings(
-    dense: Dense, codebook: Sequence[str], names: Sequence[str]
-) -> list[tuple[str, float | None] | None]:
-    """Of a group of facts, each of `names` as (availability state, the known number or None), or
-    None where the group lacks it: what a telemetry history counts, without a fact object each."""
-    extra = dense[-1] if dense and type(dense[-1]) is dict else None
-    positions = _POSITIONS[codebook]
-    n = len(dense) - (1 if extra is not None else 0)
-    out: list[tuple[str, float | None] | None] = []
-    append = out.append
-    for name in names:
-        i = positions.get(name)
-        if i is not None and i < n:
-            v = dense[i]
-        elif extra is not None and name in extra:
-            v = extra[name]
-        else:
-            append(None)
-            continue
-        t = type(v)
-        if t is int or t is float:
-            append(("known", float(v)))
-        elif v is None:
-            append(_UNKNOWN_READING)
-        elif t is list:
-            append(None if v[0] == _ABSENT else (_STATE_NAMES[v[0]], None))
-        else:
-            append(_KNOWN_READING)
-    return out
-
-
-def gpu_dense(body: bytes, key: bytes) -> tuple[datetime | None, datetime, Dense | None]:
-    """The observed and received times of a compact snapshot and the dense telemetry of the GPU
-    whose `gpu_key` is `key` (its last entry), None where the snapshot does not sample it."""
-    try:
-        _, m, (_, _, gpus) = _view.decode(body)
-        found = None
-        for g in gpus:
-            if bytes(g[0]) == key:
-                found = g[2]
-        observed, received = _times(m)
-        return observed, received, None if found is None else msgspec.msgpack.decode(found)
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, IndexError) as exc:
-        raise UndecodableBody(f"compact body: {exc}") from exc
-
-
-def host_dense(body: bytes) -> tuple[datetime | None, datetime, Dense]:
-    """The observed and received times of a compact snapshot and the host's dense telemetry."""
-    try:
-        _, m, (host, _, _) = _view.decode(body)
-        observed, received = _times(m)
-        return observed, received, msgspec.msgpack.decode(host)
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, IndexError) as exc:
-        raise UndecodableBody(f"compact body: {exc}") from exc
-
-
-Readings: TypeAlias = list[tuple[str, float | None] | None]
-
-
-def gpu_readings(
-    body: bytes, key: bytes, names: Sequence[str]
-) -> tuple[datetime | None, datetime, Readings | None]:
-    """`gpu_dense` as `readings` of `names`."""
-    observed, received, dense = gpu_dense(body, key)
-    return observed, received, None if dense is None else readings(dense, GPU_TELEMETRY_1, names)
-
-
-def host_readings(body: bytes, names: Sequence[str]) -> tuple[datetime | None, datetime, Readings]:
-    """`host_dense` as `readings` of `names`."""
-    observed, received, dense = host_dense(body)
-    return observed, received, readings(dense, HOST_TELEMETRY_1, names)
+def value_state(value: object) -> str | None:
+    """The availability state of a fact as stored that is not a scalar nor nil (`[kind, ...]`),
+    None where it is ABSENT (the group lacks the name)."""
+    if type(value) is list and value and type(kind := value[0]) is int:
+        if kind == _ABSENT:
+            return None
+        state = _STATE_NAMES.get(kind)
+        if state is not None:
+            return state
+    raise UndecodableBody(f"not a fact of format 1: {value!r}")

@@ -18,14 +18,14 @@ from collectors.observations import StorageObservation
 from domain.telemetry_history import reading
 from ledger.compact import (
     GPU_TELEMETRY_1,
+    HOST_TELEMETRY_1,
     UndecodableBody,
     decode_body,
     encode_body,
-    gpu_key,
-    gpu_readings,
-    gpu_sample,
-    host_sample,
+    gpu_values,
+    host_values,
     sampled_digest,
+    value_state,
 )
 from ledger.events import AcceleratorSample, EventMetadata, EventValidationError, NodeTelemetryObserved
 from tests.builders import signals
@@ -107,26 +107,59 @@ def test_every_snapshot_comes_back_exactly(payload: NodeTelemetryObserved, meta:
     assert as_json(decoded) == as_json(payload) and as_json(decoded_meta) == as_json(meta)
 
 
+def as_reading(value: object) -> tuple[str, float | None] | None:
+    """A stored fact value as a history counts it: (state, the known number), None if ABSENT."""
+    if type(value) is int or type(value) is float:
+        return "known", float(value)
+    if type(value) is str or type(value) is bool:
+        return "known", None
+    if value is None:
+        return "unknown", None
+    state = value_state(value)
+    return None if state is None else (state, None)
+
+
+def expected_values(
+    decoded: list[tuple[NodeTelemetryObserved, EventMetadata]], uuid: str | None, names: list[str]
+) -> list[tuple[int, datetime, list[tuple[str, float | None] | None]]]:
+    """What the whole decode says a history reads: each snapshot's time and the readings of the
+    GPU's last entry (or the host's), the snapshots without the GPU left out."""
+    out = []
+    for i, (payload, meta) in enumerate(decoded):
+        entries = (
+            [a.telemetry for a in payload.accelerators if a.uuid == uuid]
+            if uuid is not None
+            else [payload.telemetry]
+        )
+        if entries:
+            facts = entries[-1]
+            at = meta.observed_at or meta.received_at
+            out.append((i, at, [None if (f := facts.get(n)) is None else reading(f) for n in names]))
+    return out
+
+
 @settings(max_examples=200, deadline=None)
-@given(snapshots, metadata)
+@given(st.lists(st.tuples(snapshots, metadata), max_size=4))
 def test_a_history_reads_one_gpu_or_the_host_as_the_whole_decode_does(
-    payload: NodeTelemetryObserved, meta: EventMetadata
+    events: list[tuple[NodeTelemetryObserved, EventMetadata]],
 ) -> None:
-    body, decoded, _ = encode_body(payload, meta)
-    for sample in decoded.accelerators:
-        observed, received, telemetry = gpu_sample(body, gpu_key(sample.uuid))
-        last = [a for a in decoded.accelerators if a.uuid == sample.uuid][-1]
-        assert (observed, received, telemetry) == (meta.observed_at, meta.received_at, last.telemetry)
-    assert gpu_sample(body, gpu_key("GPU-not-sampled"))[2] is None or any(
-        a.uuid == "GPU-not-sampled" for a in decoded.accelerators
-    )
-    assert host_sample(body) == (meta.observed_at, meta.received_at, decoded.telemetry)
-    # and the readings a history counts are those of the facts, names outside the codebook too
-    for sample in decoded.accelerators:
-        last = [a for a in decoded.accelerators if a.uuid == sample.uuid][-1]
-        names = [*GPU_TELEMETRY_1, *last.telemetry, "never_sampled"]
-        expected = [None if (f := last.telemetry.get(n)) is None else reading(f) for n in names]
-        assert gpu_readings(body, gpu_key(sample.uuid), names)[2] == expected
+    bodies = [encode_body(payload, meta)[0] for payload, meta in events]
+    decoded = [decode_body(b) for b in bodies]
+    every_gpu = {a.uuid for payload, _ in decoded for a in payload.accelerators}
+    for gpu in [*sorted(every_gpu), "GPU-not-sampled"]:
+        carried = [
+            n for payload, _ in decoded for a in payload.accelerators if a.uuid == gpu for n in a.telemetry
+        ]
+        # the codebook's names as the read asks them, and names outside it too
+        for names in (list(GPU_TELEMETRY_1), [*GPU_TELEMETRY_1, *carried, "never_sampled"]):
+            got = [
+                (i, at, [as_reading(v) for v in values]) for i, at, values in gpu_values(bodies, gpu, names)
+            ]
+            assert got == expected_values(decoded, gpu, names)
+    carried = [n for payload, _ in decoded for n in payload.telemetry]
+    for names in (list(HOST_TELEMETRY_1), [*HOST_TELEMETRY_1, *carried, "never_sampled"]):
+        got = [(i, at, [as_reading(v) for v in values]) for i, at, values in host_values(bodies, names)]
+        assert got == expected_values(decoded, None, names)
 
 
 def steady_snapshot(gpus: int = 8) -> NodeTelemetryObserved:

@@ -143,3 +143,10 @@ def test_equal_values_have_that_mean_and_an_empty_bucket_no_number() -> None:
     (power,) = downsample(w, same, ["power_watts"])
     assert (power.points[0].min, power.points[0].mean, power.points[0].max) == (0.1, 0.1, 0.1)
     assert power.points[1].count == 0 and power.points[1].mean is None and power.points[1].states == {}
+
+
+def test_values_whose_sum_overflows_still_have_their_mean() -> None:
+    w = Window(since=SINCE, until=SINCE + timedelta(minutes=1), step_seconds=60)
+    huge = [Sample(SINCE + timedelta(seconds=s), {"power_watts": Known(1e308)}) for s in (1, 2)]
+    (power,) = downsample(w, huge, ["power_watts"])
+    assert (power.points[0].min, power.points[0].mean, power.points[0].max) == (1e308, 1e308, 1e308)

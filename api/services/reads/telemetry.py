@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Literal, LiteralString
+from operator import itemgetter
+from typing import Any, Literal, LiteralString, Protocol, TypeAlias
 
 import asyncpg
 import msgspec
@@ -23,15 +24,16 @@ from api.services.errors import InvalidRequest, NotFound
 from collectors.facts import Fact
 from collectors.observations import ACCELERATOR_METRICS, HOST_METRICS
 from domain.telemetry_history import (
-    Reading,
+    NOT_CARRIED,
     Series,
     Window,
     WindowRefused,
-    downsample_readings,
-    reading,
+    downsample_values,
+    fact_state,
+    fact_value,
     window,
 )
-from ledger.compact import gpu_key, gpu_readings, host_readings
+from ledger.compact import Values, gpu_values, host_values, value_state
 from ledger.events import (
     AcceleratorTelemetryObserved,
     EventPayload,
@@ -58,12 +60,13 @@ class TelemetryHistoryBody(msgspec.Struct, frozen=True):
     series: list[Series]
 
 
-# The node's observations received in the padded window, in log order. A snapshot stored compact
-# is decoded here, only its times and the one GPU's (or the host's) telemetry; a jsonb one (an
-# older release's) whole. The time axis is filtered here too: observed_at is inside the event.
+# The node's observations received in the padded window. A snapshot stored compact is decoded
+# here only as far as its times and the one GPU's (or the host's) telemetry; a jsonb one (an older
+# release's) whole. The time axis is filtered here too: observed_at is inside the event. No ORDER
+# BY: the read orders the samples by time itself, and PostgreSQL sorting a day of snapshots (7 MB)
+# spilled to disk.
 _OBSERVATIONS: LiteralString = (
-    "SELECT e.global_position, e.event_type, e.data::text AS data_json, "
-    "e.metadata::text AS metadata_json, e.body, e.received_at "
+    "SELECT e.global_position, e.body, e.data::text AS data_json, e.metadata::text AS metadata_json "
     "FROM events e "
     "WHERE e.stream_id = $1 AND e.event_class = 'observation' "
     # An observation's segment is the UTC day it was received, or the permanent one ('infinity'):
@@ -73,75 +76,99 @@ _OBSERVATIONS: LiteralString = (
     "AND e.received_at < $3::timestamptz + interval '24 hours' "
 )
 ACCELERATOR_SAMPLES: LiteralString = (
-    _OBSERVATIONS + "AND e.event_type IN ('NODE_TELEMETRY_OBSERVED', 'ACCELERATOR_TELEMETRY_OBSERVED') "
-    "ORDER BY e.global_position"
+    _OBSERVATIONS + "AND e.event_type IN ('NODE_TELEMETRY_OBSERVED', 'ACCELERATOR_TELEMETRY_OBSERVED')"
 )
 HOST_SAMPLES: LiteralString = (
-    _OBSERVATIONS + "AND e.event_type IN ('NODE_TELEMETRY_OBSERVED', 'HOST_TELEMETRY_OBSERVED') "
-    "ORDER BY e.global_position"
+    _OBSERVATIONS + "AND e.event_type IN ('NODE_TELEMETRY_OBSERVED', 'HOST_TELEMETRY_OBSERVED')"
 )
 
 
-def _jsonb_event(row: asyncpg.Record) -> tuple[datetime, EventPayload]:
+class ObservationRow(Protocol):
+    """A row of ACCELERATOR_SAMPLES or HOST_SAMPLES (an asyncpg record)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+def _jsonb_event(row: ObservationRow) -> tuple[datetime, EventPayload]:
     meta = decode_metadata(row["metadata_json"])
     return meta.observed_at or meta.received_at, decode_payload(row["data_json"])
 
 
-def _facts(telemetry: dict[str, Fact], metrics: Sequence[str]) -> list[Reading | None]:
-    return [None if (f := telemetry.get(m)) is None else reading(f) for m in metrics]
+def _facts(telemetry: dict[str, Fact], metrics: Sequence[str]) -> list[object]:
+    return [fact_value(telemetry.get(m)) for m in metrics]
 
 
-_Timed = tuple[datetime, int, list[Reading | None]]
+def state_of(value: object) -> str | None:
+    """The state of a value that is neither a scalar nor None: a fact as a compact snapshot stores
+    it, or one of a jsonb event (`fact_value`)."""
+    if value is NOT_CARRIED or isinstance(value, msgspec.Struct):
+        return fact_state(value)
+    return value_state(value)
 
 
-def _in_order(samples: list[_Timed]) -> list[tuple[datetime, list[Reading | None]]]:
-    samples.sort(key=lambda x: (x[0], x[1]))
-    return [(at, values) for at, _, values in samples]
+Samples: TypeAlias = list[tuple[datetime, Sequence[object]]]
+_by_time_then_position = itemgetter(0, 1)
 
 
-def accelerator_readings(
-    rows: Iterable[asyncpg.Record], gpu_uuid: str, w: Window, metrics: Sequence[str]
-) -> list[tuple[datetime, list[Reading | None]]]:
-    """One GPU's samples in the window, in time order, as readings of `metrics`: its entry of each
-    snapshot (the last one where it is listed twice, as the fold takes it); an
+def _split(rows: Iterable[ObservationRow]) -> tuple[list[int], list[bytes], list[ObservationRow]]:
+    """The compact rows' positions and bodies, and the jsonb rows."""
+    positions: list[int] = []
+    bodies: list[bytes] = []
+    jsonb: list[ObservationRow] = []
+    for r in rows:
+        body = r["body"]
+        if body is None:
+            jsonb.append(r)
+        else:
+            positions.append(r["global_position"])
+            bodies.append(body)
+    return positions, bodies, jsonb
+
+
+def _in_window(
+    w: Window, positions: list[int], compact: Values, jsonb: list[tuple[datetime, int, Sequence[object]]]
+) -> Samples:
+    """The samples observed in the window, in time order (log order among equal times)."""
+    since, until = w.since, w.until
+    timed: list[tuple[datetime, int, Sequence[object]]] = [
+        (at, positions[i], values) for i, at, values in compact if since <= at < until
+    ]
+    timed.extend(x for x in jsonb if since <= x[0] < until)
+    timed.sort(key=_by_time_then_position)
+    return [(at, values) for at, _, values in timed]
+
+
+def accelerator_samples(
+    rows: Iterable[ObservationRow], gpu_uuid: str, w: Window, metrics: Sequence[str]
+) -> Samples:
+    """One GPU's samples in the window, in time order, as values of `metrics` (`downsample_values`):
+    its entry of each snapshot (the last one where it is listed twice, as the fold takes it); an
     ACCELERATOR_TELEMETRY_OBSERVED is its own."""
-    key = gpu_key(gpu_uuid)
-    out: list[_Timed] = []
-    for r in rows:
-        values: list[Reading | None] | None = None
-        if r["body"] is not None:
-            observed, received, values = gpu_readings(r["body"], key, metrics)
-            at = observed or received
-        else:
-            at, p = _jsonb_event(r)
-            if isinstance(p, NodeTelemetryObserved):
-                for a in p.accelerators:
-                    if a.uuid == gpu_uuid:
-                        values = _facts(a.telemetry, metrics)
-            elif isinstance(p, AcceleratorTelemetryObserved) and p.uuid == gpu_uuid:
-                values = _facts(p.telemetry, metrics)
-        if values is not None and w.since <= at < w.until:
-            out.append((at, r["global_position"], values))
-    return _in_order(out)
-
-
-def host_readings_of(
-    rows: Iterable[asyncpg.Record], w: Window, metrics: Sequence[str]
-) -> list[tuple[datetime, list[Reading | None]]]:
-    """The host's samples in the window, in time order, as readings of `metrics`."""
-    out: list[_Timed] = []
-    for r in rows:
-        if r["body"] is not None:
-            observed, received, values = host_readings(r["body"], metrics)
-            at = observed or received
-        else:
-            at, p = _jsonb_event(r)
-            if not isinstance(p, NodeTelemetryObserved | HostTelemetryObserved):
-                continue
+    positions, bodies, jsonb_rows = _split(rows)
+    jsonb: list[tuple[datetime, int, Sequence[object]]] = []
+    for r in jsonb_rows:
+        values: list[object] | None = None
+        at, p = _jsonb_event(r)
+        if isinstance(p, NodeTelemetryObserved):
+            for a in p.accelerators:
+                if a.uuid == gpu_uuid:
+                    values = _facts(a.telemetry, metrics)
+        elif isinstance(p, AcceleratorTelemetryObserved) and p.uuid == gpu_uuid:
             values = _facts(p.telemetry, metrics)
-        if w.since <= at < w.until:
-            out.append((at, r["global_position"], values))
-    return _in_order(out)
+        if values is not None:
+            jsonb.append((at, r["global_position"], values))
+    return _in_window(w, positions, gpu_values(bodies, gpu_uuid, metrics), jsonb)
+
+
+def host_samples(rows: Iterable[ObservationRow], w: Window, metrics: Sequence[str]) -> Samples:
+    """The host's samples in the window, in time order, as values of `metrics`."""
+    positions, bodies, jsonb_rows = _split(rows)
+    jsonb: list[tuple[datetime, int, Sequence[object]]] = []
+    for r in jsonb_rows:
+        at, p = _jsonb_event(r)
+        if isinstance(p, NodeTelemetryObserved | HostTelemetryObserved):
+            jsonb.append((at, r["global_position"], _facts(p.telemetry, metrics)))
+    return _in_window(w, positions, host_values(bodies, metrics), jsonb)
 
 
 def checked_window(since: datetime, until: datetime, step_seconds: int | None) -> Window:
@@ -171,7 +198,7 @@ class TelemetryReads:
             node_id: str = row["node_id"]
             uuid: str = row["uuid"]
             rows = await conn.fetch(ACCELERATOR_SAMPLES, node_id, w.since, w.until)
-        samples = accelerator_readings(rows, uuid, w, ACCELERATOR_METRICS)
+        samples = accelerator_samples(rows, uuid, w, ACCELERATOR_METRICS)
         return TelemetryHistoryBody(
             subject="accelerator",
             id=accelerator_id,
@@ -181,7 +208,7 @@ class TelemetryReads:
             until=w.until,
             step_seconds=w.step_seconds,
             samples=len(samples),
-            series=downsample_readings(w, samples, ACCELERATOR_METRICS),
+            series=downsample_values(w, samples, ACCELERATOR_METRICS, state_of),
         )
 
     async def node(self, node_id: str, w: Window) -> TelemetryHistoryBody:
@@ -189,7 +216,7 @@ class TelemetryReads:
             if await conn.fetchval("SELECT 1 FROM hw_nodes WHERE node_id = $1", node_id) is None:
                 raise _not_found("node", node_id)
             rows = await conn.fetch(HOST_SAMPLES, node_id, w.since, w.until)
-        samples = host_readings_of(rows, w, HOST_METRICS)
+        samples = host_samples(rows, w, HOST_METRICS)
         return TelemetryHistoryBody(
             subject="node",
             id=node_id,
@@ -199,7 +226,7 @@ class TelemetryReads:
             until=w.until,
             step_seconds=w.step_seconds,
             samples=len(samples),
-            series=downsample_readings(w, samples, HOST_METRICS),
+            series=downsample_values(w, samples, HOST_METRICS, state_of),
         )
 
 

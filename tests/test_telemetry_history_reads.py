@@ -1,0 +1,184 @@
+"""The history read of a node's stored observations (api/services/reads/telemetry.py: compact
+snapshots opened only as far as one GPU or the host, and bucketed without a fact object per value)
+gives the very series a plain loop counts from the log's whole decode of the same events: compact
+snapshots and the jsonb events of older releases mixed, rows in any order, GPUs listed twice, names
+outside the codebooks, every availability state, the states in the order first seen."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from api.services.reads.telemetry import accelerator_samples, host_samples, state_of
+from collectors.facts import UNKNOWN, UNSUPPORTED, Fact, Known, TemporarilyFailed, Unavailable
+from collectors.observations import ACCELERATOR_METRICS, HOST_METRICS
+from domain.telemetry_history import Bucket, Series, Window, downsample_values, reading
+from ledger.compact import decode_body, encode_body
+from ledger.events import (
+    AcceleratorSample,
+    AcceleratorTelemetryObserved,
+    EventMetadata,
+    EventPayload,
+    HostTelemetryObserved,
+    NodeTelemetryObserved,
+)
+
+SINCE = datetime(2026, 12, 3, 0, 0, tzinfo=UTC)
+GPUS = ["GPU-0d5e1c3a-9f7b-4c2e-8a61-3b9d2f4e5a70", "GPU-0D5E1C3A-9F7B-4C2E-8A61-3B9D2F4E5A71", "gpu-odd"]
+
+facts: st.SearchStrategy[Fact] = st.one_of(
+    st.builds(Known, st.integers(-(2**63), 2**64 - 1)),
+    st.builds(Known, st.integers(0, 3)),  # equal values in one bucket
+    st.builds(Known, st.floats(-1e12, 1e12, allow_nan=False)),
+    st.builds(Known, st.sampled_from(["P0", "P8"])),
+    st.builds(Known, st.booleans()),
+    st.just(UNKNOWN),
+    st.just(UNSUPPORTED),
+    st.builds(Unavailable, st.sampled_from(["", "no driver"])),
+    st.builds(TemporarilyFailed, st.just("timeout")),
+)
+
+
+def groups(metrics: tuple[str, ...]) -> st.SearchStrategy[dict[str, Fact]]:
+    # Mostly every metric (a group as stored whole), sometimes a few, sometimes names besides.
+    every = st.fixed_dictionaries({m: facts for m in metrics})
+    some = st.dictionaries(st.one_of(st.sampled_from(metrics), st.text(max_size=4)), facts, max_size=6)
+    return st.one_of(every, some)
+
+
+entries = st.builds(
+    AcceleratorSample,
+    accelerator_id=st.just("a"),
+    uuid=st.sampled_from(GPUS),
+    telemetry=groups(ACCELERATOR_METRICS),
+)
+snapshots = st.builds(
+    NodeTelemetryObserved,
+    telemetry=groups(HOST_METRICS),
+    storage=st.just([]),
+    accelerators=st.lists(entries, max_size=4),
+)
+per_kind = st.one_of(
+    st.builds(
+        AcceleratorTelemetryObserved,
+        accelerator_id=st.just("a"),
+        uuid=st.sampled_from(GPUS),
+        telemetry=groups(ACCELERATOR_METRICS),
+    ),
+    st.builds(HostTelemetryObserved, telemetry=groups(HOST_METRICS), storage=st.just([])),
+)
+# (payload, stored compact?, observed offset in s or None, received offset in s)
+events = st.lists(
+    st.one_of(
+        st.tuples(
+            snapshots, st.booleans(), st.one_of(st.none(), st.integers(-30, 630)), st.integers(-30, 630)
+        ),
+        st.tuples(
+            per_kind, st.just(False), st.one_of(st.none(), st.integers(-30, 630)), st.integers(-30, 630)
+        ),
+    ),
+    min_size=1,
+    max_size=30,
+)
+windows = st.builds(
+    lambda span, step: Window(since=SINCE, until=SINCE + timedelta(seconds=span), step_seconds=step),
+    st.integers(60, 600),
+    st.integers(1, 300),
+)
+
+
+def stored(
+    given_events: list[tuple[EventPayload, bool, int | None, int]], order: list[int]
+) -> tuple[list[dict[str, Any]], list[tuple[int, EventPayload, EventMetadata]]]:
+    """The rows the log's read returns (in `order`, as PostgreSQL may), and each event as the
+    log's whole decode gives it back, with its position."""
+    rows, decoded = [], []
+    for position, (payload, compact, observed, received) in enumerate(given_events):
+        meta = EventMetadata(
+            received_at=SINCE + timedelta(seconds=received, milliseconds=position % 7),
+            source="agent",
+            observed_at=None
+            if observed is None
+            else SINCE + timedelta(seconds=observed, microseconds=position),
+        )
+        if compact:
+            body = encode_body(payload, meta)[0]
+            row = {"global_position": position, "body": body, "data_json": None, "metadata_json": None}
+            decoded.append((position, *decode_body(body)))
+        else:
+            data, metadata = msgspec.json.encode(payload).decode(), msgspec.json.encode(meta).decode()
+            row = {"global_position": position, "body": None, "data_json": data, "metadata_json": metadata}
+            decoded.append((position, payload, meta))
+        rows.append(row)
+    return [rows[i] for i in order], decoded
+
+
+def counted(
+    w: Window,
+    decoded: list[tuple[int, EventPayload, EventMetadata]],
+    gpu: str | None,
+    metrics: tuple[str, ...],
+) -> tuple[int, list[Series]]:
+    """The series a plain loop counts: each fact read whole, one at a time, in time order."""
+    samples: list[tuple[datetime, int, dict[str, Fact]]] = []
+    for position, payload, meta in decoded:
+        at = meta.observed_at or meta.received_at
+        facts: dict[str, Fact] | None = None
+        if gpu is None:
+            if isinstance(payload, NodeTelemetryObserved | HostTelemetryObserved):
+                facts = payload.telemetry
+        elif isinstance(payload, NodeTelemetryObserved):
+            for a in payload.accelerators:
+                if a.uuid == gpu:
+                    facts = a.telemetry
+        elif isinstance(payload, AcceleratorTelemetryObserved) and payload.uuid == gpu:
+            facts = payload.telemetry
+        if facts is not None and w.since <= at < w.until:
+            samples.append((at, position, facts))
+    samples.sort(key=lambda s: (s[0], s[1]))
+    step = timedelta(seconds=w.step_seconds)
+    series = []
+    for metric in metrics:
+        points = []
+        for i in range(w.points):
+            start = w.since + i * step
+            states: dict[str, int] = {}
+            numbers: list[float] = []
+            for at, _, facts in samples:
+                if start <= at < start + step and metric in facts:
+                    state, number = reading(facts[metric])
+                    states[state] = states.get(state, 0) + 1
+                    if number is not None:
+                        numbers.append(number)
+            low = min(numbers) if numbers else None
+            high = max(numbers) if numbers else None
+            mean = (
+                min(max(math.fsum(numbers) / len(numbers), min(numbers)), max(numbers)) if numbers else None
+            )
+            points.append(Bucket(start, sum(states.values()), states, low, mean, high))
+        series.append(Series(metric=metric, points=points))
+    return len(samples), series
+
+
+@settings(max_examples=150, deadline=None)
+@given(events, windows, st.randoms(use_true_random=False), st.sampled_from([*GPUS, None]))
+def test_the_read_counts_what_the_whole_decode_says(
+    given_events: list[tuple[EventPayload, bool, int | None, int]], w: Window, rnd: Any, gpu: str | None
+) -> None:
+    order = list(range(len(given_events)))
+    rnd.shuffle(order)
+    rows, decoded = stored(given_events, order)
+    if gpu is None:
+        metrics, samples = HOST_METRICS, host_samples(rows, w, HOST_METRICS)
+    else:
+        metrics, samples = ACCELERATOR_METRICS, accelerator_samples(rows, gpu, w, ACCELERATOR_METRICS)
+    series = downsample_values(w, samples, metrics, state_of)
+    expected_count, expected = counted(w, decoded, gpu, metrics)
+    assert len(samples) == expected_count
+    # compared as the JSON a client reads: the states' order too
+    assert msgspec.json.encode(series) == msgspec.json.encode(expected)
