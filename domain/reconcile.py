@@ -90,12 +90,18 @@ def _accelerator_discovered(
 def _accelerator_changes(
     acc: AcceleratorState, obs: AcceleratorObservation, driver: Fact, cuda: Fact
 ) -> dict[str, FactChange]:
-    pairs: dict[str, tuple[Fact, Fact]] = {
-        name: (getattr(acc, name), getattr(obs, name)) for name in ACCELERATOR_INVENTORY_FACTS
-    }
-    pairs["driver_version"] = (acc.driver_version, driver)
-    pairs["cuda_driver_version"] = (acc.cuda_driver_version, cuda)
-    return _diff(pairs)
+    # Only the facts that differ are diffed (`_diff` passes over equal ones): most reports of a
+    # GPU repeat every inventory fact, and build no pair at all.
+    pairs: dict[str, tuple[Fact, Fact]] = {}
+    for name in ACCELERATOR_INVENTORY_FACTS:
+        old, new = getattr(acc, name), getattr(obs, name)
+        if new != old:
+            pairs[name] = (old, new)
+    if driver != acc.driver_version:
+        pairs["driver_version"] = (acc.driver_version, driver)
+    if cuda != acc.cuda_driver_version:
+        pairs["cuda_driver_version"] = (acc.cuda_driver_version, cuda)
+    return _diff(pairs) if pairs else {}
 
 
 def reconcile(
