@@ -85,7 +85,10 @@ class KeptPosition(msgspec.Struct, frozen=True):
     node state, so that a batch never decides on a node state and a position of two moments."""
 
     last_sequence: int
-    recent: bytes  # the row's `recent` as stored (`recent_bytes`), decoded when used
+    recent: bytes  # the row's `recent` as stored (`recent_bytes`)
+    # The same as the decision reads it (`recent_digests` at `last_sequence`): kept decoded, so
+    # that a steady report does not unpack its stream's digests again.
+    window: dict[str, str]
     written: int
     node_version: int
     node_position: int
@@ -113,13 +116,16 @@ class KeptPositions:
         stream: str,
         last_sequence: int,
         recent: bytes,
+        window: dict[str, str],
         written: int,
         node: NodeState,
     ) -> None:
         if self.streams <= 0:
             return
         key = (node_id, stream)
-        self._kept[key] = KeptPosition(last_sequence, recent, written, node.stream_version, node.position)
+        self._kept[key] = KeptPosition(
+            last_sequence, recent, window, written, node.stream_version, node.position
+        )
         self._kept.move_to_end(key)
         while len(self._kept) > self.streams:
             self._kept.popitem(last=False)

@@ -273,16 +273,21 @@ class ReportService:
             row = positions.get((item.node_id, item.stream))
             last: int | None = row["last_sequence"] if row is not None else None
             stored: bytes = row["recent"] if row is not None else b""
-            decision = decide_report(
-                node.state, item, last, recent_digests(stored, last), self.inventory.health_policies.current
-            )
+            window = recent_digests(stored, last)
+            decision = decide_report(node.state, item, last, window, self.inventory.health_policies.current)
             if isinstance(decision, AcceptedReport):
                 accepted.append((k, node, item, decision))
                 outcomes.append(None)
                 continue
             if row is not None:  # kept as read; an accepted report's position is kept as advanced
                 self.positions.keep(
-                    item.node_id, item.stream, row["last_sequence"], stored, row["written"], node.state
+                    item.node_id,
+                    item.stream,
+                    row["last_sequence"],
+                    stored,
+                    window,
+                    row["written"],
+                    node.state,
                 )
             outcomes.append(_answer(item, decision))
         if accepted:
@@ -313,7 +318,7 @@ class ReportService:
                 state,
                 item,
                 position.last_sequence,
-                recent_digests(position.recent, position.last_sequence),
+                position.window,
                 self.inventory.health_policies.current,
             )
             if not isinstance(decision, AcceptedReport) or not decision.events:
@@ -361,7 +366,7 @@ class ReportService:
             items, decided, streams.kept, committed, recent, strict=True
         ):
             key = (item.node_id, item.stream)
-            self.positions.keep(*key, item.sequence, packed, written[key], done.state)
+            self.positions.keep(*key, item.sequence, packed, d.recent, written[key], done.state)
             self.positions.carry(*key, (node.version, node.position), done.state)
             self.inventory.reconciled(item.node_id, done, "agent")
             acks.append(_accepted_ack(item, d, done))
@@ -394,7 +399,7 @@ class ReportService:
         written = {(r["node_id"], r["stream"]): r["written"] for r in rows}
         for (k, node, item, d), was, done, packed in zip(accepted, before, committed, recent, strict=True):
             key = (item.node_id, item.stream)
-            self.positions.keep(*key, item.sequence, packed, written[key], done.state)
+            self.positions.keep(*key, item.sequence, packed, d.recent, written[key], done.state)
             self.positions.carry(*key, was, done.state)
             self.inventory.reconciled(node.stream_id, done, "agent")
             outcomes[k] = _accepted_ack(item, d, done)
