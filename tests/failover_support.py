@@ -19,8 +19,8 @@ import pytest
 
 from bench import replication
 from ledger.reading import Checkpoint, read_log
+from tests import debian
 from tests.agent_support import OPERATOR, ROOT, AgentProcess, ServerProcess, clean_env, create_token
-from tests.test_deploy import _apt_install
 from tests.test_faults import account
 
 
@@ -43,7 +43,7 @@ class Ledger:
 def postgres_programs() -> None:
     why = replication.missing()
     if why and not (replication.PG_BIN / "initdb").exists():
-        problem = _apt_install(replication.PG_PACKAGE)
+        problem = debian.install(replication.PG_PACKAGE)
         assert not problem, problem
         why = replication.missing()
     assert not why, why

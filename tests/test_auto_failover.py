@@ -38,6 +38,7 @@ import pytest
 
 from ledger.reading import Checkpoint
 from tests import auto_failover_support as paf
+from tests import debian
 from tests.agent_support import AgentProcess, ServerProcess, create_token, wait_for
 from tests.failover_support import (
     Ledger,
@@ -53,7 +54,6 @@ from tests.failover_support import (
     stored,
     workdir,
 )
-from tests.test_deploy import _apt_install
 from tests.test_faults import more_reports, snapshot
 
 __all__ = ["postgres_programs", "workdir"]  # the fixtures, used by name
@@ -70,7 +70,7 @@ WITHOUT_MONITOR = 6.0
 def auto_failover_programs(postgres_programs: None) -> None:
     if paf.missing():
         for package in paf.PACKAGES:
-            problem = _apt_install(package)
+            problem = debian.install(package)
             assert not problem, problem
     why = paf.missing()
     assert not why, why

@@ -251,7 +251,9 @@ def test_state_dir_on_another_filesystem_is_reported_by_its_mount_point(
 ) -> None:
     shm = Path("/dev/shm")
     if not shm.is_dir() or shm.stat().st_dev == os.stat("/").st_dev:
-        pytest.skip("needs /dev/shm as a separate filesystem")
+        pytest.fail(
+            "needs /dev/shm as a filesystem of its own (tmpfs, as Linux hosts and containers mount it)"
+        )
     host = collect(fixture_root, shm / "modelforge-test-state")
     assert [s.mount for s in host.storage] == ["/", "/dev/shm"]
     shm_usage = host.storage[1]

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import debian
 from tests.cli_support import command_tree
-from tests.test_deploy import _apt_install
 
 BIN = Path(sys.executable).parent
 PROGRAM = "modelforge-hw"
@@ -46,7 +46,7 @@ def script(shell: str) -> str:
 def installed(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        why = _apt_install(name)
+        why = debian.install(name)
         path = shutil.which(name)
         assert path is not None, f"{name} cannot be installed: {why or 'not on PATH after install'}"
     return path

@@ -10,7 +10,6 @@ into docs/console/ (shown by docs/console.md).
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from selenium.webdriver.support.wait import WebDriverWait
 
 from api.http.console.routes import COOKIE
 from ledger.db import create_pool
+from tests import debian
 from tests.agent_support import OPERATOR, OPERATOR_TOKEN, ROOT, ServerProcess, clean_env
 from tests.console_support import (
     MISSING_GPU,
@@ -44,29 +44,6 @@ from tests.console_support import (
 )
 
 SHOTS = ROOT / "docs" / "console"
-APT_TIMEOUT = 900
-
-
-def _apt_install(*packages: str) -> str:
-    """Install Debian packages; '' on success, else why not (the failure message)."""
-    if shutil.which("apt-get") is None:
-        return "apt-get is not available"
-    if hasattr(os, "geteuid") and os.geteuid() != 0:
-        return "not root, cannot apt-get install"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
-    output = ""
-    for command in (install, ["apt-get", "update", "-q"], install):
-        try:
-            done = subprocess.run(
-                command, env=env, capture_output=True, text=True, timeout=APT_TIMEOUT, check=False
-            )
-        except subprocess.TimeoutExpired:
-            return f"`{' '.join(command)}` timed out after {APT_TIMEOUT}s"
-        output = (done.stdout + done.stderr).strip()
-        if command is install and done.returncode == 0:
-            return ""
-    return f"apt-get install {' '.join(packages)} failed: {output[-500:]}"
 
 
 def _find_chromium() -> tuple[str | None, str | None]:
@@ -81,7 +58,7 @@ def _find_chromium() -> tuple[str | None, str | None]:
 def chromium() -> tuple[str, str]:
     browser, driver = _find_chromium()
     if browser is None or driver is None:
-        why = _apt_install("chromium", "chromium-driver")
+        why = debian.install("chromium", "chromium-driver")
         browser, driver = _find_chromium()
         if browser is None or driver is None:
             pytest.fail(f"Chromium and chromedriver are needed and cannot be installed: {why or 'not found'}")

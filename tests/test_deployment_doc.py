@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests import debian
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "operations" / "SERVER_AGENT_DEPLOYMENT.md"
@@ -27,8 +26,7 @@ def quickstart() -> str:
 
 
 def test_quickstart_gives_a_node_with_its_gpus(tmp_path: Path) -> None:
-    if shutil.which("curl") is None:
-        pytest.skip("curl is not installed")
+    debian.require("curl", "curl")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -34,10 +34,11 @@ import yaml
 
 from bench import replication
 from tests import auto_failover_support as paf
+from tests import debian
 from tests.cli_support import parse
 from tests.failover_support import cli, postgres_programs, workdir
 from tests.test_auto_failover import auto_failover_programs
-from tests.test_deploy import _apt_install, assert_confined, dockerfile_instructions
+from tests.test_deploy import assert_confined, dockerfile_instructions
 
 __all__ = ["auto_failover_programs", "postgres_programs", "workdir"]  # the fixtures, used by name
 
@@ -134,7 +135,7 @@ def test_the_image_is_debians_packages_run_as_postgres() -> None:
 def docker_compose() -> str:
     path = shutil.which("docker-compose")
     if path is None:
-        why = _apt_install("docker-compose")
+        why = debian.install("docker-compose")
         path = shutil.which("docker-compose")
         assert path is not None, f"docker-compose cannot be installed: {why or 'not on PATH after install'}"
     return path

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from api.services.metrics.catalog import METRICS
-from tests.test_deploy import _apt_install
+from tests import debian
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -37,13 +37,7 @@ ALERTS = (
 def prometheus_tool(name: str) -> str:
     """`promtool` or `prometheus`, installed with apt-get when missing; the calling test fails
     when it cannot be."""
-    path = shutil.which(name)
-    if path is None:
-        why = _apt_install("prometheus")
-        path = shutil.which(name)
-        if path is None:
-            pytest.fail(f"{name} (Debian package prometheus) cannot be installed: {why or 'not on PATH'}")
-    return path
+    return debian.require(name, "prometheus")
 
 
 def promtool_path() -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import asyncpg
 import pytest
 
 from ledger.schema import LATEST_SCHEMA_VERSION, code_sql, schema_sql
+from tests import debian
 from tests.schema_catalog import catalog
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,8 +98,8 @@ async def test_schema_sql_alone_makes_the_schema_of_a_new_database(
         await migrated.close()
 
 
-@pytest.mark.skipif(shutil.which("psql") is None, reason="no psql on this machine")
 async def test_psql_runs_the_package_schema_as_it_is(empty_database: str, database_dsn: str) -> None:
+    debian.require("psql", "postgresql-client")
     done = await asyncio.to_thread(
         subprocess.run,
         ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "ledger/schema.sql", empty_database],
