@@ -13,6 +13,7 @@ construction and is checked row for row by `rebuild --verify`.
 from __future__ import annotations
 
 import functools
+import hashlib
 import operator
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -49,6 +50,9 @@ _DEFLATE_WBITS = -15
 
 
 _msgpack_encoder = msgspec.msgpack.Encoder()
+# The deflated rests a projection keeps (`Projection._deflated`): as many as the folded states a
+# server keeps (`state_cache_streams`' default), about 2 KB each.
+_KEPT_RESTS = 10_000
 
 
 class TableSpec(msgspec.Struct, frozen=True):
@@ -130,6 +134,9 @@ class Projection(Generic[S]):
     # a database built with an older version is rebuilt from the log on `migrate` / `serve`.
     version: int = 1
 
+    def __init__(self) -> None:
+        self._rests: dict[bytes, bytes] = {}
+
     def initial(self, stream_id: str) -> S:
         raise NotImplementedError
 
@@ -183,8 +190,22 @@ class Projection(Generic[S]):
             return _MSGPACK_DEFLATE + zlib.compress(packed, _DEFLATE_LEVEL, _DEFLATE_WBITS)
         volatile, rest = self.split(kept)
         head = _msgpack_encoder.encode(volatile)
-        tail = zlib.compress(_msgpack_encoder.encode(rest), _DEFLATE_LEVEL, _DEFLATE_WBITS)
+        tail = self._deflated(_msgpack_encoder.encode(rest))
         return b"".join((_SPLIT_DEFLATE, len(head).to_bytes(4, "big"), head, tail))
+
+    def _deflated(self, packed: bytes) -> bytes:
+        """The rest's deflate, kept by a digest of its msgpack: a steady report leaves the rest as
+        its node's previous report wrote it, so it is deflated once, not with every report (a
+        digest of the bytes costs a fraction of their deflate). Deflate gives the same bytes for
+        the same input, so a kept one is what deflating again would give. First in, first out."""
+        key = hashlib.blake2b(packed, digest_size=16).digest()
+        tail = self._rests.get(key)
+        if tail is None:
+            tail = zlib.compress(packed, _DEFLATE_LEVEL, _DEFLATE_WBITS)
+            if len(self._rests) >= _KEPT_RESTS:
+                del self._rests[next(iter(self._rests))]
+            self._rests[key] = tail
+        return tail
 
     def decode_state(self, raw: str | bytes) -> S:
         """A checkpoint's state from its bytes, in either encoding it may have been written in."""
