@@ -88,19 +88,30 @@ def _changes_sql(ops: tuple[tuple[str, str, TableSpec], ...], state_table: str) 
     per table and operation, each fed one jsonb array of row objects (`jsonb_populate_recordset`
     types the values by the table's own columns), then the new folded states. One round trip and
     one statement however many rows and streams changed, where a statement per row (executemany)
-    cost a parse, a plan and an executor start each. Deleted and upserted keys are disjoint, so
-    the CTEs never touch the same row twice. The folded states come as the projection's name ($1)
-    and four arrays (stream ids, versions, positions, encoded states; the tables' row arrays
-    follow from $6): a state is bytes to PostgreSQL (`projection_state.state` is bytea), never
-    parsed there."""
+    cost a parse, a plan and an executor start each. Deleted, updated and inserted keys are
+    disjoint, so the CTEs never touch the same row twice. The folded states come as the
+    projection's name ($1) and five arrays (stream ids, versions, positions, encoded states, and
+    whether the stream has a stored checkpoint; the tables' row arrays follow from $7): a state is
+    bytes to PostgreSQL (`projection_state.state` is bytea), never parsed there.
+
+    A row the stream's state had before is changed by UPDATE, and a stream's stored checkpoint
+    too: an upsert (INSERT ... ON CONFLICT DO UPDATE) locks the row it finds before updating it,
+    a WAL record per row that a plain UPDATE does not write. New rows and first checkpoints are
+    upserted. The statement answers how many rows the updates changed: the caller checks that
+    every one it expected was there."""
     ctes: list[str] = []
+    counted: list[str] = []
     for i, (op, table, spec) in enumerate(ops):
-        param = f"${i + 6}"
+        param = f"${i + 7}"
         source = f"jsonb_populate_recordset(NULL::{table}, {param})"
         cols = ", ".join(spec.columns)
+        match = " AND ".join(f"t.{k} = x.{k}" for k in spec.key)
         if op == "delete":
-            match = " AND ".join(f"t.{k} = x.{k}" for k in spec.key)
             ctes.append(f"c{i} AS (DELETE FROM {table} t USING {source} x WHERE {match})")
+        elif op == "update":
+            sets = ", ".join(f"{c} = x.{c}" for c in spec.columns if c not in spec.key)
+            ctes.append(f"c{i} AS (UPDATE {table} t SET {sets} FROM {source} x WHERE {match} RETURNING 1)")
+            counted.append(f"c{i}")
         else:
             updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in spec.columns if c not in spec.key)
             conflict = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
@@ -108,19 +119,23 @@ def _changes_sql(ops: tuple[tuple[str, str, TableSpec], ...], state_table: str) 
                 f"c{i} AS (INSERT INTO {table} ({cols}) SELECT {cols} FROM {source} "
                 f"ON CONFLICT ({', '.join(spec.key)}) {conflict})"
             )
-    head = f"WITH {', '.join(ctes)} " if ctes else ""
-    return (
-        f"{head}INSERT INTO {state_table} (projection, stream_id, stream_version, position, state) "
-        "SELECT $1, u.stream_id, u.stream_version, u.position, u.state "
-        "FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::bytea[]) "
-        "AS u(stream_id, stream_version, position, state) ON CONFLICT (projection, stream_id) "
-        "DO UPDATE SET stream_version = EXCLUDED.stream_version, position = EXCLUDED.position, "
-        "state = EXCLUDED.state"
+    states = (
+        "unnest($2::text[], $3::bigint[], $4::bigint[], $5::bytea[], $6::boolean[]) "
+        "AS u(stream_id, stream_version, position, state, stored)"
     )
-
-
-def _objects(spec: TableSpec, rows: Sequence[Row]) -> list[dict[str, Any]]:
-    return [dict(zip(spec.columns, row, strict=True)) for row in rows]
+    ctes.append(
+        f"s AS (UPDATE {state_table} t SET stream_version = u.stream_version, position = u.position, "
+        f"state = u.state FROM {states} WHERE u.stored AND t.projection = $1 AND t.stream_id = u.stream_id "
+        "RETURNING 1)"
+    )
+    counted.append("s")
+    ctes.append(
+        f"n AS (INSERT INTO {state_table} (projection, stream_id, stream_version, position, state) "
+        f"SELECT $1, u.stream_id, u.stream_version, u.position, u.state FROM {states} WHERE NOT u.stored "
+        "ON CONFLICT (projection, stream_id) DO UPDATE SET stream_version = EXCLUDED.stream_version, "
+        "position = EXCLUDED.position, state = EXCLUDED.state)"
+    )
+    return f"WITH {', '.join(ctes)} SELECT " + " + ".join(f"(SELECT count(*) FROM {c})" for c in counted)
 
 
 class Projection(Generic[S]):
@@ -304,9 +319,11 @@ class Projection(Generic[S]):
             raise ValueError("one statement writes each stream once: fold a stream's events together")
         gone_by: dict[str, list[dict[str, Any]]] = {spec.name: [] for spec in self.tables}
         changed_by: dict[str, list[dict[str, Any]]] = {spec.name: [] for spec in self.tables}
+        added_by: dict[str, list[dict[str, Any]]] = {spec.name: [] for spec in self.tables}
         versions: list[int] = []
         positions: list[int] = []
         states: list[bytes] = []
+        stored: list[bool] = []
         for _stream_id, before, after in changes:
             old_rows, new_rows = self.rows(before), self.rows(after)
             for spec in self.tables:
@@ -319,27 +336,47 @@ class Projection(Generic[S]):
                 key_of = _key_getter(spec)
                 old = {key_of(r): r for r in old_list}
                 new = {key_of(r): r for r in new_list}
-                changed_by[spec.name].extend(_objects(spec, [r for k, r in new.items() if old.get(k) != r]))
+                for k, r in new.items():
+                    was = old.get(k)
+                    if was is None:
+                        added_by[spec.name].append(dict(zip(spec.columns, r, strict=True)))
+                    elif was != r:
+                        changed_by[spec.name].append(dict(zip(spec.columns, r, strict=True)))
                 gone_by[spec.name].extend(_key_object(spec, k) for k in old if k not in new)
             version, position = self.checkpoint_of(after)
             versions.append(version)
             positions.append(position)
             states.append(self.encode_state(after))
+            # A state folded from any event was checkpointed with it (the initial state is at 0).
+            stored.append(self.checkpoint_of(before)[0] > 0)
         ops: list[tuple[str, str, TableSpec]] = []
         args: list[object] = []
+        expected = sum(stored)
         for spec in self.tables:
             if gone_by[spec.name]:
                 ops.append(("delete", spec.name + suffix, spec))
                 args.append(gone_by[spec.name])
             if changed_by[spec.name]:
-                ops.append(("upsert", spec.name + suffix, spec))
+                ops.append(("update", spec.name + suffix, spec))
                 args.append(changed_by[spec.name])
-        await conn.execute(
+                expected += len(changed_by[spec.name])
+            if added_by[spec.name]:
+                ops.append(("upsert", spec.name + suffix, spec))
+                args.append(added_by[spec.name])
+        updated = await conn.fetchval(
             _changes_sql(tuple(ops), STATE_TABLE + suffix),
             self.name,
             [stream_id for stream_id, _b, _a in changes],
             versions,
             positions,
             states,
+            stored,
             *args,
         )
+        if updated != expected:
+            # A row or checkpoint the stream's state had is not stored: the read model is not the
+            # fold of its log (`rebuild` makes it so). Refused, so the append rolls back.
+            raise RuntimeError(
+                f"{self.name}: {expected - updated} of the rows and checkpoints the folded states had "
+                "are not stored; run `modelforge-hw rebuild`"
+            )

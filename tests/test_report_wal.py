@@ -1,8 +1,9 @@
 """What a steady agent report writes to the WAL on the tables the projections and the stream
 positions rewrite: no GPU telemetry row, and nothing in TOAST (the folded state arrives
-compressed, the recent digests as bytes). (The upserts still lock each row they update first, a
-small WAL record per row: the UPDATE-then-INSERT statement that avoided it cost PostgreSQL more
-CPU per report than the bytes were worth; docs/performance.md.) Read back with pg_walinspect, the
+compressed, the recent digests as bytes), no row lock records (rows a report rewrites are
+updated, not upserted), and of the folded state and the digest window only the part the report
+changed (PostgreSQL logs an update in place as the bytes between the old and new row's common
+prefix and suffix). Read back with pg_walinspect, the
 records of this test's database only. Also the two stored forms those take: the digests' bytes,
 and checkpoints in either encoding compared by state in `rebuild --verify`."""
 
@@ -136,6 +137,8 @@ async def test_a_steady_report_changes_its_rows_in_place_without_row_locks_or_to
     assert not [k for k in records if k[0].startswith("TOAST of ") and k[0][9:] in PROJECTION_WRITTEN], (
         records
     )
+    # Rows are updated, not upserted: no record of a row locked before its update.
+    assert not [k for k in records if k[1] == "LOCK"], records
     # The checkpoint's unchanged part (all but what the report changed) is not logged again.
     assert bytes_of["projection_state"] < len(state) / 3, (bytes_of, len(state))
     # Nor the stream's window of digests: its new entry goes in front of the ones stored before.

@@ -40,6 +40,7 @@ DECLARE
     v_lifecycles   bigint[];
     v_heads        bytea[];
     v_tombstones   timestamptz[];
+    v_exists       boolean[];     -- per stream: it has a row in `streams`
     v_write        boolean[];     -- per stream: its events are inserted by this call
     v_ends         timestamptz[]; -- per stream: the tombstone its batch sets (NODE_DECOMMISSIONED)
     v_take         boolean[];     -- per event: its stream writes
@@ -88,8 +89,9 @@ BEGIN
     SELECT array_agg(coalesce(s.version, 0) ORDER BY u.n),
            array_agg(coalesce(s.lifecycle_version, 0) ORDER BY u.n),
            array_agg(s.head_hash ORDER BY u.n),
-           array_agg(s.tombstoned_at ORDER BY u.n)
-        INTO v_current, v_lifecycles, v_heads, v_tombstones
+           array_agg(s.tombstoned_at ORDER BY u.n),
+           array_agg(s.stream_id IS NOT NULL ORDER BY u.n)
+        INTO v_current, v_lifecycles, v_heads, v_tombstones, v_exists
         FROM unnest(p_stream_ids) WITH ORDINALITY AS u(id, n)
         LEFT JOIN streams s ON s.stream_id = u.id;
 
@@ -209,15 +211,26 @@ BEGIN
         v_lo := v_lo + p_counts[i];
     END LOOP;
 
-    INSERT INTO streams AS s (stream_id, version, lifecycle_version, head_hash, tombstoned_at,
-                              updated_at)
-    SELECT u.id, u.cur + u.cnt, u.lc, u.hh, u.te, v_now
-    FROM unnest(p_stream_ids, v_current, p_counts, v_lifecycles, v_heads, v_ends, v_write)
-         AS u(id, cur, cnt, lc, hh, te, w)
-    WHERE u.w
-    ON CONFLICT (stream_id) DO UPDATE
-        SET version = EXCLUDED.version, lifecycle_version = EXCLUDED.lifecycle_version,
-            head_hash = EXCLUDED.head_hash, tombstoned_at = EXCLUDED.tombstoned_at,
-            updated_at = EXCLUDED.updated_at;
+    -- A stream already stored is updated in place; an upsert would lock its row first, a WAL
+    -- record per stream that a plain UPDATE does not write. New streams (their first append,
+    -- under the same lock) are inserted.
+    UPDATE streams s
+    SET version = u.cur + u.cnt, lifecycle_version = u.lc, head_hash = u.hh, tombstoned_at = u.te,
+        updated_at = v_now
+    FROM unnest(p_stream_ids, v_current, p_counts, v_lifecycles, v_heads, v_ends, v_write, v_exists)
+         AS u(id, cur, cnt, lc, hh, te, w, ex)
+    WHERE u.w AND u.ex AND s.stream_id = u.id;
+    IF NOT (true = ALL (v_exists)) THEN
+        INSERT INTO streams AS s (stream_id, version, lifecycle_version, head_hash, tombstoned_at,
+                                  updated_at)
+        SELECT u.id, u.cur + u.cnt, u.lc, u.hh, u.te, v_now
+        FROM unnest(p_stream_ids, v_current, p_counts, v_lifecycles, v_heads, v_ends, v_write, v_exists)
+             AS u(id, cur, cnt, lc, hh, te, w, ex)
+        WHERE u.w AND NOT u.ex
+        ON CONFLICT (stream_id) DO UPDATE
+            SET version = EXCLUDED.version, lifecycle_version = EXCLUDED.lifecycle_version,
+                head_hash = EXCLUDED.head_hash, tombstoned_at = EXCLUDED.tombstoned_at,
+                updated_at = EXCLUDED.updated_at;
+    END IF;
 END;
 $$;
