@@ -1,4 +1,4 @@
--- ModelForge hardware plane: the database schema of this release, schema version 13, whole.
+-- ModelForge hardware plane: the database schema of this release, schema version 14, whole.
 --
 -- `modelforge-hw migrate` (and `serve`, at start) creates a new database from this file, in one
 -- transaction. A database made by an older release is brought to the same schema by the numbered
@@ -26,15 +26,18 @@ CREATE TABLE schema_version (
 -- One row per stream (one stream per compute node). `version` is the number of the stream's last
 -- event; `lifecycle_version` counts its lifecycle events only (the node's "generation": telemetry
 -- does not move it). `head_hash` is the hash of the newest lifecycle event, kept beside the stream
--- so that an edit to the newest event is caught too (ledger/verify.py).
+-- so that an edit to the newest event is caught too (ledger/verify.py). What every append changes
+-- (`version`, `updated_at`) comes first and together: PostgreSQL logs an update in place as the
+-- bytes between the old and new row's common prefix and suffix, so a telemetry append logs those
+-- two values and not the hash after them.
 CREATE TABLE streams (
     stream_id          text PRIMARY KEY,
     version            bigint NOT NULL,
+    updated_at         timestamptz NOT NULL DEFAULT now(),
     lifecycle_version  bigint NOT NULL DEFAULT 0,
     head_hash          bytea,
     tombstoned_at      timestamptz,
-    created_at         timestamptz NOT NULL DEFAULT now(),
-    updated_at         timestamptz NOT NULL DEFAULT now()
+    created_at         timestamptz NOT NULL DEFAULT now()
 );
 
 -- Every event, appended by mf_append_many only. The log is partitioned by `segment` so that
@@ -496,5 +499,5 @@ CREATE INDEX webhook_deliveries_subscription_idx ON webhook_deliveries (subscrip
 \ir sql/triggers/events_permanent_no_truncate.sql
 \ir sql/triggers/events_notify_log.sql
 
--- This file is schema version 13: a database made from it has what every numbered step gives.
-INSERT INTO schema_version (version) SELECT generate_series(1, 13);
+-- This file is schema version 14: a database made from it has what every numbered step gives.
+INSERT INTO schema_version (version) SELECT generate_series(1, 14);
