@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from collectors.facts import Fact
+from collectors.facts import Fact, Known
 from collectors.observations import StorageObservation
 from domain.node import NodeState, Telemetry, evolve
 from ledger.events import (
@@ -123,6 +123,24 @@ class HostSampleRef(msgspec.Struct, frozen=True, array_like=True, forbid_unknown
 _HOST_SAMPLE = 0
 
 
+_SCALARS = (bool, int, float, str)
+
+
+def _packed(fact: Fact) -> Any:
+    """A fact in a checkpoint's first part: a known scalar as itself, any other as its tagged map
+    (a steady report's metrics and mounts are known numbers: a third of their maps' bytes)."""
+    if type(fact) is Known and type(fact.value) in _SCALARS:
+        return fact.value
+    return msgspec.to_builtins(fact)
+
+
+def _unpacked(value: Any) -> Fact:
+    if type(value) is dict:
+        fact: Fact = msgspec.convert(value, Fact)
+        return fact
+    return Known(value)
+
+
 class NodeVolatile(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
     """What a steady report changes in a node's folded state: the first part of its checkpoint
     (`Projection.split`), the rest of the state after it unchanged. Most often changed first:
@@ -137,8 +155,9 @@ class NodeVolatile(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_
     host: HostSampleRef | None
     # One per accelerator of the rest, in its order: None (no sample), `_HOST_SAMPLE`, or its own.
     accelerators: list[int | Telemetry | None]
-    host_metrics: dict[str, Fact]
-    storage: list[StorageObservation]
+    # The host's metrics and the mounts, their facts `_packed`: (name, fact) and (mount, used, total).
+    host_metrics: dict[str, Any]
+    storage: list[tuple[str, Any, Any]]
 
 
 def _gpu_sample(t: Telemetry | None, host: Telemetry | None) -> int | Telemetry | None:
@@ -225,8 +244,8 @@ class InventoryProjection(Projection[NodeState]):
             last_seen_at=state.last_seen_at,
             host=None if host is None else HostSampleRef(host.observed_at, host.received_at, host.position),
             accelerators=[_gpu_sample(a.telemetry, host) for a in state.accelerators.values()],
-            host_metrics={} if host is None else host.metrics,
-            storage=state.storage,
+            host_metrics={} if host is None else {k: _packed(f) for k, f in host.metrics.items()},
+            storage=[(m.mount, _packed(m.used_bytes), _packed(m.total_bytes)) for m in state.storage],
         )
         rest = msgspec.structs.replace(
             state,
@@ -253,7 +272,7 @@ class InventoryProjection(Projection[NodeState]):
             None
             if v.host is None
             else Telemetry(
-                metrics=v.host_metrics,
+                metrics={k: _unpacked(f) for k, f in v.host_metrics.items()},
                 observed_at=v.host.observed_at,
                 received_at=v.host.received_at,
                 position=v.host.position,
@@ -282,7 +301,7 @@ class InventoryProjection(Projection[NodeState]):
             clock_skew_seconds=v.clock_skew_seconds,
             last_seen_at=v.last_seen_at,
             host_telemetry=host,
-            storage=v.storage,
+            storage=[StorageObservation(m, _unpacked(u), _unpacked(t)) for m, u, t in v.storage],
             accelerators=accelerators,
         )
 

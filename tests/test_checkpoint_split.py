@@ -7,11 +7,14 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from collectors.facts import UNKNOWN, UNSUPPORTED, Fact, Known, TemporarilyFailed, Unavailable
 from collectors.identity import NodeIdentity
-from domain.node import NodeState, node_id_for
+from collectors.observations import StorageObservation
+from domain.node import NodeState, Telemetry, node_id_for
 from domain.reconcile import reconcile
 from ledger.events import SCHEMA_VERSION, NewEvent, RecordedEvent
 from projections.inventory import INVENTORY, InventoryProjection
@@ -77,3 +80,27 @@ def test_a_kept_rest_is_the_bytes_a_fresh_deflate_gives(history: list) -> None: 
         for state in (after, _fold(after, identity, step, n + 1)):  # the second: the rest kept
             assert INVENTORY.encode_state(state) == InventoryProjection().encode_state(state)
         states[node_id] = after
+
+
+def test_the_host_metrics_and_mounts_of_every_availability_come_back_as_they_were() -> None:
+    facts: dict[str, Fact] = {
+        "known": Known(3.5),
+        "zero": Known(0),
+        "flag": Known(False),
+        "text": Known("x"),
+        "unknown": UNKNOWN,
+        "unsupported": UNSUPPORTED,
+        "unavailable": Unavailable("no sensor"),
+        "failed": TemporarilyFailed("timeout"),
+    }
+    state = msgspec.structs.replace(
+        INVENTORY.initial("node-facts"),
+        stream_version=3,
+        position=9,
+        host_telemetry=Telemetry(metrics=facts, observed_at=None, received_at=T0, position=9),
+        storage=[
+            StorageObservation("/", Known(1), Unavailable("statvfs failed")),
+            StorageObservation("/data", UNKNOWN, TemporarilyFailed("slow")),
+        ],
+    )
+    assert INVENTORY.decode_state(INVENTORY.encode_state(state)) == state
