@@ -56,43 +56,64 @@ class LogFeed:
             except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
                 log.warning("feed.listen_failed", error=str(exc))
                 return
+            settled = False  # kept as the listener, or handed back
             try:
-                await conn.add_listener(CHANNEL, self._notified)
-                # Appends notify only while a listener is registered (mf_notify_log); rows of
-                # backends that went away without deregistering are cleared on the way.
-                await conn.execute(
-                    "DELETE FROM mf_feed_listeners l WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a "
-                    "WHERE a.pid = l.pid AND a.backend_start = l.backend_start)"
-                )
-                await conn.execute(
-                    "INSERT INTO mf_feed_listeners (pid, backend_start) SELECT pid, backend_start "
-                    "FROM pg_stat_activity WHERE pid = pg_backend_pid() ON CONFLICT (pid) DO UPDATE "
-                    "SET backend_start = EXCLUDED.backend_start"
-                )
-            except (OSError, asyncpg.PostgresError) as exc:
-                with contextlib.suppress(OSError, asyncpg.PostgresError):
-                    await conn.remove_listener(CHANNEL, self._notified)
-                await self.pool.release(conn)
-                if isinstance(exc, asyncpg.ReadOnlySQLTransactionError):
-                    # A hot standby (a read standby) can neither LISTEN nor register: its waiters
-                    # re-read every `fallback_poll` seconds instead, which is what they get anyway.
-                    self.polling = True
-                    log.info("feed.polling_standby", every_seconds=self.fallback_poll)
+                try:
+                    await conn.add_listener(CHANNEL, self._notified)
+                    # Appends notify only while a listener is registered (mf_notify_log); rows of
+                    # backends that went away without deregistering are cleared on the way.
+                    await conn.execute(
+                        "DELETE FROM mf_feed_listeners l WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a "
+                        "WHERE a.pid = l.pid AND a.backend_start = l.backend_start)"
+                    )
+                    await conn.execute(
+                        "INSERT INTO mf_feed_listeners (pid, backend_start) SELECT pid, backend_start "
+                        "FROM pg_stat_activity WHERE pid = pg_backend_pid() ON CONFLICT (pid) DO UPDATE "
+                        "SET backend_start = EXCLUDED.backend_start"
+                    )
+                except (OSError, asyncpg.PostgresError) as exc:
+                    with contextlib.suppress(OSError, asyncpg.PostgresError):
+                        await conn.remove_listener(CHANNEL, self._notified)
+                    settled = True
+                    await self.pool.release(conn)
+                    if isinstance(exc, asyncpg.ReadOnlySQLTransactionError):
+                        # A hot standby (a read standby) can neither LISTEN nor register: its waiters
+                        # re-read every `fallback_poll` seconds instead, which is what they get anyway.
+                        self.polling = True
+                        log.info("feed.polling_standby", every_seconds=self.fallback_poll)
+                        return
+                    log.warning("feed.listen_failed", error=str(exc))
                     return
-                log.warning("feed.listen_failed", error=str(exc))
-                return
-            self._listener = conn
+                self._listener = conn
+                settled = True
+            finally:
+                if not settled:
+                    await self._discard(conn)
 
     async def _unlisten(self) -> None:
         async with self._lock:
             conn, self._listener = self._listener, None
             if conn is None:
                 return
-            if not conn.is_closed():
-                with contextlib.suppress(OSError, asyncpg.PostgresError):
-                    await conn.execute("DELETE FROM mf_feed_listeners WHERE pid = pg_backend_pid()")
-                    await conn.remove_listener(CHANNEL, self._notified)
-            await self.pool.release(conn)
+            settled = False
+            try:
+                if not conn.is_closed():
+                    with contextlib.suppress(OSError, asyncpg.PostgresError):
+                        await conn.execute("DELETE FROM mf_feed_listeners WHERE pid = pg_backend_pid()")
+                        await conn.remove_listener(CHANNEL, self._notified)
+                settled = True
+                await self.pool.release(conn)
+            finally:
+                if not settled:
+                    await self._discard(conn)
+
+    async def _discard(self, conn: asyncpg.Connection) -> None:
+        """The waiter was cancelled half way through registering or deregistering: the connection
+        may still listen or be registered, so it is closed, not pooled (its registration ends with
+        its backend), and handed back all the same, or closing the pool would wait on it for ever.
+        The pool's release is shielded from cancellation."""
+        conn.terminate()
+        await self.pool.release(conn)
 
     @contextlib.asynccontextmanager
     async def _waiting(self) -> AsyncIterator[None]:

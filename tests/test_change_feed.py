@@ -4,6 +4,7 @@ event commits (LISTEN/NOTIFY wakes it; the gap-safe read decides what it gets)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from tests.fixtures_nvml import multi_gpu_scenario
 
@@ -192,3 +193,75 @@ async def test_appends_notify_only_while_a_feed_listens(database_dsn: str, pool)
         assert heard == [], "the feed stopped waiting and deregistered: no notification"
     finally:
         await bystander.close()
+
+
+async def test_a_waiter_cancelled_while_it_registers_or_deregisters_leaves_the_pool_closable(
+    database_dsn: str,
+) -> None:
+    """A waiter is cancelled (its webhook subscription deleted, the server stopping) at any await,
+    also while it registers as a listener or deregisters. Its connection still goes back: closing
+    the pool, the last step of a server's shutdown, waits for every connection handed out. And
+    none stays registered, or appends would go on notifying with nobody waiting."""
+    import asyncpg
+
+    from ledger.db import create_pool
+    from ledger.feed import LogFeed
+    from ledger.reading import Checkpoint, read_log
+
+    live_registrations = (
+        "SELECT count(*) FROM mf_feed_listeners l JOIN pg_stat_activity a "
+        "ON a.pid = l.pid AND a.backend_start = l.backend_start"
+    )
+
+    async def blocked_on(admin: asyncpg.Connection, statement: str) -> None:
+        """Until a backend waits for the table lock in `statement` (the waiter is inside it)."""
+        for _ in range(200):
+            if await admin.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+                statement + "%",
+            ):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"nothing waited in {statement!r}")
+
+    admin = await asyncpg.connect(database_dsn)
+    try:
+        for step, statement in (
+            ("register", "DELETE FROM mf_feed_listeners l"),
+            ("deregister", "DELETE FROM mf_feed_listeners WHERE"),
+        ):
+            pool = await create_pool(database_dsn, min_size=1, max_size=4)
+            feed = LogFeed(pool, fallback_poll=30.0)
+            async with pool.acquire() as conn:
+                after = (await read_log(conn, Checkpoint(), limit=1000)).resume
+            blocker = await asyncpg.connect(database_dsn)
+            try:
+                if step == "register":
+                    await blocker.execute("BEGIN; LOCK TABLE mf_feed_listeners IN ACCESS EXCLUSIVE MODE")
+                    waiting = asyncio.create_task(feed.wait(after, limit=10, wait_seconds=60))
+                else:
+                    waiting = asyncio.create_task(feed.wait(after, limit=10, wait_seconds=2))
+                    for _ in range(200):
+                        if feed._listener is not None:
+                            break
+                        await asyncio.sleep(0.01)
+                    assert feed._listener is not None, "the waiter registered"
+                    # Its wait runs out while the table is locked: it deregisters into the lock.
+                    await blocker.execute("BEGIN; LOCK TABLE mf_feed_listeners IN ACCESS EXCLUSIVE MODE")
+                await blocked_on(admin, statement)
+                waiting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait_for(waiting, 10)
+                assert waiting.cancelled(), step
+            finally:
+                await blocker.close()
+            try:
+                await asyncio.wait_for(pool.close(), 10)
+            except TimeoutError:
+                pool.terminate()
+                raise AssertionError(
+                    f"cancelled while it would {step}: a connection was never handed back"
+                ) from None
+            assert await admin.fetchval(live_registrations) == 0, step
+    finally:
+        await admin.close()
