@@ -237,6 +237,46 @@ async def test_selection_by_node_and_class_and_deleted_subscriptions_stop(
     assert receiver.positions() == []
 
 
+async def test_a_worker_told_to_stop_while_it_stops_a_deleted_subscription_stops(
+    store: EventStore, pool: asyncpg.Pool, receiver: Receiver
+) -> None:
+    """The server stops (its worker is cancelled) just as the worker is stopping the delivery of a
+    subscription deleted a moment before: the worker stops too, rather than scanning on while the
+    server's shutdown waits on it."""
+    service = WebhookService(store, allow_private=True)
+    sub = await subscribe(store, receiver.url)
+    dispatcher = WebhookDispatcher(pool, FAST)
+    service.changed = dispatcher.wake
+    serve, stopping = dispatcher._serve, asyncio.Event()
+
+    async def slow_to_stop(subscription_id: str) -> None:
+        try:
+            await serve(subscription_id)
+        except asyncio.CancelledError:
+            stopping.set()
+            await asyncio.sleep(2.0)  # a delivery's clean-up that takes a while (a query's cancel)
+            raise
+
+    dispatcher._serve = slow_to_stop  # type: ignore[method-assign]
+    worker = asyncio.create_task(dispatcher.run())
+    try:
+
+        async def owned() -> bool:
+            return sub.subscription_id in dispatcher.owned
+
+        assert await eventually(owned)
+        await service.delete(sub.subscription_id)
+        await asyncio.wait_for(stopping.wait(), 10)
+        worker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(worker, 10)
+        assert worker.cancelled()
+    finally:
+        worker.cancel()
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(worker, 10)
+
+
 async def listening(pool: asyncpg.Pool) -> int:
     async with pool.acquire() as conn:
         return int(

@@ -266,10 +266,11 @@ class WebhookDispatcher:
                 if sid in live and not task.done():
                     continue
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    error = await asyncio.gather(task, return_exceptions=True)
-                    if error and isinstance(error[0], Exception):
-                        log.warning("webhook.task_failed", subscription_id=sid, error=repr(error[0]))
+                # The task's own cancellation comes back as its result; a CancelledError raised
+                # here is this worker's (the server stopping), and must stop it.
+                (outcome,) = await asyncio.gather(task, return_exceptions=True)
+                if isinstance(outcome, Exception):
+                    log.warning("webhook.task_failed", subscription_id=sid, error=repr(outcome))
                 del self.tasks[sid]
                 await conn.execute("SELECT pg_advisory_unlock($1, hashtext($2))", LOCK_NAMESPACE, sid)
             for sid in sorted(live - set(self.tasks)):
