@@ -96,8 +96,8 @@ def _changes_sql(ops: tuple[tuple[str, str, TableSpec], ...], state_table: str) 
     disjoint, so the CTEs never touch the same row twice. The folded states come as the
     projection's name ($1) and five arrays (stream ids, versions, positions, encoded states, and
     whether the stream has a stored checkpoint; the tables' row arrays follow from $7, an
-    update's with its keys): a state is bytes to PostgreSQL (`projection_state.state` is bytea),
-    never parsed there.
+    update's and a delete's each with its keys): a state is bytes to PostgreSQL
+    (`projection_state.state` is bytea), never parsed there.
 
     A row the stream's state had before is changed by UPDATE, and a stream's stored checkpoint
     too: an upsert (INSERT ... ON CONFLICT DO UPDATE) locks the row it finds before updating it,
@@ -113,17 +113,16 @@ def _changes_sql(ops: tuple[tuple[str, str, TableSpec], ...], state_table: str) 
         source = f"jsonb_populate_recordset(NULL::{table}, {param})"
         cols = ", ".join(spec.columns)
         match = " AND ".join(f"t.{k} = x.{k}" for k in spec.key)
-        if op == "delete":
-            ctes.append(f"c{i} AS (DELETE FROM {table} t USING {source} x WHERE {match})")
-        elif op == "update":
+        if op in ("delete", "update"):
             # The rows' first key column's values come again as an array ($n+1): planned against
             # jsonb_populate_recordset's guess of 100 rows alone, the join reads the whole table.
             n += 1
+            match = f"t.{spec.key[0]} = ANY(${n}::text[]) AND {match}"
+        if op == "delete":
+            ctes.append(f"c{i} AS (DELETE FROM {table} t USING {source} x WHERE {match})")
+        elif op == "update":
             sets = ", ".join(f"{c} = x.{c}" for c in spec.columns if c not in spec.key)
-            ctes.append(
-                f"c{i} AS (UPDATE {table} t SET {sets} FROM {source} x "
-                f"WHERE t.{spec.key[0]} = ANY(${n}::text[]) AND {match} RETURNING 1)"
-            )
+            ctes.append(f"c{i} AS (UPDATE {table} t SET {sets} FROM {source} x WHERE {match} RETURNING 1)")
             counted.append(f"c{i}")
         else:
             updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in spec.columns if c not in spec.key)
@@ -369,6 +368,7 @@ class Projection(Generic[S]):
             if gone_by[spec.name]:
                 ops.append(("delete", spec.name + suffix, spec))
                 args.append(gone_by[spec.name])
+                args.append(list({r[spec.key[0]] for r in gone_by[spec.name]}))
             if changed_by[spec.name]:
                 ops.append(("update", spec.name + suffix, spec))
                 args.append(changed_by[spec.name])
