@@ -95,9 +95,13 @@ async def test_reports_update_telemetry_in_place_and_the_state_in_its_row(databa
                 break
             await asyncio.sleep(0.1)
         assert updated >= expected, f"{updated} host telemetry updates counted, {expected} made"
-        # With the default fillfactor (100) about half of these updates moved their row to
-        # another page, each with a new index entry and a lock record.
-        assert hot == updated, f"{updated - hot} of {updated} telemetry updates moved their row"
+        # With the default fillfactor (100) about half of these updates move their row to another
+        # page, each with a new index entry and a lock record; with room left on the page, all of
+        # them stay when the cluster is otherwise idle. A transaction holding an xid anywhere in the
+        # cluster (another database's too) holds back this backend's snapshot xmin, so the page
+        # cannot be pruned while it runs and a few updates move: 3 in 4 staying still tells the
+        # two settings apart.
+        assert hot * 4 >= updated * 3, f"{updated - hot} of {updated} telemetry updates moved their row"
         # Every GPU is in its node's latest snapshot: no GPU has a telemetry row to rewrite.
         gpu_rows = await conn.fetchval(
             "SELECT n_tup_ins + n_tup_upd FROM pg_stat_user_tables WHERE relname = 'hw_accelerator_telemetry'"
