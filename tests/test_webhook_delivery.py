@@ -210,6 +210,14 @@ async def test_a_4xx_is_recorded_with_its_body_and_skipped_a_5xx_retried_until_f
         receiver.status, receiver.answer = 200, b"ok"
         await service.resume(sub.subscription_id)
         await asyncio.to_thread(receiver.wait_for, 1)
+
+        # The receiver has answered before the worker records its answer (the attempt and the
+        # cursor move in one statement after the response): wait for that record, not the POST,
+        # or the worker is stopped in between and the delivery is (rightly) not recorded.
+        async def recorded() -> bool:
+            return (await row(pool, sub.subscription_id))["cursor_position"] >= later
+
+        assert await eventually(recorded)
     assert receiver.positions() == [later], "the refused event skipped, the retried one delivered once"
     attempts = (await service.deliveries(sub.subscription_id)).items
     outcomes = [(a.global_position, a.outcome, a.status_code) for a in reversed(attempts)]
