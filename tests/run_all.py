@@ -24,14 +24,19 @@ STEPS: list[tuple[str, list[str]]] = [
     ("import-linter contracts", [str(BIN / "lint-imports"), "--no-cache"]),
     ("pytest", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *sys.argv[1:]]),
 ]
-# Tests that start PostgreSQL clusters of their own (replication, failover by hand and by
-# pg_auto_failover) spend most of their minutes waiting on timeouts and promotions, not on the CPU:
+# Tests that start servers of their own (PostgreSQL clusters for replication and failover, `serve`
+# processes with agents, Prometheus, Chromium) spend much of their time waiting on timeouts,
+# promotions and other processes, and the rest of the suite leaves one of two cores mostly idle:
 # the whole suite runs them in a pytest of their own beside the rest, which keeps it under 15 minutes.
 BESIDE = [
     "tests/test_auto_failover.py",
     "tests/test_failover.py",
     "tests/test_ha_deploy.py",
     "tests/test_read_standby.py",
+    "tests/agent_acceptance",
+    "tests/test_console_browser.py",
+    "tests/test_prometheus_discovery.py",
+    "tests/test_webhook_serve.py",
 ]
 
 
@@ -41,7 +46,7 @@ def pytest_beside_the_rest(command: list[str]) -> int:
     with tempfile.TemporaryFile(mode="w+") as beside_output:
         beside = subprocess.Popen([*command, *BESIDE], stdout=beside_output, stderr=subprocess.STDOUT)
         try:
-            rest = subprocess.call([*command, *(f"--ignore={path}" for path in BESIDE)])
+            rest = subprocess.call([*command, "--durations=15", *(f"--ignore={path}" for path in BESIDE)])
         finally:
             beside_code = beside.wait()
         beside_output.seek(0)
