@@ -18,7 +18,7 @@ GROUP_COMMIT_COUNTERS = (
 async def group_commit_counts(port: int) -> tuple[float, float]:
     """(transactions, reports) the server's group commit has committed so far, from its /metrics.
     The batch size moves the CPU per report as much as a change of the code does
-    (docs/performance.md, issue 12, ninth step), so each tier reports the one it ran at."""
+    (docs/performance.md, "where a small batch's database time goes"), so each tier reports the one it ran at."""
     conn = await HttpConnection.open(port)
     try:
         status, body = await conn.request(b"GET", b"/metrics", bearer(OPERATOR_TOKEN))

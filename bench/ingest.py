@@ -41,9 +41,9 @@ Measured:
   checkout of the product (its own `serve`, database and agents), interleaved with this one's, and
   this checkout's figures over the baseline's.
 
-Targets (issue 12): >= 1,000 reports/s closed loop with p99 < 100 ms; the open loop at 1,000/s
+Targets (fleet scale): >= 1,000 reports/s closed loop with p99 < 100 ms; the open loop at 1,000/s
 keeps up without a growing backlog; <= 1 ms of server CPU and <= 1 ms of PostgreSQL CPU per report.
-Targets (issue 33), this checkout over the baseline: WAL per report and storage per snapshot <= 0.35,
+Targets (compact telemetry), this checkout over the baseline: WAL per report and storage per snapshot <= 0.35,
 reports/s >= 0.95, p99 <= 1/0.95, server CPU per report <= 0.5, PostgreSQL CPU per report <= 0.6.
 """
 
@@ -194,10 +194,9 @@ async def run(args: argparse.Namespace) -> int:
             )
         # The ceiling after the http rounds, not between them: it appends to this checkout's
         # database and streams, which the baseline's never see, and interleaved it put this
-        # checkout's http rounds 5-20 % behind an identical baseline's (docs/performance.md,
-        # issue 12, ninth step). Its warm-up too: it writes this checkout's streams, so before the
-        # http rounds it left this server's kept states outdated and put its rounds 7 % behind an
-        # identical baseline's (docs/performance.md, issue 12, eleventh step).
+        # checkout's http rounds 5-20 % behind an identical baseline's (docs/performance.md). Its
+        # warm-up too: it writes this checkout's streams, so before the http rounds it left this
+        # server's kept states outdated and put its rounds 7 % behind an identical baseline's.
         await read_versions(pool, agents)
         await load.ceiling(store, args.connections, 1.0)
         for _ in range(args.rounds):

@@ -102,7 +102,7 @@ async def steady_window(target: Target, reports: int, connections: int, wal: Wal
 
 
 def print_per_report(who: str, steady: Steady | None, http: h.Sample) -> None:
-    """The figures issue 33 compares, on lines of their own: WAL and storage from the steady
+    """The compact-telemetry figures, on lines of their own: WAL and storage from the steady
     window, CPU from the closed loop (its rounds interleaved with the other checkout's)."""
     wal = steady.wal_per_report if steady is not None else None
     storage = steady.storage_per_snapshot if steady is not None else None
@@ -117,7 +117,7 @@ def print_per_report(who: str, steady: Steady | None, http: h.Sample) -> None:
 def this_over_baseline(
     report: h.Report, steady: Steady, bsteady: Steady, http: h.Sample, base: h.Sample
 ) -> None:
-    """Issue 33's targets: this checkout's figures over the baseline's, same run, same PostgreSQL."""
+    """The compact-telemetry targets: this checkout's figures over the baseline's, same run, same PostgreSQL."""
 
     def over(a: float | None, b: float | None) -> float:
         return a / b if a is not None and b else float("nan")
