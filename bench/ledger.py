@@ -45,45 +45,36 @@ if __name__ == "__main__" and not __package__:
 import argparse
 import asyncio
 import random
-import threading
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import asyncpg
 import msgspec
 
 from bench import harness as h
-from bench.fleet import model_of, node_key, node_observation
-from bench.statements import StatementCounter, Statements
-from collectors.identity import NodeIdentity
-from domain.node import NodeState, accelerator_id_for, node_id_for
-from domain.reconcile import reconcile
-from ledger.db import create_pool
-from ledger.events import (
-    SCHEMA_VERSION,
-    AcceleratorSample,
-    EventMetadata,
-    EventPayload,
-    InventoryStatusChanged,
-    NewEvent,
-    NodeTelemetryObserved,
-    decode_metadata,
-    decode_payload,
+from bench.fleet import node_key
+from bench.ledger_peer import PeerApplication, PeerRecorder, run_threads
+from bench.ledger_workload import (
+    EVENTS_PER_REPORT,
+    POOL,
+    TASKS,
+    Node,
+    Report,
+    build_reports,
+    discovery_events,
+    slices,
 )
+from bench.statements import StatementCounter, Statements
+from domain.node import node_id_for
+from ledger.db import create_pool
+from ledger.events import SCHEMA_VERSION, decode_metadata, decode_payload
 from ledger.schema import migrate
 from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS
 from projections.rebuild import rebuild
 from runtime.process import settle_garbage_collector
-
-TASKS = 8
-POOL = 4
-EVENTS_PER_REPORT = 2  # one NODE_TELEMETRY_OBSERVED snapshot and one lifecycle event
 
 # The SELECT of projections/rebuild.py's bulk phase, verbatim.
 SCAN_SQL = (
@@ -114,109 +105,6 @@ def ceiling_sql(with_received_at: bool) -> str:
     return f"INSERT INTO {CEILING_TABLE} ({', '.join(cols)}) VALUES ({params})"
 
 
-# --- the workload ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Node:
-    index: int
-    node_id: str
-    discovered_version: int
-    degraded: bool = False
-    sequence: int = 0
-
-
-@dataclass
-class Report:
-    node_id: str
-    events: list[NewEvent]
-
-
-LOST_GPU_REASON = "NVML scan incomplete: nvmlDeviceGetHandleByIndex(5): GPU is lost; last good GPU state kept"
-
-
-def discovery_events(node: Node, rng: random.Random) -> list[NewEvent]:
-    obs = node_observation(node.index, rng)
-    payloads = reconcile(
-        obs, NodeState(node_id=node.node_id), NodeIdentity(node_key(node.index), "configured")
-    )
-    meta = EventMetadata(received_at=datetime.now(UTC), source="agent", observed_at=datetime.now(UTC))
-    return [NewEvent(payload=p, metadata=meta) for p in payloads]
-
-
-def report_events(node: Node, rng: random.Random, received_at: datetime) -> list[NewEvent]:
-    """One agent report of an eight-GPU node: telemetry plus the flapping inventory status."""
-    obs = node_observation(node.index, rng)
-    node.sequence += 1
-    node.degraded = not node.degraded
-    meta = EventMetadata(
-        received_at=received_at,
-        source="agent",
-        observed_at=received_at - timedelta(milliseconds=rng.randint(5, 400)),
-        agent_stream=f"agent-{node.node_id}",
-        agent_sequence=node.sequence,
-    )
-    payloads: list[EventPayload] = [
-        NodeTelemetryObserved(
-            telemetry=dict(obs.host.telemetry),
-            storage=list(obs.host.storage),
-            accelerators=[
-                AcceleratorSample(
-                    accelerator_id=accelerator_id_for(node.node_id, gpu.uuid),
-                    uuid=gpu.uuid,
-                    telemetry=gpu.telemetry,
-                )
-                for gpu in obs.nvml.accelerators
-            ],
-        )
-    ]
-    if node.degraded:
-        payloads.append(
-            InventoryStatusChanged(
-                status="degraded",
-                reasons=[LOST_GPU_REASON],
-                nvml_status="incomplete",
-                accelerator_capability="present",
-            )
-        )
-    else:
-        payloads.append(
-            InventoryStatusChanged(
-                status="ok", reasons=[], nvml_status="complete", accelerator_capability="present"
-            )
-        )
-    assert len(payloads) == EVENTS_PER_REPORT, model_of(node.index).name
-    return [NewEvent(payload=p, metadata=meta) for p in payloads]
-
-
-def build_reports(
-    nodes: list[Node], per_task: int, rng: random.Random, start: datetime
-) -> list[list[Report]]:
-    owned = [[n for n in nodes if n.index % TASKS == t] for t in range(TASKS)]
-    out: list[list[Report]] = []
-    at = start
-    for t in range(TASKS):
-        reports = []
-        for k in range(per_task):
-            node = owned[t][k % len(owned[t])]
-            at += timedelta(microseconds=997)
-            reports.append(Report(node.node_id, report_events(node, rng, at)))
-        out.append(reports)
-    return out
-
-
-def slices(reports: list[list[Report]], rounds: int) -> list[list[list[Report]]]:
-    """Split every task's reports into `rounds` consecutive slices."""
-    out = []
-    for r in range(rounds):
-        part = []
-        for task in reports:
-            n = len(task)
-            part.append(task[r * n // rounds : (r + 1) * n // rounds])
-        out.append(part)
-    return out
-
-
 # --- the systems ----------------------------------------------------------------------------------
 
 
@@ -241,25 +129,6 @@ async def timed_threads(
     _, usage = await meter.measure(asyncio.to_thread(run_threads, parts, worker))
     reports, events = count(parts)
     s.merge(h.Sample(s.name, ops=reports, units=events), usage)
-
-
-def run_threads(parts: list[list[Report]], worker: Callable[[list[Report]], None]) -> None:
-    """One thread per task, started together (the peer's API is synchronous)."""
-    errors: list[BaseException] = []
-
-    def one(task: list[Report]) -> None:
-        try:
-            worker(task)
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=one, args=(task,)) for task in parts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
 
 
 class LedgerSystem:
@@ -301,102 +170,6 @@ class CeilingSystem:
             async with self.pool.acquire() as conn, conn.transaction():
                 await conn.executemany(self.sql, rows)
             self.version[r.node_id] = v
-
-
-def _pg_env(dsn: str) -> dict[str, str]:
-    u = urlsplit(dsn)
-    return {
-        "POSTGRES_DBNAME": u.path.lstrip("/"),
-        "POSTGRES_HOST": u.hostname or "127.0.0.1",
-        "POSTGRES_PORT": str(u.port or 5432),
-        "POSTGRES_USER": unquote(u.username or "postgres"),
-        "POSTGRES_PASSWORD": unquote(u.password or ""),
-    }
-
-
-class PeerRecorder:
-    """eventsourcing's PostgresApplicationRecorder: 10 StoredEvents per insert_events."""
-
-    def __init__(self, dsn: str, nodes: list[Node]) -> None:
-        from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
-
-        env = _pg_env(dsn)
-        self.datastore = PostgresDatastore(
-            dbname=env["POSTGRES_DBNAME"],
-            host=env["POSTGRES_HOST"],
-            port=env["POSTGRES_PORT"],
-            user=env["POSTGRES_USER"],
-            password=env["POSTGRES_PASSWORD"],
-            pool_size=POOL,
-            max_overflow=0,
-        )
-        self.recorder = PostgresApplicationRecorder(self.datastore, events_table_name="bench_stored_events")
-        self.recorder.create_table()
-        self.version = {n.node_id: 0 for n in nodes}
-        self.ids = {n.node_id: uuid.UUID(n.node_id) for n in nodes}
-
-    def worker(self, reports: list[Report]) -> None:
-        from eventsourcing.persistence import StoredEvent
-
-        encode = msgspec.json.encode
-        for r in reports:
-            v = self.version[r.node_id]
-            oid = self.ids[r.node_id]
-            stored = []
-            for e in r.events:
-                v += 1
-                state = encode(
-                    {"data": msgspec.Raw(encode(e.payload)), "metadata": msgspec.Raw(encode(e.metadata))}
-                )
-                stored.append(
-                    StoredEvent(originator_id=oid, originator_version=v, topic=e.event_type, state=state)
-                )
-            self.recorder.insert_events(stored)
-            self.version[r.node_id] = v
-
-    def close(self) -> None:
-        self.datastore.close()
-
-
-class PeerApplication:
-    """eventsourcing's Application API: an aggregate per node, 2 events per `save`."""
-
-    def __init__(self, dsn: str, nodes: list[Node]) -> None:
-        from eventsourcing.application import Application
-        from eventsourcing.domain import Aggregate, event
-
-        class NodeAggregate(Aggregate):
-            @event("Reported")
-            def report(self, event_type: str, data: dict[str, Any], metadata: dict[str, Any]) -> None:
-                pass
-
-        class Inventory(Application[uuid.UUID]):
-            pass
-
-        env = {
-            "PERSISTENCE_MODULE": "eventsourcing.postgres",
-            "POSTGRES_POOL_SIZE": str(POOL),
-            "POSTGRES_MAX_OVERFLOW": "0",
-            "CREATE_TABLE": "y",
-            **_pg_env(dsn),
-        }
-        self.app = Inventory(env=env)
-        self.aggregates: dict[str, Any] = {}
-        for n in nodes:
-            agg = NodeAggregate()
-            self.app.save(agg)
-            self.aggregates[n.node_id] = agg
-
-    def worker(self, reports: list[Report]) -> None:
-        to_builtins = msgspec.to_builtins
-        for r in reports:
-            agg = self.aggregates[r.node_id]
-            for e in r.events:
-                agg.report(e.event_type, to_builtins(e.payload), to_builtins(e.metadata))
-            self.app.save(agg)
-
-    def close(self) -> None:
-        self.app.close()
 
 
 async def bare_scan(pool: asyncpg.Pool) -> int:

@@ -12,15 +12,13 @@ from __future__ import annotations
 import uuid
 
 from tests.fakes.fake_pynvml import (
-    ECC_COUNTERS,
     NVML_DEVICE_MIG_DISABLE,
     NVML_DEVICE_MIG_ENABLE,
     NVML_FEATURE_DISABLED,
     NVML_FEATURE_ENABLED,
-    FakeGpu,
-    Scenario,
     nvmlClocksEventReasonGpuIdle,
 )
+from tests.fakes.nvml_devices import ECC_COUNTERS, FakeGpu, Scenario
 
 MIB = 1024 * 1024
 

@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from tests.agent_support import wait_for
-from tests.fakes.fake_pynvml import FakeGpu
+from tests.fakes.nvml_devices import FakeGpu
 from tests.fixtures_nvml import multi_gpu_scenario, rtx_4090_driver_535
 
 

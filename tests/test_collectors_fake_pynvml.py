@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.fakes import fake_pynvml
-from tests.fakes.fake_pynvml import FakeNvml, NVMLError, NVMLError_NotSupported, Scenario
+from tests.fakes.fake_pynvml import FakeNvml, NVMLError, NVMLError_NotSupported
+from tests.fakes.nvml_devices import Scenario
 from tests.fixtures_nvml import multi_gpu_scenario
 
 pynvml = pytest.importorskip("pynvml")

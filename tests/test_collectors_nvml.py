@@ -21,7 +21,8 @@ from collectors.facts import (
 )
 from collectors.nvml import NvidiaNvmlCollector, format_cuda_version
 from collectors.observations import ACCELERATOR_METRICS, AcceleratorObservation, NvmlScan
-from tests.fakes.fake_pynvml import NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_ENABLE, FakeNvml, Scenario
+from tests.fakes.fake_pynvml import NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_ENABLE, FakeNvml
+from tests.fakes.nvml_devices import Scenario
 from tests.fixtures_nvml import (
     CAPTURES,
     MIB,

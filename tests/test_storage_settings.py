@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 
 from bench.fleet import node_key
-from bench.ledger import Node, discovery_events, report_events
+from bench.ledger_workload import Node, discovery_events, report_events
 from domain.node import node_id_for
 from ledger.db import create_pool
 from ledger.store import EventStore
