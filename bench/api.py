@@ -1,4 +1,4 @@
-"""HTTP API benchmark (issues 3 and 12): read throughput and latency of `modelforge-hw serve` with
+"""HTTP API benchmark: read throughput and latency of `modelforge-hw serve` with
 10,000 nodes x 8 GPUs, against a trivial route's ceiling, with `wrk` as the load generator.
 
     python -m bench.api                 # 10,000 nodes, 2 rounds x 10 s per endpoint
@@ -13,7 +13,7 @@
    `--fill append` goes through `EventStore.append` instead (slower). Then VACUUM ANALYZE.
 2. Serve: the product as an operator starts it (`modelforge-hw serve`), with stale and offline
    after an hour and two (the fill's nodes report once: with the default 60 s their liveness
-   changed during the rounds, and every rendering with it), and the ceiling, a trivial Litestar
+   would change during the rounds, and every rendering with it), and the ceiling, a trivial Litestar
    app (`GET /ping`) under uvicorn with the same settings, each in its own process.
 3. Walk every page of `GET /api/v1/hardware/accelerators?limit=100` by cursor (each accelerator
    exactly once), then `wrk` (1 thread, `--connections` keep-alive connections, closed loop) on
@@ -22,7 +22,7 @@
 4. One `GET /metrics` of the whole fleet, with a probe of `GET /api/v1/health/live` every 20 ms
    meanwhile: the scrape's time, size and server CPU, and the longest the probe waited.
 
-Targets (issue 12): accelerator pages and node by id each >= 0.5 of the ceiling's requests/s,
+Targets: accelerator pages and node by id each >= 0.5 of the ceiling's requests/s,
 p99 < 50 ms.
 """
 

@@ -1,4 +1,4 @@
-"""Web console benchmark (issue 14): the fleet overview's first page with 10,000 nodes x 8 GPUs.
+"""Web console benchmark: the fleet overview's first page with 10,000 nodes x 8 GPUs.
 
     python -m bench.console            # 10,000 nodes, 200 timed requests per page
     python -m bench.console --quick    # 1,000 nodes, 40 requests
@@ -9,7 +9,7 @@ time, the console's overview first page, its hostname-prefix search and its live
 against the baseline the API already meets: `GET /api/v1/hardware/nodes?limit=50`, the same 50
 nodes as JSON. Reports medians and the ratio.
 
-Target (issue 14): the overview's first page in under 200 ms (its p95 here: one request at a time
+Target: the overview's first page in under 200 ms (its p95 here: one request at a time
 on loopback, so the figure is server time plus a loopback round trip). The ratio to the baseline is printed for context: the
 overview also counts the whole fleet by liveness and inventory status, which the baseline does not.
 """

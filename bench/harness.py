@@ -170,9 +170,9 @@ async def throwaway_database(suffix: str, *, keep: bool = False) -> AsyncIterato
 
 # --- how shared this machine's cores are --------------------------------------------------------------
 # Absolute figures (reports/s, CPU ms per report) moved by 2x between VMs sold as alike, and by
-# 1.4x between consecutive runs on one of them (docs/performance.md, issue 12, twelfth and
-# thirteenth steps). The share of the CPUs' time the hypervisor gave other guests (steal) while a
-# run ran says whether its neighbours were busy.
+# 1.4x between consecutive runs on one of them (docs/performance.md: the runs on a VM half as
+# fast, and the levers outside the code). The share of the CPUs' time the hypervisor gave other
+# guests (steal) while a run ran says whether its neighbours were busy.
 
 
 def cpu_ticks(stat: str) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""Ingest benchmark (issues 4, 12 and 33): simulated agents reporting to `modelforge-hw serve` over
+"""Ingest benchmark: simulated agents reporting to `modelforge-hw serve` over
 HTTP, next to the ledger-only append ceiling, in one run on one throwaway database.
 
     python -m bench.ingest              # 1,000 nodes, 2 rounds x 10 s per tier, open loop 60 s

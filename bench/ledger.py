@@ -1,4 +1,4 @@
-"""Ledger benchmark (issue 2): append, peer and rebuild throughput on one PostgreSQL, in one run.
+"""Ledger benchmark: append, peer and rebuild throughput on one PostgreSQL, in one run.
 
     python -m bench.ledger                 # default size (40,000 timed events per system)
     python -m bench.ledger --quick         # under 2 minutes: 10,000 events per system, 2 rounds
@@ -30,7 +30,7 @@ baseline measured in the same run, on the same server.
 
 The process runs with the server's garbage-collector settings (`runtime.process`), applied once
 the workload is built. Systems run interleaved in `--rounds` slices of the workload, so drift on a noisy machine hits
-all of them alike. Targets (issue 12): append >= 0.5 of the ceiling and >= 2x the peer; rebuild
+all of them alike. Targets: append >= 0.5 of the ceiling and >= 2x the peer; rebuild
 >= 0.5 of the bare scan.
 """
 
@@ -289,7 +289,7 @@ async def run(args: argparse.Namespace) -> int:
 
             # The process runs the ledger as `serve` does: what is set up now (the timed reports
             # above all) out of the collector's sight, its thresholds raised. With Python's
-            # defaults the collector walked those reports again and again, charging the system
+            # defaults the collector walks those reports again and again, charging the system
             # that allocates most (the ledger's folds and decodes) for the size of the workload.
             settle_garbage_collector()
             ledger = LedgerSystem(store, nodes)

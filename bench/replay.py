@@ -1,4 +1,4 @@
-"""Replay benchmark (issue 6): point-in-time reconstruction from a log of >= 1,000,000 events,
+"""Replay benchmark: point-in-time reconstruction from a log of >= 1,000,000 events,
 against the bare keyset scan + msgspec decode ceiling, in one run.
 
     python -m bench.replay                 # default: 10,000 nodes, ~1.08 M events (~4-5 min here)
@@ -9,7 +9,7 @@ MODELFORGE_BENCH_DATABASE_URL (default postgresql://postgres@127.0.0.1:5432/test
 end (`--keep` keeps it):
 
 1. The log, built fast (untimed): a fleet of N eight-GPU nodes (the fleet types of
-   bench/_common.py) reporting every 10 s, as the agents of bench/ingest.py do: each node's
+   bench/fleet.py) reporting every 10 s, as the agents of bench/ingest.py do: each node's
    discovery (19 events, made by the product's `reconcile`), then `--reports` telemetry reports
    of one NODE_TELEMETRY_OBSERVED each (host + 8 GPUs); 5 % of the nodes also have incidents, again decided by
    `reconcile` against the node's folded state: a driver upgrade (a node and 8 accelerator
@@ -31,8 +31,8 @@ end (`--keep` keeps it):
    - one node: `inventory_as_of(conn, as_of, node_id=...)` of a typical node (~100 events) and
      of the hot node (~78,000 events), against the same-rows scan.
 
-The issue sets no numeric target for this benchmark; the ratio is printed against 0.5, the
-target issue 2 set for rebuild over the same bare scan, for reference.
+Target: none of its own; each ratio is printed against 0.5, bench/ledger.py's target for rebuild
+over the same bare scan, for reference.
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ async def timed_run(args: argparse.Namespace, db: h.Database, pool: asyncpg.Pool
         )
     h.table(["reconstruction", "events", "ms", "events/s", "client us", "PG us"], lines, first_width=56)
     print(f"  (fleet: best of {max(1, args.repeat)}; single nodes: median of {args.node_repeat}; CPU per event over\n"
-          f"   all runs. The issue sets no target: the verdict is against {REFERENCE_RATIO}, issue 2's rebuild\n"
+          f"   all runs. No target of its own: the verdict is against {REFERENCE_RATIO}, bench/ledger.py's rebuild\n"
           "   target over the same scan, for reference)")  # fmt: skip
     report.finish(args.json)
     return 0

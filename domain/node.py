@@ -242,7 +242,7 @@ _NODE_FACTS = frozenset(NODE_INVENTORY_FACTS)
 
 
 # Only these events change what the fingerprint covers (identity, OS, active accelerators and
-# their facts); computing it on every other event was a fifth of a rebuild's time.
+# their facts); computing it on every other event would cost a fifth of a rebuild's time.
 _FINGERPRINT_INPUTS = (NodeDiscovered, HardwareChanged, AcceleratorDiscovered, AcceleratorMissing)
 
 

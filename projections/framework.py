@@ -70,7 +70,7 @@ class TableSpec(msgspec.Struct, frozen=True):
 @functools.cache
 def _key_positions(spec: TableSpec) -> tuple[int, ...]:
     # Looked up once per table: each append keys every row of both states (columns.index per
-    # row and key column was a fifth of the projection's diff).
+    # row and key column would cost a fifth of the projection's diff).
     return tuple(spec.columns.index(k) for k in spec.key)
 
 

@@ -22,9 +22,9 @@ def settle_garbage_collector() -> None:
     """Once the process is set up (the server: its app built and the database migrated): what
     exists now (modules, the app, its routes and schemas, hundreds of thousands of objects) lives
     as long as the process, so it is moved out of the collector's sight (`gc.freeze`), and the
-    thresholds raised. Profiled under `bench.ingest` (py-spy --native) the collector was a quarter
-    of the server's CPU per report; measured effect in docs/performance.md. Cycles are still
-    collected, only less often."""
+    thresholds raised. With Python's defaults the collector takes a quarter of the server's CPU
+    per report (`bench.ingest` profiled with py-spy --native); measured effect in
+    docs/performance.md. Cycles are still collected, only less often."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)

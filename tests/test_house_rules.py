@@ -1,6 +1,7 @@
 """The house a newcomer reads: every module docs/architecture.md names exists, no product file
-holds more than one job's worth of lines, code and architecture docs say why rather than history,
-and the release is named once (the package metadata)."""
+(and no Python file of ours: benchmarks and tests too) holds more than one job's worth of lines,
+code, benchmarks, tests and architecture docs say why rather than history, and the release is
+named once (the package metadata)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,20 @@ def _product_files(*suffixes: str) -> list[Path]:
             if path.suffix in suffixes and path.is_file() and not path.is_symlink():
                 if "__pycache__" not in path.parts:
                     found.append(path)
+    return found
+
+
+def _our_python_files() -> list[Path]:
+    """Every .py file of the repository's own: not a virtual environment, cache or build output."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = path.relative_to(ROOT).parts[:-1]
+        if any(
+            p.startswith(".") or p in ("__pycache__", "build", "dist") or p.endswith(".egg-info")
+            for p in parts
+        ):
+            continue
+        found.append(path)
     return found
 
 
@@ -70,16 +85,32 @@ def test_no_product_file_holds_more_than_one_jobs_worth_of_lines(path: Path) -> 
     assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines: split it by job"
 
 
+def test_no_python_file_of_ours_holds_more_than_one_jobs_worth_of_lines() -> None:
+    files = _our_python_files()
+    assert any(p.parts[-2] == "bench" for p in files) and any(p.parts[-2] == "tests" for p in files)
+    too_long = []
+    for path in files:
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES:
+            too_long.append(f"{path.relative_to(ROOT)}: {lines} lines")
+    assert not too_long, f"over {MAX_LINES} lines, split each by job:\n" + "\n".join(too_long)
+
+
 HISTORY = re.compile(
-    r"\bissue\s+#?\d+|\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh"
-    r"|twelfth|thirteenth|fourteenth|fifteenth|\d+(?:st|nd|rd|th))\s+step\b",
+    r"\bissues?\s+#?\d+|\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh"
+    r"|twelfth|thirteenth|fourteenth|fifteenth|\d+(?:st|nd|rd|th))\s+steps?\b",
     re.IGNORECASE,
 )
 
 
 def _history_sources() -> list[Path]:
-    tests = sorted(p for p in (ROOT / "tests").rglob("*.py") if "__pycache__" not in p.parts)
-    return [*_product_files(".py", ".sql", ".j2"), *tests, ROOT / "schema.sql", ARCHITECTURE]
+    tests_and_benches = sorted(
+        p
+        for folder in ("tests", "bench")
+        for p in (ROOT / folder).rglob("*.py")
+        if "__pycache__" not in p.parts
+    )
+    return [*_product_files(".py", ".sql", ".j2"), *tests_and_benches, ROOT / "schema.sql", ARCHITECTURE]
 
 
 def test_code_tests_and_the_architecture_say_why_not_history() -> None:

@@ -378,8 +378,8 @@ def test_a_fleet_without_lines_for_a_family_is_still_rendered_in_bounded_pieces(
 ) -> None:
     # A fleet whose GPUs send no health signals and no known metric gives most families no line
     # at all. The route lets the event loop run between pieces (agent reports, liveness probes);
-    # pieces cut by lines alone made each such family one pass over every GPU with the loop held
-    # (bench.api: a probe waited 1.2 s during a scrape of 80,000 GPUs).
+    # pieces cut by lines alone would make each such family one pass over every GPU with the
+    # loop held (bench.api: a probe waited 1.2 s during a scrape of 80,000 GPUs).
     gpus = [
         GpuRow(
             f"n{i // 8}",

@@ -134,7 +134,7 @@ def serve(config: ServerConfig) -> int:
                 log_config=None,
                 access_log=False,
                 lifespan="on",
-                # httptools parses HTTP in C; h11 (pure Python) was a tenth of a report's CPU.
+                # httptools parses HTTP in C; h11 (pure Python) costs a tenth of a report's CPU.
                 http="httptools",
             )
         )
