@@ -25,6 +25,7 @@ from bench.fleet import (
     node_key,
     node_observation,
 )
+from bench.ledger import CEILING_COLUMNS
 
 INTERVAL = timedelta(seconds=10)
 HOT_HISTORY = timedelta(hours=24)  # what retention keeps of a node's telemetry
@@ -32,18 +33,8 @@ T_FLEET = datetime(2026, 11, 24, 14, 0, tzinfo=UTC)  # the fleet's first reports
 INCIDENT_SHARE = 20  # one node in 20 has incidents
 UPGRADED_DRIVER = "575.57.08"
 
-COPY_COLUMNS = [
-    "event_id",
-    "stream_id",
-    "stream_version",
-    "event_type",
-    "event_class",
-    "schema_version",
-    "data",
-    "metadata",
-    "recorded_at",
-    "received_at",
-]
+# The columns an append fills, and the event's times, here the builder's rather than the clock's.
+COPY_COLUMNS = [*CEILING_COLUMNS, "recorded_at", "received_at"]
 
 
 @dataclass
