@@ -69,7 +69,8 @@ from bench.ledger_workload import (
 from bench.statements import StatementCounter, Statements
 from domain.node import node_id_for
 from ledger.db import create_pool
-from ledger.events import SCHEMA_VERSION, decode_metadata, decode_payload
+from ledger.events import SCHEMA_VERSION
+from ledger.reading import EVENT_COLUMNS, event_from_row
 from ledger.schema import migrate
 from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS
@@ -78,9 +79,7 @@ from runtime.process import settle_garbage_collector
 
 # The SELECT of projections/rebuild.py's bulk phase, verbatim.
 SCAN_SQL = (
-    "SELECT global_position, stream_id, stream_version, event_id, event_type, "
-    "event_class, schema_version, data::text AS data_json, metadata::text AS metadata_json, "
-    "recorded_at FROM events WHERE (stream_id, stream_version) > ($1, $2) "
+    "SELECT " + EVENT_COLUMNS + " FROM events WHERE (stream_id, stream_version) > ($1, $2) "
     "ORDER BY stream_id, stream_version LIMIT $3"
 )
 SCAN_BATCH = 5000
@@ -179,8 +178,7 @@ async def bare_scan(pool: asyncpg.Pool) -> int:
         last: tuple[str, int] = ("", 0)
         while rows := await conn.fetch(SCAN_SQL, last[0], last[1], SCAN_BATCH):
             for row in rows:
-                decode_payload(row["data_json"])
-                decode_metadata(row["metadata_json"])
+                event_from_row(row)
             n += len(rows)
             last = (rows[-1]["stream_id"], rows[-1]["stream_version"])
     return n

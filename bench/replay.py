@@ -54,13 +54,13 @@ import asyncpg
 from bench import harness as h
 from bench.ledger import SCAN_BATCH, SCAN_SQL
 from bench.replay_log import LogBuilder, build_log
+from ledger.reading import EVENT_COLUMNS
 
 REFERENCE_RATIO = 0.5
 
 # inventory_as_of's own SELECT (projections/pointintime.py), without the fold.
 AS_OF_SQL = (
-    "SELECT global_position, stream_id, stream_version, event_id, event_type, event_class, "
-    "schema_version, data::text AS data_json, metadata::text AS metadata_json, recorded_at FROM events "
+    "SELECT " + EVENT_COLUMNS + " FROM events "
     "WHERE (stream_id, stream_version) > ($1, $2) AND recorded_at <= $3 {node} "
     "ORDER BY stream_id, stream_version LIMIT $4"
 )
@@ -99,9 +99,9 @@ class Case:
 
 
 async def scan(conn: asyncpg.Connection, as_of: datetime | None, node_id: str | None) -> int:
-    """The ceiling: keyset scan + msgspec decode of data and metadata, no fold. Without as_of or
-    node, exactly bench/ledger.py's bare scan."""
-    from ledger.events import decode_metadata, decode_payload
+    """The ceiling: keyset scan + the log's decode of each event (jsonb or compact body), no
+    fold. Without as_of or node, exactly bench/ledger.py's bare scan."""
+    from ledger.reading import event_from_row
 
     n = 0
     last: tuple[str, int] = ("", 0)
@@ -119,8 +119,7 @@ async def scan(conn: asyncpg.Connection, as_of: datetime | None, node_id: str | 
             if not rows:
                 break
             for row in rows:
-                decode_payload(row["data_json"])
-                decode_metadata(row["metadata_json"])
+                event_from_row(row)
             n += len(rows)
             last = (rows[-1]["stream_id"], rows[-1]["stream_version"])
     return n

@@ -30,6 +30,21 @@ def test_each_benchmark_imports_and_explains_itself(bench: str) -> None:
     assert "--quick" in done.stdout and "--json" in done.stdout
 
 
+async def test_the_bare_scans_decode_a_log_of_compact_and_jsonb_observations(pool: asyncpg.Pool) -> None:
+    """bench.ledger's and bench.replay's ceilings read every event as the rebuild does: a snapshot
+    stored compact has no jsonb to decode, and a scan reading only `data` fails on it."""
+    from bench.ledger import bare_scan
+    from bench.replay import scan
+    from tests.telemetry_support import seed
+
+    await seed(pool, "node-scan", "acc-scan", "GPU-00000000-0000-4000-8000-000000000001")
+    async with pool.acquire() as conn:
+        compact, total = await conn.fetchrow("SELECT count(body), count(*) FROM events")
+        assert compact > 0 and compact < total
+        assert await bare_scan(pool) == total
+        assert await scan(conn, None, None) == total
+
+
 async def test_statement_counter_counts_statements_round_trips_and_transactions(database_dsn: str) -> None:
     async with StatementCounter(database_dsn) as counter:
         conn = await asyncpg.connect(counter.dsn)
