@@ -170,7 +170,8 @@ class Agent:
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stopping.wait(), timeout=max(0.0, seconds))
+            async with asyncio.timeout(max(0.0, seconds)):
+                await self.stopping.wait()
 
     # -- collection ----------------------------------------------------------------------------
 

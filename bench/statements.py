@@ -62,7 +62,8 @@ class StatementCounter:
         if self.server is not None:
             self.server.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.server.wait_closed(), 2)
+                async with asyncio.timeout(2):
+                    await self.server.wait_closed()
 
     @property
     def dsn(self) -> str:

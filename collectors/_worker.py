@@ -75,7 +75,8 @@ class SingleFlightWorker(Generic[T]):
         wrapped.add_done_callback(_consume)
         try:
             # shield: a timeout must not try to cancel the (uncancellable) running thread's future.
-            return await asyncio.wait_for(asyncio.shield(wrapped), timeout_seconds)
+            async with asyncio.timeout(timeout_seconds):
+                return await asyncio.shield(wrapped)
         except TimeoutError:
             if future.done():
                 return future.result()

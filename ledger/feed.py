@@ -152,7 +152,8 @@ class LogFeed:
                 remaining = deadline - loop.time()
                 if page.entries or remaining <= 0:
                     return page
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(changed.wait(), min(remaining, self.fallback_poll))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(remaining, self.fallback_poll)):
+                        await changed.wait()
                 if not self.polling and (self._listener is None or self._listener.is_closed()):
                     await self._listen()  # the listening connection was lost: take another

@@ -265,3 +265,31 @@ async def test_a_waiter_cancelled_while_it_registers_or_deregisters_leaves_the_p
             assert await admin.fetchval(live_registrations) == 0, step
     finally:
         await admin.close()
+
+
+async def test_a_waiter_cancelled_as_a_notification_wakes_it_stops(pool) -> None:  # type: ignore[no-untyped-def]
+    """A waiter is cancelled (the server stopping, its webhook subscription deleted) in the moment
+    a commit's notification wakes it. It stops: the cancellation is not lost to the wake-up, which
+    would leave it waiting, its listening connection held, until its wait runs out."""
+    from ledger.feed import LogFeed
+    from ledger.reading import Checkpoint, read_log
+
+    async with pool.acquire() as conn:
+        after = (await read_log(conn, Checkpoint(), limit=1000)).resume
+    feed = LogFeed(pool, fallback_poll=60)
+    waiting = asyncio.create_task(feed.wait(after, limit=10, wait_seconds=60))
+    try:
+        for _ in range(500):  # until it waits for a wake-up
+            if feed._changed._waiters:  # type: ignore[attr-defined]
+                break
+            await asyncio.sleep(0.01)
+        assert feed._changed._waiters, "the waiter never waited for a notification"  # type: ignore[attr-defined]
+        feed._notified()  # a notification arrives; its wake-up runs on the loop's next turn...
+        await asyncio.sleep(0)
+        waiting.cancel()  # ...where the cancellation meets it
+        await asyncio.wait({waiting}, timeout=10)
+        assert waiting.cancelled(), "the cancelled waiter went on waiting"
+        assert feed._listener is None, "the cancelled waiter still holds its listening connection"
+    finally:
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)

@@ -1,7 +1,7 @@
 """The house a newcomer reads: every module docs/architecture.md names exists, no product file
 (and no Python file of ours: benchmarks and tests too) holds more than one job's worth of lines,
-code, benchmarks, tests and architecture docs say why rather than history, and the release is
-named once (the package metadata)."""
+code, benchmarks, tests and architecture docs say why rather than history, the release is named
+once (the package metadata), and no await of the product or the benchmarks uses asyncio.wait_for."""
 
 from __future__ import annotations
 
@@ -126,3 +126,19 @@ def test_the_release_is_named_once_in_the_package_metadata() -> None:
     literal = re.compile(r"^\s*\w*VERSION\w*\s*(?::\s*str\s*)?=\s*['\"]\d+\.\d+\.\d+['\"]", re.M)
     found = [str(p.relative_to(ROOT)) for p in _product_files(".py") if literal.search(p.read_text())]
     assert not found, f"release constants besides pyproject.toml's version: {found}"
+
+
+def test_no_product_code_bounds_an_await_with_wait_for() -> None:
+    """On Python 3.11 `asyncio.wait_for` loses a cancellation that arrives as the awaited thing
+    completes (the task then runs on, and a shutdown waiting on it waits for ever);
+    `async with asyncio.timeout(...)` does not."""
+    files = [*_product_files(".py"), *sorted((ROOT / "bench").rglob("*.py"))]
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in files
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "wait_for(" in line and not line.lstrip().startswith("#")
+    ]
+    assert not found, "use `async with asyncio.timeout(...)` instead of asyncio.wait_for:\n" + "\n".join(
+        found
+    )

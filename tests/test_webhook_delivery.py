@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import asyncpg
+import msgspec
 import pytest
 
 from api.services.webhook_delivery import DeliverySettings, WebhookDispatcher
@@ -283,6 +284,28 @@ async def test_a_worker_told_to_stop_while_it_stops_a_deleted_subscription_stops
         worker.cancel()
         with contextlib.suppress(asyncio.CancelledError, TimeoutError):
             await asyncio.wait_for(worker, 10)
+
+
+async def test_a_worker_told_to_stop_as_it_is_woken_stops(pool: asyncpg.Pool) -> None:
+    """The server stops (its worker is cancelled) in the moment a subscription change wakes the
+    worker: it stops, rather than losing the cancellation to the wake-up and scanning on while the
+    server's shutdown waits on it."""
+    dispatcher = WebhookDispatcher(pool, msgspec.structs.replace(FAST, scan_interval=60.0))
+    worker = asyncio.create_task(dispatcher.run())
+    try:
+        for _ in range(500):  # until it waits between scans
+            if dispatcher._wake._waiters:  # type: ignore[attr-defined]
+                break
+            await asyncio.sleep(0.01)
+        assert dispatcher._wake._waiters, "the worker never waited between scans"  # type: ignore[attr-defined]
+        dispatcher.wake()  # a subscription changed; the wake-up runs on the loop's next turn...
+        await asyncio.sleep(0)
+        worker.cancel()  # ...where the cancellation meets it
+        await asyncio.wait({worker}, timeout=10)
+        assert worker.cancelled(), "the cancelled worker went on scanning"
+    finally:
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)
 
 
 async def listening(pool: asyncpg.Pool) -> int:

@@ -228,7 +228,8 @@ class WebhookDispatcher:
                 log.warning("webhook.scan_failed", error=str(exc))
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.scan_interval)
+                async with asyncio.timeout(self.settings.scan_interval):
+                    await self._wake.wait()
 
     async def _any_subscription(self) -> bool:
         async with self.pool.acquire() as conn:
@@ -278,7 +279,8 @@ class WebhookDispatcher:
                     log.info("webhook.owned", subscription_id=sid)
                     self.tasks[sid] = asyncio.create_task(self._serve(sid), name=f"webhook-{sid}")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.scan_interval)
+                async with asyncio.timeout(self.settings.scan_interval):
+                    await self._wake.wait()
 
     async def _load(self, subscription_id: str) -> Subscription | None:
         async with self.pool.acquire() as conn:

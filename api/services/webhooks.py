@@ -129,10 +129,8 @@ async def resolve_destination(destination: Destination, *, allow_private: bool) 
     name that also resolves to a private address is refused."""
     loop = asyncio.get_running_loop()
     try:
-        infos = await asyncio.wait_for(
-            loop.getaddrinfo(destination.host, destination.port, type=socket.SOCK_STREAM),
-            CONNECT_PROBE_SECONDS,
-        )
+        async with asyncio.timeout(CONNECT_PROBE_SECONDS):
+            infos = await loop.getaddrinfo(destination.host, destination.port, type=socket.SOCK_STREAM)
     except (OSError, TimeoutError) as exc:
         raise UrlRefusal(f"host {destination.host!r} does not resolve ({exc})") from None
     addresses = sorted({str(info[4][0]) for info in infos})
@@ -149,9 +147,8 @@ async def resolve_destination(destination: Destination, *, allow_private: bool) 
 
 async def _probe(destination: Destination, address: str) -> None:
     try:
-        _, writer = await asyncio.wait_for(
-            asyncio.open_connection(address, destination.port), CONNECT_PROBE_SECONDS
-        )
+        async with asyncio.timeout(CONNECT_PROBE_SECONDS):
+            _, writer = await asyncio.open_connection(address, destination.port)
     except (OSError, TimeoutError) as exc:
         raise UrlRefusal(
             f"{destination.host}:{destination.port} is unreachable ({exc or 'timed out'})"
