@@ -19,6 +19,23 @@ async def end_cursor(api) -> str:  # type: ignore[no-untyped-def]
             return cursor
 
 
+async def append_as_the_oldest(pool, store, stream: str, version: int, events: list):  # type: ignore[no-untyped-def]
+    """Append in a transaction that commits once it is the oldest one running on the server: the
+    moment it commits, the gap-safe read delivers its events, so a waiter its notification wakes
+    finds them even while other sessions on a shared server hold transactions open (their end
+    notifies nobody: a wake-up that finds nothing would wait for the next notification)."""
+    async with pool.acquire() as conn, pool.acquire() as probe:
+        async with conn.transaction():
+            appended = await store.append(stream, version, events, conn=conn)
+            xid = await conn.fetchval("SELECT pg_current_xact_id()::text::bigint")
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
+            while await probe.fetchval("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint") < xid:
+                assert loop.time() < deadline, "older transactions on the server never ended"
+                await asyncio.sleep(0.01)
+    return appended
+
+
 async def test_a_waiting_reader_wakes_with_the_events_of_a_refresh(make_api) -> None:  # type: ignore[no-untyped-def]
     api = make_api(multi_gpu_scenario(2))
     await api.refresh()
@@ -86,14 +103,15 @@ async def test_the_commit_notification_wakes_the_feed_without_polling(pool) -> N
 
     store = EventStore(pool)
     await store.append("feed-stream", 0, [telemetry(1)])
-    feed = LogFeed(pool, fallback_poll=120)
-    # Held until the horizon passes it: another session on this server may hold it back a while.
-    first = await feed.wait(Checkpoint(), limit=10, wait_seconds=60)
+    # Held until the horizon passes it: another session on this server may hold it back a while,
+    # and its end notifies nobody, so this wait re-reads on the feed's usual short interval.
+    first = await LogFeed(pool).wait(Checkpoint(), limit=10, wait_seconds=60)
     assert len(first.entries) == 1
+    feed = LogFeed(pool, fallback_poll=120)
     waiting = asyncio.create_task(feed.wait(first.resume, limit=10, wait_seconds=120))
     await asyncio.sleep(0.5)
     assert not waiting.done()
-    appended = await store.append("feed-stream", 1, [telemetry(2), telemetry(3)])
+    appended = await append_as_the_oldest(pool, store, "feed-stream", 1, [telemetry(2), telemetry(3)])
     page = await asyncio.wait_for(waiting, 20)
     assert [e.event_id for e in page.entries] == [e.event_id for e in appended.events]
     # No waiter left: the feed holds no connection, so the pool closes without waiting on it.
@@ -161,7 +179,7 @@ async def test_appends_notify_only_while_a_feed_listens(database_dsn: str, pool)
     from collectors.facts import Known
     from ledger.events import HostTelemetryObserved
     from ledger.feed import LogFeed
-    from ledger.reading import Checkpoint, read_log
+    from ledger.reading import Checkpoint
     from ledger.store import EventStore
     from tests.builders import new
 
@@ -177,12 +195,12 @@ async def test_appends_notify_only_while_a_feed_listens(database_dsn: str, pool)
         await asyncio.sleep(0.5)
         assert heard == [], "nobody waits on the feed: the append did not notify"
 
-        async with pool.acquire() as conn:
-            after = (await read_log(conn, Checkpoint(), limit=10)).resume
+        # Past the first event once the horizon passes it (short re-reads: see append_as_the_oldest).
+        after = (await LogFeed(pool).wait(Checkpoint(), limit=10, wait_seconds=60)).resume
         feed = LogFeed(pool, fallback_poll=30.0)  # a wake-up within the test is the notification's
         waiting = asyncio.create_task(feed.wait(after, limit=10, wait_seconds=30))
         await asyncio.sleep(0.5)
-        await store.append("s", 1, sample(2))
+        await append_as_the_oldest(pool, store, "s", 1, sample(2))
         page = await asyncio.wait_for(waiting, 10)
         assert [e.stream_version for e in page.entries] == [2]
         assert heard, "a feed waited: the append notified"
