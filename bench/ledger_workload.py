@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from bench.fleet import model_of, node_key, node_observation
-from collectors.identity import NodeIdentity
-from domain.node import NodeState, accelerator_id_for
+from collectors.identity import NodeIdentity, accelerator_id_for
+from domain.node import NodeState
 from domain.reconcile import reconcile
 from ledger.events import (
     AcceleratorSample,

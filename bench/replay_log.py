@@ -160,8 +160,8 @@ class LogBuilder:
         """A report decided by the product's `reconcile` against the node's folded state
         (discovery and incidents); lifecycle events are folded into that state."""
         from collectors.facts import Known
-        from collectors.identity import NodeIdentity
-        from domain.node import accelerator_id_for, evolve
+        from collectors.identity import NodeIdentity, accelerator_id_for
+        from domain.node import evolve
         from domain.reconcile import reconcile
         from ledger.events import RecordedEvent, event_class_of, event_type_of, validate_payload
 

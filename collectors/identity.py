@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal, TypeAlias
 
@@ -22,9 +23,22 @@ IdentitySource: TypeAlias = Literal["configured", "state_file", "machine_id"]
 # uuid5(NAMESPACE_URL, "https://modelforge.dev/hardware-plane/node"), written out so that no
 # refactoring of this module can ever change every node's identity key.
 NODE_IDENTITY_NAMESPACE = uuid.UUID("827065fd-0f15-5150-bf6c-6a108101d32b")
+# Fixed: the same node and GPU give the same accelerator id on any machine, in any process.
+ACCELERATOR_ID_NAMESPACE = uuid.UUID("0b9e3f5c-7a2d-5c41-8e36-9d1f2a4b6c80")
 STATE_FILE_NAME = "node-id"
 MAX_IDENTITY_LENGTH = 128
 DEFAULT_MACHINE_ID_PATHS: tuple[Path, ...] = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
+
+
+# Here rather than in the domain: the ledger's compact bodies leave out an id derived so
+# (ledger/compact.py), and the ledger may not import the domain. Cached: every report derives
+# each GPU's id again (uuid5 is a SHA-1 each); the cache holds a 10,000-node fleet of eight-GPU nodes.
+@lru_cache(maxsize=131_072)
+def accelerator_id_for(node_id: str, gpu_uuid: str) -> str:
+    """Accelerators reconcile by (compute node, GPU UUID); the internal id is derived from both."""
+    return str(uuid.uuid5(ACCELERATOR_ID_NAMESPACE, f"{node_id}/{gpu_uuid}"))
+
+
 # systemd writes this placeholder before the first boot has committed a real machine ID.
 _UNINITIALIZED_MACHINE_ID = "uninitialized"
 

@@ -47,9 +47,8 @@ from ledger.events import (
     WorkLeaseReleased,
 )
 
-# Fixed namespaces: the same identity key gives the same node id on any machine, in any process.
+# Fixed namespace: the same identity key gives the same node id on any machine, in any process.
 NODE_ID_NAMESPACE = uuid.UUID("6f1d7c1e-3b0a-5a8e-9f61-4d2b8c0e7a10")
-ACCELERATOR_ID_NAMESPACE = uuid.UUID("0b9e3f5c-7a2d-5c41-8e36-9d1f2a4b6c80")
 
 AcceleratorStatus: TypeAlias = Literal["active", "missing", "decommissioned"]
 NodeStatus: TypeAlias = Literal["active", "decommissioned"]
@@ -59,19 +58,13 @@ _UNKNOWN_OS = OsInfo(name=UNKNOWN, version=UNKNOWN, kernel=UNKNOWN, architecture
 _UNKNOWN_CPU = CpuInfo(model=UNKNOWN, sockets=UNKNOWN, physical_cores=UNKNOWN, logical_cores=UNKNOWN)
 
 
-# Cached: every report derives its node's id and each GPU's id again (uuid5 is a SHA-1 each);
-# the caches hold a 10,000-node fleet of eight-GPU nodes.
+# Cached: every report derives its node's id again (uuid5 is a SHA-1); the cache holds a
+# 10,000-node fleet. Its GPUs' ids: collectors.identity.accelerator_id_for.
 @lru_cache(maxsize=16_384)
 def node_id_for(identity_key: str) -> str:
     """The node's internal UUID: derived from the identity key, so it maps to it uniquely and a
     rediscovery after any loss of read models lands on the same node."""
     return str(uuid.uuid5(NODE_ID_NAMESPACE, identity_key))
-
-
-@lru_cache(maxsize=131_072)
-def accelerator_id_for(node_id: str, gpu_uuid: str) -> str:
-    """Accelerators reconcile by (compute node, GPU UUID); the internal id is derived from both."""
-    return str(uuid.uuid5(ACCELERATOR_ID_NAMESPACE, f"{node_id}/{gpu_uuid}"))
 
 
 class Telemetry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -18,10 +18,10 @@ import msgspec
 
 from collectors.facts import Fact, TemporarilyFailed, Unavailable, Unknown
 from collectors.gpu_health import AcceleratorHealthSignals, XidOccurrence
-from collectors.identity import NodeIdentity
+from collectors.identity import NodeIdentity, accelerator_id_for
 from collectors.observations import ACCELERATOR_INVENTORY_FACTS, AcceleratorObservation, HardwareObservation
 from domain.health_policy import DEFAULT_POLICY, HEALTHY, HealthPolicy, HealthVerdict, evaluate
-from domain.node import AcceleratorState, NodeState, accelerator_id_for
+from domain.node import AcceleratorState, NodeState
 from ledger.events import (
     AcceleratorDiscovered,
     AcceleratorHealthChanged,
