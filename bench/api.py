@@ -126,7 +126,7 @@ async def fill_by_fold(pool: Any, nodes: int, rng: random.Random) -> int:
                         payload=e.payload, metadata=e.metadata, recorded_at=e.metadata.received_at,
                     )
                 )  # fmt: skip
-                stored = stored_form(e)
+                stored = stored_form(e, node_id)
                 log.append(
                     (
                         position, e.event_id, node_id, version, e.event_type, e.event_class, SCHEMA_VERSION,

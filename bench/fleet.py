@@ -119,7 +119,8 @@ def node_observation(i: int, rng: random.Random, *, gpus: int = 8) -> HardwareOb
         ),
         memory_total_bytes=Known(mem_total),
         telemetry={
-            "memory_available_bytes": Known(rng.randint(mem_total // 8, mem_total)),
+            # whole KiB, as psutil reads them off /proc/meminfo
+            "memory_available_bytes": Known(rng.randint(mem_total // 8, mem_total) // 1024 * 1024),
             "memory_total_bytes": Known(mem_total),
         },
         storage=[

@@ -94,7 +94,7 @@ async def fill_history(pool: Any, node: int, hours: float, interval: float, now:
             e = NewEvent(payload=payloads[k % len(payloads)], metadata=meta)
             day = received.astimezone(UTC).date()
             assert day in days, f"no segment for {day}"  # made above, as the server makes them ahead
-            stored = stored_form(e)
+            stored = stored_form(e, node_id)
             rows.append(
                 (
                     position + 1 + k, e.event_id, node_id, version + 1 + k, e.event_type, e.event_class,

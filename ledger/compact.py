@@ -6,7 +6,7 @@ PostgreSQL parses and compresses on every append, most of it the same names agai
 compact, the event is one msgpack document of positions instead of names: each group of facts
 (a GPU's telemetry, its health signals, the host's telemetry) is a list of values in the order of
 a fixed codebook, a fact's availability state told by the value's shape, GPU UUIDs and ids as 16
-raw bytes. About 0.8 KB for eight GPUs, small enough that PostgreSQL stores the row as it is,
+raw bytes. About 0.55 KB for eight GPUs, small enough that PostgreSQL stores the row as it is,
 never compresses it and never parses it. Lifecycle events stay jsonb, readable in SQL and
 hash-chained (docs/storage.md).
 
@@ -23,18 +23,34 @@ Format 1, a msgpack array `[1, metadata, payload]`:
             the codebook lacks; a name the group lacks is ABSENT; trailing ABSENTs left out
   a fact    a scalar (bool, int, float, str): known; nil: unknown; [2]: unsupported;
             [0, reason]: unavailable; [1, reason]: temporarily failed; [3]: absent
-A released format never changes: a new encoding takes a new format number and this one stays
+
+Format 2, `[2, metadata, payload]`, what every append writes: format 1 (same codebooks, health,
+storage and facts) but for
+  metadata  [observed_at, source, received_at as microseconds after it, ...] where observed_at
+            has a zone (what a history reads first), else format 1's [received_at, source,
+            observed_at, ...]; agent_sent_at as microseconds after the first time where it has a
+            zone; source and agent_stream as their index in SOURCES_2 and STREAMS_2 (text if
+            neither); an actor `credential:<32 lowercase hex>` as its 16 bytes
+  accelerator [uuid, telemetry, health or nil, accelerator_id or nil]   (trailing nils left out):
+            nil where the id is the one derived from the stream (the node id) and the GPU UUID
+  a unit    a fact at a position with a unit (GPU_UNITS_2, HOST_UNITS_2, STORAGE_UNIT_2): a
+            known int that is a whole number of units as that number (bytes: KiB for the host's
+            memory as /proc/meminfo counts it, MiB for a GPU's as NVML does, 4 KiB blocks for
+            storage), a known float of watts that is a whole number of milliwatts (NVML's unit)
+            as that int; any other known int there as [4, value]; the rest as in format 1
+A released format never changes: a new encoding takes a new format number and the old ones stay
 readable, so every stored body decodes. Round trips are exact (tests/test_compact.py).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime
-from typing import Any, Literal, TypeAlias
+from datetime import datetime, timedelta
+from typing import Any, TypeAlias
 
 import msgspec
 
@@ -49,6 +65,7 @@ from collectors.facts import (
     Unsupported,
 )
 from collectors.gpu_health import AcceleratorHealthSignals, XidOccurrence
+from collectors.identity import accelerator_id_for
 from collectors.observations import StorageObservation
 from ledger.events import (
     AcceleratorSample,
@@ -61,9 +78,9 @@ from ledger.events import (
 # The event types stored compact: observations only (not hash-chained, not meant for SQL).
 COMPACT_EVENT_TYPES: frozenset[str] = frozenset({"NODE_TELEMETRY_OBSERVED"})
 
-FORMAT_1 = 1
+FORMAT_1, FORMAT_2 = 1, 2
 
-# Format 1's codebooks. Frozen: a name is only ever appended in a new format.
+# Format 1's codebooks, format 2's too. Frozen: a name is only ever appended in a new format.
 GPU_TELEMETRY_1: tuple[str, ...] = (
     "memory_used_bytes",
     "memory_total_bytes",
@@ -98,6 +115,14 @@ ECC_COUNTERS_1: tuple[str, ...] = (
 REMAPPED_ROWS_1: tuple[str, ...] = ("correctable", "uncorrectable", "pending", "failure")
 RETIRED_PAGES_1: tuple[str, ...] = ("single_bit", "double_bit", "pending")
 
+# Format 2's units, one per codebook position (1: none). MILLI: a float of thousandths.
+MILLI, KIB, MIB = 0, 1024, 1024 * 1024
+GPU_UNITS_2: tuple[int, ...] = (MIB, MIB, 1, 1, 1, MILLI, 1, 1, 1, 1, 1)
+HOST_UNITS_2: tuple[int, ...] = (KIB, KIB)
+STORAGE_UNIT_2 = 4096
+SOURCES_2: tuple[str, ...] = ("local", "agent", "operator", "system")
+STREAMS_2: tuple[str, ...] = ("inventory", "telemetry")
+
 _NAMES: dict[Sequence[str], frozenset[str]] = {
     c: frozenset(c)
     for c in (
@@ -110,18 +135,23 @@ _NAMES: dict[Sequence[str], frozenset[str]] = {
     )
 }
 
-_POSITIONS: dict[Sequence[str], dict[str, int]] = {c: {n: i for i, n in enumerate(c)} for c in _NAMES}
+POSITIONS: dict[Sequence[str], dict[str, int]] = {c: {n: i for i, n in enumerate(c)} for c in _NAMES}
 
-_UNAVAILABLE, _TEMPORARILY_FAILED, _UNSUPPORTED, _ABSENT = 0, 1, 2, 3
-_ABSENT_FACT = [_ABSENT]
-_UNSUPPORTED_FACT = [_UNSUPPORTED]
+UNAVAILABLE, TEMPORARILY_FAILED, UNSUPPORTED_KIND, ABSENT, VERBATIM = 0, 1, 2, 3, 4
+ABSENT_FACT = [ABSENT]
+_UNSUPPORTED_FACT = [UNSUPPORTED_KIND]
 _GPU_UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_CREDENTIAL = re.compile(r"credential:[0-9a-f]{32}")
+_CREDENTIAL_PREFIX = "credential:"
+_MICROSECOND = timedelta(microseconds=1)
+# Floats of watts stored as milliwatts: below 10^15 W, so that they fit a msgpack int.
+_MILLI_RANGE = 1e15
 
 Dense: TypeAlias = list[Any]
 
-_encoder = msgspec.msgpack.Encoder()
+ENCODER = msgspec.msgpack.Encoder()
 
 
 class UndecodableBody(ValueError):
@@ -137,7 +167,7 @@ def is_compact(payload: object) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
-def _fact(f: Fact) -> Any:
+def fact(f: Fact) -> Any:
     t = type(f)
     if t is Known:
         v = f.value  # type: ignore[union-attr]
@@ -149,71 +179,144 @@ def _fact(f: Fact) -> Any:
     if t is Unsupported:
         return _UNSUPPORTED_FACT
     if t is Unavailable:
-        return [_UNAVAILABLE, f.reason]  # type: ignore[union-attr]
+        return [UNAVAILABLE, f.reason]  # type: ignore[union-attr]
     if t is TemporarilyFailed:
-        return [_TEMPORARILY_FAILED, f.reason]  # type: ignore[union-attr]
+        return [TEMPORARILY_FAILED, f.reason]  # type: ignore[union-attr]
     raise EventValidationError(f"{t.__name__} is not a fact")
 
 
 _SCALARS = frozenset({bool, int, float, str})
 
 
-def _group(facts: Mapping[str, Fact], codebook: Sequence[str]) -> Dense:
+def group(facts: Mapping[str, Fact], codebook: Sequence[str]) -> Dense:
     out: Dense = []
     append = out.append
     for n in codebook:
         f = facts.get(n)
         if f is None:
-            append(_ABSENT_FACT)
+            append(ABSENT_FACT)
         elif type(f) is Known and type(f.value) in _SCALARS:
             append(f.value)
         else:
-            append(_fact(f))
-    while out and out[-1] is _ABSENT_FACT:
+            append(fact(f))
+    return _closed(out, facts, codebook)
+
+
+def _closed(out: Dense, facts: Mapping[str, Fact], codebook: Sequence[str]) -> Dense:
+    """A group's values with its trailing ABSENTs left out and the names the codebook lacks after."""
+    while out and out[-1] is ABSENT_FACT:
         out.pop()
     if len(facts) > len(codebook) or not _NAMES[codebook].issuperset(facts):
         names = _NAMES[codebook]
         for n in facts:
             if type(n) is not str:
                 raise EventValidationError(f"a fact's name is a {type(n).__name__}")
-        out.append({n: _fact(f) for n, f in facts.items() if n not in names})
+        out.append({n: fact(f) for n, f in facts.items() if n not in names})
     return out
 
 
-def _id(value: str, pattern: re.Pattern[str], prefix: int) -> str | bytes:
+def in_units(f: Fact, unit: int) -> Any:
+    """A fact at a position with a unit (format 2)."""
+    if type(f) is Known:
+        v: Any = f.value
+        t = type(v)
+        if t is int:
+            if unit != MILLI:
+                q, r = divmod(v, unit)
+                if not r:
+                    return q
+            return [VERBATIM, v]
+        if t is float and unit == MILLI and -_MILLI_RANGE < v < _MILLI_RANGE:
+            m = round(v * 1000)
+            # -0.0 stays a float: 0 would come back as 0.0
+            if m / 1000 == v and (m or math.copysign(1.0, v) > 0):
+                return m
+    return fact(f)
+
+
+def _group_2(facts: Mapping[str, Fact], codebook: Sequence[str], units: Sequence[int]) -> Dense:
+    out: Dense = []
+    append = out.append
+    for n, unit in zip(codebook, units, strict=True):
+        f = facts.get(n)
+        if f is None:
+            append(ABSENT_FACT)
+        elif unit != 1:
+            append(in_units(f, unit))
+        elif type(f) is Known and type(f.value) in _SCALARS:
+            append(f.value)
+        else:
+            append(fact(f))
+    return _closed(out, facts, codebook)
+
+
+def as_id(value: str, pattern: re.Pattern[str], prefix: int) -> str | bytes:
     """A canonical UUID string as its 16 bytes (after `prefix` characters), anything else as is."""
     if pattern.fullmatch(value):
         return bytes.fromhex(value[prefix:].replace("-", ""))
     return value
 
 
-def _health(h: AcceleratorHealthSignals) -> Dense:
+def gpu_id(gpu_uuid: str) -> str | bytes:
+    """A GPU UUID as a compact body holds it."""
+    return as_id(gpu_uuid, _GPU_UUID, 4)
+
+
+def health(h: AcceleratorHealthSignals) -> Dense:
     out: Dense = [
-        _group(h.clock_event_reasons, CLOCK_EVENT_REASONS_1),
-        _fact(h.ecc_mode),
-        _group(h.ecc_errors, ECC_COUNTERS_1),
-        _group(h.remapped_rows, REMAPPED_ROWS_1),
-        _group(h.retired_pages, RETIRED_PAGES_1),
-        _fact(h.pcie_replay_count),
-        _fact(h.xid_events),
+        group(h.clock_event_reasons, CLOCK_EVENT_REASONS_1),
+        fact(h.ecc_mode),
+        group(h.ecc_errors, ECC_COUNTERS_1),
+        group(h.remapped_rows, REMAPPED_ROWS_1),
+        group(h.retired_pages, RETIRED_PAGES_1),
+        fact(h.pcie_replay_count),
+        fact(h.xid_events),
     ]
     if h.xids:
         out.append([[x.code, x.at] for x in h.xids])
     return out
 
 
-def _metadata(m: EventMetadata) -> Dense:
-    sha = m.agent_report_sha256
+def report_sha256(sha: str | None) -> str | bytes | None:
+    return bytes.fromhex(sha) if sha is not None and _SHA256.fullmatch(sha) else sha
+
+
+def _after(first: datetime, at: datetime | None) -> datetime | int | None:
+    """A time as microseconds after the metadata's first, where it has a zone."""
+    if type(at) is datetime and at.utcoffset() is not None:
+        return (at - first) // _MICROSECOND
+    return at
+
+
+def _coded(value: str | None, codes: dict[str, int]) -> str | int | None:
+    return value if value is None else codes.get(value, value)
+
+
+_SOURCE_CODES = {s: i for i, s in enumerate(SOURCES_2)}
+_STREAM_CODES = {s: i for i, s in enumerate(STREAMS_2)}
+
+
+def _metadata_2(m: EventMetadata) -> Dense:
+    received, observed = m.received_at, m.observed_at
+    if type(received) is not datetime or received.utcoffset() is None:
+        raise EventValidationError("metadata: received_at is not a time with a zone")
+    # The observed time first where it has a zone (what a history reads), the received one after it
+    second: datetime | int | None
+    if type(observed) is datetime and observed.utcoffset() is not None:
+        first, second = observed, (received - observed) // _MICROSECOND
+    else:
+        first, second = received, observed
+    actor = m.actor
     out: Dense = [
-        m.received_at,
-        m.source,
-        m.observed_at,
-        m.agent_stream,
+        first,
+        _coded(m.source, _SOURCE_CODES),
+        second,
+        _coded(m.agent_stream, _STREAM_CODES),
         m.agent_sequence,
-        m.agent_sent_at,
-        bytes.fromhex(sha) if sha is not None and _SHA256.fullmatch(sha) else sha,
+        _after(first, m.agent_sent_at),
+        report_sha256(m.agent_report_sha256),
         m.agent_sequence_gap,
-        m.actor,
+        bytes.fromhex(actor[11:]) if actor is not None and _CREDENTIAL.fullmatch(actor) else actor,
         m.correlation_id,
     ]
     while out and out[-1] is None:
@@ -221,35 +324,46 @@ def _metadata(m: EventMetadata) -> Dense:
     return out
 
 
-def _payload(p: NodeTelemetryObserved) -> Dense:
+def _accelerator_2(a: AcceleratorSample, node_id: str) -> Dense:
+    out: Dense = [
+        gpu_id(a.uuid),
+        _group_2(a.telemetry, GPU_TELEMETRY_1, GPU_UNITS_2),
+        None if a.health is None else health(a.health),
+    ]
+    if a.accelerator_id != accelerator_id_for(node_id, a.uuid):
+        out.append(as_id(a.accelerator_id, _UUID, 0))
+    elif out[2] is None:
+        out.pop()
+    return out
+
+
+def _payload_2(p: NodeTelemetryObserved, node_id: str) -> Dense:
     return [
-        _group(p.telemetry, HOST_TELEMETRY_1),
-        [[s.mount, _fact(s.used_bytes), _fact(s.total_bytes)] for s in p.storage],
+        _group_2(p.telemetry, HOST_TELEMETRY_1, HOST_UNITS_2),
         [
-            [
-                _id(a.uuid, _GPU_UUID, 4),
-                _id(a.accelerator_id, _UUID, 0),
-                _group(a.telemetry, GPU_TELEMETRY_1),
-                None if a.health is None else _health(a.health),
-            ]
-            for a in p.accelerators
+            [s.mount, in_units(s.used_bytes, STORAGE_UNIT_2), in_units(s.total_bytes, STORAGE_UNIT_2)]
+            for s in p.storage
         ],
+        [_accelerator_2(a, node_id) for a in p.accelerators],
     ]
 
 
-def encode_body(payload: EventPayload, metadata: EventMetadata) -> tuple[bytes, EventPayload, EventMetadata]:
-    """The stored body of an event, and the payload and metadata the log gives back for it: the
-    ones given, which the body holds exactly (tests/test_compact.py proves the round trip over
-    arbitrary snapshots; times come back in UTC, the same instants). Decoding the body again here
-    would cost an append more than the encoding itself."""
+def encode_body(
+    payload: EventPayload, metadata: EventMetadata, stream_id: str
+) -> tuple[bytes, EventPayload, EventMetadata]:
+    """The stored body of an event of stream `stream_id` (a node's: its id), and the payload and
+    metadata the log gives back for it: the ones given, which the body holds exactly
+    (tests/test_compact.py proves the round trip over arbitrary snapshots; times come back in
+    UTC, the same instants). Decoding the body again here would cost an append more than the
+    encoding itself."""
     if not isinstance(payload, NodeTelemetryObserved):
         raise EventValidationError(f"{type(payload).__name__} is not stored compact")
     try:
-        body = _encoder.encode([FORMAT_1, _metadata(metadata), _payload(payload)])
-    except (msgspec.EncodeError, TypeError, AttributeError, ValueError) as exc:
+        body = ENCODER.encode([FORMAT_2, _metadata_2(metadata), _payload_2(payload, stream_id)])
+    except (msgspec.EncodeError, TypeError, AttributeError, ValueError, OverflowError) as exc:
+        if isinstance(exc, EventValidationError):
+            raise
         raise EventValidationError(f"{type(payload).__name__}: {exc}") from exc
-    if type(metadata.received_at) is not datetime:
-        raise EventValidationError("metadata: received_at is not a time")
     return body, payload, metadata
 
 
@@ -272,26 +386,36 @@ def _unfact(v: Any) -> Fact:
         return UNKNOWN
     if type(v) is list:
         kind = v[0]
-        if kind == _UNSUPPORTED:
+        if kind == UNSUPPORTED_KIND:
             return UNSUPPORTED
-        if kind == _UNAVAILABLE:
+        if kind == UNAVAILABLE:
             return Unavailable(v[1])
-        if kind == _TEMPORARILY_FAILED:
+        if kind == TEMPORARILY_FAILED:
             return TemporarilyFailed(v[1])
         raise UndecodableBody(f"unknown fact kind {kind!r}")
     return Known(v)
 
 
-def _ungroup(dense: Dense, codebook: Sequence[str]) -> dict[str, Fact]:
+def from_units(v: Any, unit: int) -> Any:
+    """A value at a position with a unit (format 2) as format 1 holds it."""
+    t = type(v)
+    if t is int:
+        return v / 1000 if unit == MILLI else v * unit
+    if t is list and v and v[0] == VERBATIM:
+        return v[1]
+    return v
+
+
+def _ungroup(dense: Dense, codebook: Sequence[str], units: Sequence[int] | None = None) -> dict[str, Fact]:
     out: dict[str, Fact] = {}
     extra: dict[str, Any] | None = None
     for i, v in enumerate(dense):
         if type(v) is dict:
             extra = v
             break
-        if type(v) is list and v[0] == _ABSENT:
+        if type(v) is list and v[0] == ABSENT:
             continue
-        out[codebook[i]] = _unfact(v)
+        out[codebook[i]] = _unfact(v if units is None or units[i] == 1 else from_units(v, units[i]))
     if extra:
         for n, v in extra.items():
             out[n] = _unfact(v)
@@ -335,16 +459,35 @@ def _maybe(v: Any, kind: type) -> Any:
     return v
 
 
-_SOURCES = frozenset({"local", "agent", "operator", "system"})
+_SOURCES = frozenset(SOURCES_2)
 
 
-def _unmetadata(d: Dense) -> EventMetadata:
+def _uncoded(v: Any, names: tuple[str, ...]) -> Any:
+    if type(v) is int:
+        if not 0 <= v < len(names):
+            raise UndecodableBody(f"no name of index {v}")
+        return names[v]
+    return v
+
+
+def _since(first: datetime, v: Any) -> datetime | None:
+    return first + timedelta(microseconds=v) if type(v) is int else _maybe(v, datetime)
+
+
+def _unmetadata(d: Dense, form: int) -> EventMetadata:
     v = list(d) + [None] * (_METADATA_FIELDS - len(d))
-    sha = v[6]
+    received = first = _at(v[0])
+    sha, actor = v[6], v[8]
+    if form == FORMAT_2:
+        if type(v[2]) is int:
+            received, v[2] = first + timedelta(microseconds=v[2]), first
+        v[1], v[3], v[5] = _uncoded(v[1], SOURCES_2), _uncoded(v[3], STREAMS_2), _since(first, v[5])
+        if type(actor) is bytes:
+            actor = _CREDENTIAL_PREFIX + actor.hex()
     if v[1] not in _SOURCES:
         raise UndecodableBody(f"unknown source {v[1]!r}")
     return EventMetadata(
-        received_at=_at(v[0]),
+        received_at=received,
         source=v[1],
         observed_at=_maybe(v[2], datetime),
         agent_stream=_maybe(v[3], str),
@@ -352,187 +495,59 @@ def _unmetadata(d: Dense) -> EventMetadata:
         agent_sent_at=_maybe(v[5], datetime),
         agent_report_sha256=sha.hex() if type(sha) is bytes else sha,
         agent_sequence_gap=_maybe(v[7], int),
-        actor=_maybe(v[8], str),
+        actor=_maybe(actor, str),
         correlation_id=_maybe(v[9], str),
     )
 
 
-def decode_body(body: bytes) -> tuple[NodeTelemetryObserved, EventMetadata]:
-    """The payload and metadata of a stored compact body."""
+def _storage(s: Dense, unit: int) -> StorageObservation:
+    return StorageObservation(s[0], _unfact(from_units(s[1], unit)), _unfact(from_units(s[2], unit)))
+
+
+def _unaccelerator_1(g: Dense) -> AcceleratorSample:
+    return AcceleratorSample(
+        accelerator_id=_unid(g[1], ""),
+        uuid=_unid(g[0], "GPU-"),
+        telemetry=_ungroup(g[2], GPU_TELEMETRY_1),
+        health=None if g[3] is None else _unhealth(g[3]),
+    )
+
+
+def _unaccelerator_2(g: Dense, node_id: str) -> AcceleratorSample:
+    gpu = _unid(g[0], "GPU-")
+    h = g[2] if len(g) > 2 else None
+    given = g[3] if len(g) > 3 else None
+    return AcceleratorSample(
+        accelerator_id=accelerator_id_for(node_id, gpu) if given is None else _unid(given, ""),
+        uuid=gpu,
+        telemetry=_ungroup(g[1], GPU_TELEMETRY_1, GPU_UNITS_2),
+        health=None if h is None else _unhealth(h),
+    )
+
+
+def decode_body(body: bytes, stream_id: str) -> tuple[NodeTelemetryObserved, EventMetadata]:
+    """The payload and metadata of a stored compact body of stream `stream_id`."""
     try:
         doc = msgspec.msgpack.decode(body)
-        if type(doc) is not list or len(doc) != 3 or doc[0] != FORMAT_1:
-            raise UndecodableBody("not a compact body of format 1")
-        _, m, p = doc
+        if type(doc) is not list or len(doc) != 3 or doc[0] not in (FORMAT_1, FORMAT_2):
+            raise UndecodableBody("not a compact body of format 1 or 2")
+        form, m, p = doc
         host, storage, gpus = p
-        payload = NodeTelemetryObserved(
-            telemetry=_ungroup(host, HOST_TELEMETRY_1),
-            storage=[StorageObservation(s[0], _unfact(s[1]), _unfact(s[2])) for s in storage],
-            accelerators=[
-                AcceleratorSample(
-                    accelerator_id=_unid(g[1], ""),
-                    uuid=_unid(g[0], "GPU-"),
-                    telemetry=_ungroup(g[2], GPU_TELEMETRY_1),
-                    health=None if g[3] is None else _unhealth(g[3]),
-                )
-                for g in gpus
-            ],
-        )
-        metadata = _unmetadata(m)
+        if form == FORMAT_1:
+            payload = NodeTelemetryObserved(
+                telemetry=_ungroup(host, HOST_TELEMETRY_1),
+                storage=[StorageObservation(s[0], _unfact(s[1]), _unfact(s[2])) for s in storage],
+                accelerators=[_unaccelerator_1(g) for g in gpus],
+            )
+        else:
+            payload = NodeTelemetryObserved(
+                telemetry=_ungroup(host, HOST_TELEMETRY_1, HOST_UNITS_2),
+                storage=[_storage(s, STORAGE_UNIT_2) for s in storage],
+                accelerators=[_unaccelerator_2(g, stream_id) for g in gpus],
+            )
+        metadata = _unmetadata(m, form)
     except UndecodableBody:
         raise
     except (msgspec.DecodeError, ValueError, TypeError, IndexError, KeyError) as exc:
         raise UndecodableBody(f"compact body: {exc}") from exc
     return payload, metadata
-
-
-# ---------------------------------------------------------------------------------------------
-# What a telemetry history reads of thousands of snapshots
-# ---------------------------------------------------------------------------------------------
-# Typed views of format 1 that decode the times and the one group of facts a history counts: the
-# parts in between stay undecoded (msgspec.Raw: no object for what they hold), the parts after it
-# are not looked at (an array_like Struct skips trailing elements), and the groups of every
-# snapshot are decoded together in one call.
-
-
-class _Times1(msgspec.Struct, array_like=True):
-    received_at: msgspec.Raw  # decoded only where observed_at is missing
-    source: msgspec.Raw = msgspec.Raw(b"\xc0")
-    observed_at: datetime | None = None
-
-
-class _Entry1(msgspec.Struct, array_like=True):
-    uuid: msgspec.Raw
-    accelerator_id: msgspec.Raw
-    telemetry: msgspec.Raw
-
-
-class _Gpus1(msgspec.Struct, array_like=True):
-    host: msgspec.Raw
-    storage: msgspec.Raw
-    accelerators: list[_Entry1]
-
-
-class _GpusView1(msgspec.Struct, array_like=True):
-    format: Literal[1]
-    metadata: _Times1
-    payload: _Gpus1
-
-
-class _Host1(msgspec.Struct, array_like=True):
-    host: msgspec.Raw
-
-
-class _HostView1(msgspec.Struct, array_like=True):
-    format: Literal[1]
-    metadata: _Times1
-    payload: _Host1
-
-
-_gpus_view = msgspec.msgpack.Decoder(_GpusView1)
-_host_view = msgspec.msgpack.Decoder(_HostView1)
-_time = msgspec.msgpack.Decoder(datetime)
-_groups = msgspec.msgpack.Decoder(list[list[Any]])
-_BAD_VIEW = (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, IndexError)
-
-
-def _at_of(times: _Times1) -> datetime:
-    return times.observed_at or _time.decode(times.received_at)
-
-
-def _decoded(groups: list[msgspec.Raw]) -> list[Dense]:
-    """Many groups at once: one msgpack array of them (array 32: a marker, the count, big-endian)."""
-    return _groups.decode(b"".join([b"\xdd", len(groups).to_bytes(4, "big"), *groups]))
-
-
-def _spread(dense: Dense, codebook: Sequence[str], names: Sequence[str]) -> Dense:
-    extra = dense[-1] if dense and type(dense[-1]) is dict else None
-    positions = _POSITIONS[codebook]
-    n = len(dense) - (0 if extra is None else 1)
-    out: Dense = []
-    for name in names:
-        i = positions.get(name)
-        if i is not None and i < n:
-            out.append(dense[i])
-        elif extra is not None and name in extra:
-            out.append(extra[name])
-        else:
-            out.append(_ABSENT_FACT)
-    return out
-
-
-def _values(groups: list[Dense], codebook: Sequence[str], names: Sequence[str]) -> list[Dense]:
-    """Each group as its values of `names`, one each in that order: the group itself where it
-    holds the whole codebook and nothing else and `names` is the codebook."""
-    if tuple(names) != codebook:
-        return [_spread(d, codebook, names) for d in groups]
-    whole = len(codebook)
-    return [d if len(d) == whole and type(d[-1]) is not dict else _spread(d, codebook, names) for d in groups]
-
-
-Values: TypeAlias = list[tuple[int, datetime, Dense]]
-
-
-def gpu_key(gpu_uuid: str) -> bytes:
-    """A GPU UUID as a compact body holds it, encoded."""
-    return _encoder.encode(_id(gpu_uuid, _GPU_UUID, 4))
-
-
-def gpu_values(bodies: Sequence[bytes], gpu_uuid: str, names: Sequence[str]) -> Values:
-    """Of each compact snapshot in `bodies` that samples the GPU: its index in `bodies`, its time
-    (observed, else received) and the GPU's telemetry (its last entry, as the fold takes it) as
-    values of `names`, one each in that order: each fact as stored (a scalar known, nil unknown,
-    else what `value_state` tells; ABSENT where the GPU lacks the name)."""
-    key = msgspec.Raw(gpu_key(gpu_uuid))
-    found: list[tuple[int, datetime]] = []
-    groups: list[msgspec.Raw] = []
-    decode = _gpus_view.decode
-    try:
-        for i, body in enumerate(bodies):
-            view = decode(body)
-            group = None
-            for g in view.payload.accelerators:
-                if g.uuid == key:
-                    group = g.telemetry
-            if group is not None:
-                found.append((i, _at_of(view.metadata)))
-                groups.append(group)
-        dense = _values(_decoded(groups), GPU_TELEMETRY_1, names)
-    except _BAD_VIEW as exc:
-        raise UndecodableBody(f"compact body: {exc}") from exc
-    return [(i, at, d) for (i, at), d in zip(found, dense, strict=True)]
-
-
-def host_values(bodies: Sequence[bytes], names: Sequence[str]) -> Values:
-    """`gpu_values` of the host's telemetry, which every snapshot holds."""
-    times: list[datetime] = []
-    groups: list[msgspec.Raw] = []
-    decode = _host_view.decode
-    try:
-        for body in bodies:
-            view = decode(body)
-            times.append(_at_of(view.metadata))
-            groups.append(view.payload.host)
-        dense = _values(_decoded(groups), HOST_TELEMETRY_1, names)
-    except _BAD_VIEW as exc:
-        raise UndecodableBody(f"compact body: {exc}") from exc
-    return [(i, at, d) for i, (at, d) in enumerate(zip(times, dense, strict=True))]
-
-
-_STATE_NAMES = {
-    _UNAVAILABLE: "unavailable",
-    _TEMPORARILY_FAILED: "temporarily_failed",
-    _UNSUPPORTED: "unsupported",
-}
-
-
-def value_state(value: object) -> str | None:
-    """The availability state of a fact as stored that is not a scalar nor nil (`[kind, ...]`),
-    None where it is ABSENT (the group lacks the name)."""
-    if type(value) is list and value and type(kind := value[0]) is int:
-        if kind == _ABSENT:
-            return None
-        state = _STATE_NAMES.get(kind)
-        if state is not None:
-            return state
-    raise UndecodableBody(f"not a fact of format 1: {value!r}")

@@ -109,7 +109,7 @@ def event_from_row(row: asyncpg.Record) -> RecordedEvent:
     try:
         body = row["body"]
         if body is not None:
-            payload, metadata = decode_body(body)
+            payload, metadata = decode_body(body, row["stream_id"])
         else:
             payload = decode_payload(row["data_json"])
             metadata = decode_metadata(row["metadata_json"])

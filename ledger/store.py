@@ -191,10 +191,10 @@ class StoredForm(NamedTuple):
     metadata: EventMetadata
 
 
-def stored_form(event: NewEvent) -> StoredForm:
-    """How the log stores an event (what mf_append_many takes for it), validated."""
+def stored_form(event: NewEvent, stream_id: str) -> StoredForm:
+    """How the log stores an event of stream `stream_id` (what mf_append_many takes for it), validated."""
     if is_compact(event.payload):
-        body, payload, meta = encode_body(event.payload, event.metadata)
+        body, payload, meta = encode_body(event.payload, event.metadata, stream_id)
         return StoredForm(None, None, body, sampled_digest(payload), payload, meta)
     data, payload = validate_payload(event.payload)
     metadata_json, meta = validate_metadata(event.metadata)
@@ -366,7 +366,7 @@ class EventStore:
     def _encoded(self, requests: Sequence[AppendRequest]) -> list[list[StoredForm]]:
         if any(not r.events for r in requests):
             raise ValueError("append needs at least one event per stream")
-        return [[stored_form(e) for e in r.events] for r in requests]
+        return [[stored_form(e, r.stream_id) for e in r.events] for r in requests]
 
     async def _send(
         self,

@@ -1,8 +1,10 @@
-"""Compact observation bodies (ledger/compact.py): exact round trips, a frozen format, the size a
-steady eight-GPU snapshot costs, and the digest retention compares agreeing with PostgreSQL's."""
+"""Compact observation bodies (ledger/compact.py): exact round trips, frozen formats (the bodies of
+format 1 that earlier releases wrote decode as the format 2 ones written now), the size a steady
+eight-GPU snapshot costs, and the digest retention compares agreeing with PostgreSQL's."""
 
 from __future__ import annotations
 
+import operator
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 
 from collectors.facts import UNKNOWN, UNSUPPORTED, Fact, Known, TemporarilyFailed, Unavailable
 from collectors.gpu_health import AcceleratorHealthSignals, XidOccurrence
+from collectors.identity import accelerator_id_for
 from collectors.observations import StorageObservation
 from domain.telemetry_history import reading
 from ledger.compact import (
@@ -22,21 +25,26 @@ from ledger.compact import (
     UndecodableBody,
     decode_body,
     encode_body,
-    gpu_values,
-    host_values,
     sampled_digest,
-    value_state,
 )
+from ledger.compact_views import gpu_values, host_values, value_state
 from ledger.events import AcceleratorSample, EventMetadata, EventValidationError, NodeTelemetryObserved
 from tests.builders import signals
+from tests.compact_format_1 import encode_body_1
 
 T0 = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)
 
-names = st.one_of(st.sampled_from(GPU_TELEMETRY_1), st.text(min_size=1, max_size=12))
+names = st.one_of(
+    st.sampled_from(GPU_TELEMETRY_1), st.sampled_from(HOST_TELEMETRY_1), st.text(min_size=1, max_size=12)
+)
 values = st.one_of(
     st.booleans(),
     st.integers(-(2**63), 2**64 - 1),
+    # whole KiB, MiB and 4 KiB blocks of bytes, and milliwatts as watts: what format 2 stores in units
+    st.builds(operator.mul, st.integers(-(2**43), 2**43), st.sampled_from([1024, 4096, 1024 * 1024])),
+    st.integers(-(10**15), 10**15).map(lambda m: m / 1000),
     st.floats(allow_nan=False),
+    st.just(-0.0),
     st.text(max_size=10),
 )
 facts: st.SearchStrategy[Fact] = st.one_of(
@@ -77,17 +85,39 @@ snapshots = st.builds(
     storage=st.lists(st.builds(StorageObservation, st.text(max_size=8), facts, facts), max_size=3),
     accelerators=st.lists(samples, max_size=9),
 )
+# A node's stream: its id (a UUID) as the server names it, or any text.
+stream_ids = st.one_of(st.uuids().map(str), st.text(max_size=8))
+
+
+@st.composite
+def node_snapshots(draw: st.DrawFn) -> tuple[str, NodeTelemetryObserved]:
+    """A stream and a snapshot of it, its GPUs' ids derived from the stream's id and their UUIDs
+    (as the server derives them) or not."""
+    stream, payload = draw(stream_ids), draw(snapshots)
+    derived = [draw(st.booleans()) for _ in payload.accelerators]
+    accelerators = [
+        msgspec.structs.replace(a, accelerator_id=accelerator_id_for(stream, a.uuid)) if d else a
+        for a, d in zip(payload.accelerators, derived, strict=True)
+    ]
+    return stream, msgspec.structs.replace(payload, accelerators=accelerators)
+
+
 metadata = st.builds(
     EventMetadata,
     received_at=times,
     source=st.sampled_from(["local", "agent", "operator", "system"]),
     observed_at=st.one_of(st.none(), times),
-    agent_stream=st.one_of(st.none(), st.sampled_from(["telemetry", "inventory"])),
+    agent_stream=st.one_of(st.none(), st.sampled_from(["telemetry", "inventory"]), st.text(max_size=8)),
     agent_sequence=st.one_of(st.none(), st.integers(0, 2**62)),
     agent_sent_at=st.one_of(st.none(), times),
     agent_report_sha256=st.one_of(st.none(), st.binary(min_size=32, max_size=32).map(bytes.hex), st.text()),
     agent_sequence_gap=st.one_of(st.none(), st.integers(0, 1000)),
-    actor=st.one_of(st.none(), st.text(max_size=8)),
+    actor=st.one_of(
+        st.none(),
+        st.text(max_size=8),
+        st.uuids().map(lambda u: f"credential:{u.hex}"),
+        st.uuids().map(lambda u: f"credential:{u.hex.upper()}"),
+    ),
     correlation_id=st.one_of(st.none(), st.text(max_size=8)),
 )
 
@@ -98,13 +128,27 @@ def as_json(value: object) -> object:
 
 
 @settings(max_examples=300, deadline=None)
-@given(snapshots, metadata)
-def test_every_snapshot_comes_back_exactly(payload: NodeTelemetryObserved, meta: EventMetadata) -> None:
-    body, decoded, decoded_meta = encode_body(payload, meta)
-    assert decode_body(body) == (decoded, decoded_meta)
+@given(node_snapshots(), metadata)
+def test_every_snapshot_comes_back_exactly(
+    snapshot: tuple[str, NodeTelemetryObserved], meta: EventMetadata
+) -> None:
+    stream, payload = snapshot
+    body, decoded, decoded_meta = encode_body(payload, meta, stream)
+    assert decode_body(body, stream) == (decoded, decoded_meta)
     assert decoded == payload and decoded_meta == meta
     # the same JSON an auditor reads off /events, states, types and names included
     assert as_json(decoded) == as_json(payload) and as_json(decoded_meta) == as_json(meta)
+
+
+@settings(max_examples=200, deadline=None)
+@given(node_snapshots(), metadata)
+def test_a_snapshot_stored_in_format_1_by_an_earlier_release_reads_as_its_format_2_body(
+    snapshot: tuple[str, NodeTelemetryObserved], meta: EventMetadata
+) -> None:
+    stream, payload = snapshot
+    old = decode_body(encode_body_1(payload, meta), stream)
+    assert old == decode_body(encode_body(payload, meta, stream)[0], stream) == (payload, meta)
+    assert as_json(old) == as_json((payload, meta))
 
 
 def as_reading(value: object) -> tuple[str, float | None] | None:
@@ -139,12 +183,16 @@ def expected_values(
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(snapshots, metadata), max_size=4))
+@given(stream_ids, st.lists(st.tuples(snapshots, metadata, st.booleans()), max_size=4))
 def test_a_history_reads_one_gpu_or_the_host_as_the_whole_decode_does(
-    events: list[tuple[NodeTelemetryObserved, EventMetadata]],
+    stream: str, events: list[tuple[NodeTelemetryObserved, EventMetadata, bool]]
 ) -> None:
-    bodies = [encode_body(payload, meta)[0] for payload, meta in events]
-    decoded = [decode_body(b) for b in bodies]
+    # a log of both formats: format 1 bodies of earlier releases, then format 2 ones
+    bodies = [
+        encode_body_1(payload, meta) if earlier else encode_body(payload, meta, stream)[0]
+        for payload, meta, earlier in events
+    ]
+    decoded = [decode_body(b, stream) for b in bodies]
     every_gpu = {a.uuid for payload, _ in decoded for a in payload.accelerators}
     for gpu in [*sorted(every_gpu), "GPU-not-sampled"]:
         carried = [
@@ -204,20 +252,58 @@ STEADY_META = EventMetadata(
 )
 
 
+NODE = "6c0b2c4e-58f1-5b4d-9a51-2f3c0d7e8a19"
+MIB = 1024 * 1024
+
+
+def reported(gpus: int = 8) -> tuple[NodeTelemetryObserved, EventMetadata]:
+    """A steady report's snapshot as the server stores it: the GPUs' ids derived from the node's,
+    bytes of memory as NVML (MiB) and /proc/meminfo (KiB) count them, watts from milliwatts, the
+    reporting credential as the actor."""
+    base = steady_snapshot(gpus)
+    payload = msgspec.structs.replace(
+        base,
+        telemetry={
+            "memory_available_bytes": Known(1_489_541_484 * 1024),
+            "memory_total_bytes": Known(2**41),
+        },
+        accelerators=[
+            msgspec.structs.replace(
+                a,
+                accelerator_id=accelerator_id_for(NODE, a.uuid),
+                telemetry={**a.telemetry, "memory_used_bytes": Known((32_469 + i) * MIB)},
+                health=None,
+            )
+            for i, a in enumerate(base.accelerators)
+        ],
+    )
+    return payload, msgspec.structs.replace(STEADY_META, actor=f"credential:{uuid.UUID(int=7).hex}")
+
+
 def test_a_steady_eight_gpu_snapshot_is_a_fifth_of_its_json() -> None:
     payload = steady_snapshot()
-    body, _, _ = encode_body(payload, STEADY_META)
+    body, _, _ = encode_body(payload, STEADY_META, NODE)
     as_jsonb = len(msgspec.json.encode(payload)) + len(msgspec.json.encode(STEADY_META))
     # health signals included: 40 facts a GPU
-    assert len(body) < 1_700 and len(body) * 5 < as_jsonb, (len(body), as_jsonb)
+    assert len(body) < 1_600 and len(body) * 5 < as_jsonb, (len(body), as_jsonb)
 
 
-def test_format_1_is_frozen() -> None:
-    # A stored body must decode forever: a change to the encoding of format 1 fails here (a new
-    # encoding takes a new format number instead).
-    body, _, _ = encode_body(steady_snapshot(1), STEADY_META)
-    assert body.hex() == FORMAT_1_STEADY_ONE_GPU
-    assert decode_body(bytes.fromhex(FORMAT_1_STEADY_ONE_GPU))[0] == steady_snapshot(1)
+def test_a_steady_report_stores_two_thirds_of_what_format_1_stored() -> None:
+    payload, meta = reported()
+    body, _, _ = encode_body(payload, meta, NODE)
+    assert decode_body(body, NODE) == (payload, meta)
+    earlier = encode_body_1(payload, meta)
+    assert len(body) < 560 and len(body) * 3 < len(earlier) * 2, (len(body), len(earlier))
+
+
+def test_the_formats_are_frozen() -> None:
+    # A stored body must decode forever: a change to the encoding of a released format fails
+    # here (a new encoding takes a new format number instead).
+    assert encode_body_1(steady_snapshot(1), STEADY_META).hex() == FORMAT_1_STEADY_ONE_GPU
+    assert decode_body(bytes.fromhex(FORMAT_1_STEADY_ONE_GPU), NODE) == (steady_snapshot(1), STEADY_META)
+    payload, meta = reported(1)
+    assert encode_body(payload, meta, NODE)[0].hex() == FORMAT_2_REPORTED_ONE_GPU
+    assert decode_body(bytes.fromhex(FORMAT_2_REPORTED_ONE_GPU), NODE) == (payload, meta)
 
 
 FORMAT_1_STEADY_ONE_GPU = (
@@ -228,27 +314,35 @@ FORMAT_1_STEADY_ONE_GPU = (
     "3fcd07bccd07bccd0a3b9102a250309799c2c2c2c2c2c2c2c2c2a7656e61626c65649400000000940000c2c2930000c2"
     "00c3"
 )
+FORMAT_2_REPORTED_ONE_GPU = (
+    "930299d7ffe4e1c0006b11217f01cd9c4001cd21c0cd4e20c420abababababababababababababababababababababab"
+    "ababababababababababc0c410000000000000000000000000000000079392ce58c8996cce800000009193a12fce0148"
+    "0000ce0df800009192c4101684789bc49e5f87aba271c94bccbf949bcd7ed5ce00014000612938ce00064b66cd07bccd"
+    "07bccd0a3b9102a25030"
+)
 
 
 @pytest.mark.parametrize(
     "body",
-    [b"", b"\x00", bytes.fromhex("93029090"), bytes.fromhex("9301") + b"\xc1", b"{}"],
+    [b"", b"\x00", bytes.fromhex("93039090"), bytes.fromhex("9302") + b"\xc1", b"{}"],
     ids=["empty", "not msgpack", "another format", "truncated", "json"],
 )
 def test_bytes_that_are_no_body_are_refused_by_name(body: bytes) -> None:
     with pytest.raises(UndecodableBody):
-        decode_body(body)
+        decode_body(body, NODE)
 
 
 def test_what_the_catalog_cannot_hold_is_refused_before_anything_is_stored() -> None:
     bad = NodeTelemetryObserved(telemetry={"x": Known([1, 2])}, storage=[])  # type: ignore[arg-type]
     with pytest.raises(EventValidationError):
-        encode_body(bad, STEADY_META)
-    with pytest.raises(EventValidationError):
-        encode_body(
-            NodeTelemetryObserved(telemetry={}, storage=[]),
-            msgspec.structs.replace(STEADY_META, received_at="now"),
-        )  # type: ignore[arg-type]
+        encode_body(bad, STEADY_META, NODE)
+    for received_at in ("now", datetime(2026, 12, 3, 8, 0)):
+        with pytest.raises(EventValidationError):
+            encode_body(
+                NodeTelemetryObserved(telemetry={}, storage=[]),
+                msgspec.structs.replace(STEADY_META, received_at=received_at),
+                NODE,
+            )  # type: ignore[arg-type]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

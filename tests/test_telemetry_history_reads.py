@@ -1,7 +1,7 @@
 """The history read of a node's stored observations (api/services/reads/telemetry.py: compact
 snapshots opened only as far as one GPU or the host, and bucketed without a fact object per value)
 gives the very series a plain loop counts from the log's whole decode of the same events: compact
-snapshots and the jsonb events of older releases mixed, rows in any order, GPUs listed twice, names
+snapshots of both formats and the jsonb events of older releases mixed, rows in any order, GPUs listed twice, names
 outside the codebooks, every availability state, the states in the order first seen."""
 
 from __future__ import annotations
@@ -27,14 +27,20 @@ from ledger.events import (
     HostTelemetryObserved,
     NodeTelemetryObserved,
 )
+from tests.compact_format_1 import encode_body_1
 
 SINCE = datetime(2026, 12, 3, 0, 0, tzinfo=UTC)
+NODE = "5d0e7a3c-1b2f-5c4d-8e9a-0f1b2c3d4e5f"
 GPUS = ["GPU-0d5e1c3a-9f7b-4c2e-8a61-3b9d2f4e5a70", "GPU-0D5E1C3A-9F7B-4C2E-8A61-3B9D2F4E5A71", "gpu-odd"]
 
 facts: st.SearchStrategy[Fact] = st.one_of(
     st.builds(Known, st.integers(-(2**63), 2**64 - 1)),
     st.builds(Known, st.integers(0, 3)),  # equal values in one bucket
     st.builds(Known, st.floats(-1e12, 1e12, allow_nan=False)),
+    # what format 2 stores in units: whole MiB and KiB, watts of whole milliwatts
+    st.builds(Known, st.integers(0, 2**40).map(lambda q: q * 1024 * 1024)),
+    st.builds(Known, st.integers(0, 2**50).map(lambda q: q * 1024)),
+    st.builds(Known, st.integers(0, 10**9).map(lambda m: m / 1000)),
     st.builds(Known, st.sampled_from(["P0", "P8"])),
     st.builds(Known, st.booleans()),
     st.just(UNKNOWN),
@@ -107,9 +113,11 @@ def stored(
             else SINCE + timedelta(seconds=observed, microseconds=position),
         )
         if compact:
-            body = encode_body(payload, meta)[0]
+            assert isinstance(payload, NodeTelemetryObserved)
+            # format 1 as earlier releases stored it, format 2 as this one does
+            body = encode_body_1(payload, meta) if position % 2 else encode_body(payload, meta, NODE)[0]
             row = {"global_position": position, "body": body, "data_json": None, "metadata_json": None}
-            decoded.append((position, *decode_body(body)))
+            decoded.append((position, *decode_body(body, NODE)))
         else:
             data, metadata = msgspec.json.encode(payload).decode(), msgspec.json.encode(meta).decode()
             row = {"global_position": position, "body": None, "data_json": data, "metadata_json": metadata}

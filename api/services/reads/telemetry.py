@@ -33,7 +33,7 @@ from domain.telemetry_history import (
     fact_value,
     window,
 )
-from ledger.compact import Values, gpu_values, host_values, value_state
+from ledger.compact_views import Values, gpu_values, host_values, value_state
 from ledger.events import (
     AcceleratorTelemetryObserved,
     EventPayload,
