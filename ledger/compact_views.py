@@ -22,6 +22,7 @@ from ledger.compact import (
     GPU_UNITS_2,
     HOST_TELEMETRY_1,
     HOST_UNITS_2,
+    NONE,
     POSITIONS,
     TEMPORARILY_FAILED,
     UNAVAILABLE,
@@ -121,7 +122,7 @@ def _decoded(groups: list[msgspec.Raw]) -> list[Dense]:
 def _in_format_1(dense: list[Dense], of_format_2: list[int], units: Sequence[int]) -> None:
     """The groups of format 2 (their indexes) with each value of a position with a unit as
     format 1 holds it (`from_units`, inlined for the common case: an int)."""
-    at = [(i, u) for i, u in enumerate(units) if u != 1]
+    at = [(i, u) for i, u in enumerate(units) if u != NONE]
     for k in of_format_2:
         d = dense[k]
         n = len(d)
@@ -130,7 +131,7 @@ def _in_format_1(dense: list[Dense], of_format_2: list[int], units: Sequence[int
                 break
             v = d[i]
             if type(v) is int:
-                d[i] = v * unit if unit else v / 1000
+                d[i] = v << unit if unit > 0 else v / 1000
             elif type(v) is list:
                 d[i] = from_units(v, unit)
             elif type(v) is dict:
