@@ -39,7 +39,9 @@ storage and facts) but for
             storage), a known float of watts that is a whole number of milliwatts (NVML's unit)
             as that int; any other known int there as [4, value]; the rest as in format 1
 A released format never changes: a new encoding takes a new format number and the old ones stay
-readable, so every stored body decodes. Round trips are exact (tests/test_compact.py).
+readable, so every stored body decodes. Round trips are exact (tests/test_compact.py). Here the
+encoding; ledger/compact_decode.py decodes a body whole, ledger/compact_views.py the parts of many
+a telemetry history reads.
 """
 
 from __future__ import annotations
@@ -50,14 +52,12 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import Any, TypeAlias
 
 import msgspec
 
 from collectors.facts import (
-    UNKNOWN,
-    UNSUPPORTED,
     Fact,
     Known,
     TemporarilyFailed,
@@ -65,9 +65,8 @@ from collectors.facts import (
     Unknown,
     Unsupported,
 )
-from collectors.gpu_health import AcceleratorHealthSignals, XidOccurrence
+from collectors.gpu_health import AcceleratorHealthSignals
 from collectors.identity import accelerator_id_for
-from collectors.observations import StorageObservation
 from ledger.events import (
     AcceleratorSample,
     EventMetadata,
@@ -146,7 +145,7 @@ _GPU_UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _CREDENTIAL = re.compile(r"credential:[0-9a-f]{32}")
-_CREDENTIAL_PREFIX = "credential:"
+CREDENTIAL_PREFIX = "credential:"
 _MICROSECOND = timedelta(microseconds=1)
 # Floats of watts stored as milliwatts: below 10^15 W, so that they fit a msgpack int.
 _MILLI_RANGE = 1e15
@@ -236,18 +235,18 @@ def in_units(f: Fact, unit: int) -> Any:
 
 # Of each codebook with units: its names, their units and the masks of the bits a whole number
 # of a unit of bytes has clear.
-_Layout: TypeAlias = tuple[tuple[str, int, int], ...]
+Layout: TypeAlias = tuple[tuple[str, int, int], ...]
 
 
-def _layout(codebook: Sequence[str], units: Sequence[int]) -> _Layout:
+def _layout(codebook: Sequence[str], units: Sequence[int]) -> Layout:
     return tuple((n, u, (1 << u) - 1 if u > 0 else 0) for n, u in zip(codebook, units, strict=True))
 
 
-_GPU_LAYOUT_2 = _layout(GPU_TELEMETRY_1, GPU_UNITS_2)
-_HOST_LAYOUT_2 = _layout(HOST_TELEMETRY_1, HOST_UNITS_2)
+GPU_LAYOUT_2 = _layout(GPU_TELEMETRY_1, GPU_UNITS_2)
+HOST_LAYOUT_2 = _layout(HOST_TELEMETRY_1, HOST_UNITS_2)
 
 
-def _group_2(facts: Mapping[str, Fact], codebook: Sequence[str], layout: _Layout) -> Dense:
+def _group_2(facts: Mapping[str, Fact], codebook: Sequence[str], layout: Layout) -> Dense:
     """`group` with units (`in_units`, inlined for the common cases: it runs on every report)."""
     out: Dense = []
     append = out.append
@@ -322,7 +321,7 @@ def _after(first: datetime, at: datetime | None) -> datetime | int | None:
 # Cached: a node reports with one credential at a time.
 @lru_cache(maxsize=16_384)
 def _actor(actor: str) -> str | bytes:
-    return bytes.fromhex(actor[11:]) if _CREDENTIAL.fullmatch(actor) else actor
+    return bytes.fromhex(actor[len(CREDENTIAL_PREFIX) :]) if _CREDENTIAL.fullmatch(actor) else actor
 
 
 def _coded(value: str | None, codes: dict[str, int]) -> str | int | None:
@@ -364,7 +363,7 @@ def _metadata_2(m: EventMetadata) -> Dense:
 def _accelerator_2(a: AcceleratorSample, node_id: str) -> Dense:
     out: Dense = [
         gpu_id(a.uuid),
-        _group_2(a.telemetry, GPU_TELEMETRY_1, _GPU_LAYOUT_2),
+        _group_2(a.telemetry, GPU_TELEMETRY_1, GPU_LAYOUT_2),
         None if a.health is None else health(a.health),
     ]
     if a.accelerator_id != accelerator_id_for(node_id, a.uuid):
@@ -376,7 +375,7 @@ def _accelerator_2(a: AcceleratorSample, node_id: str) -> Dense:
 
 def _payload_2(p: NodeTelemetryObserved, node_id: str) -> Dense:
     return [
-        _group_2(p.telemetry, HOST_TELEMETRY_1, _HOST_LAYOUT_2),
+        _group_2(p.telemetry, HOST_TELEMETRY_1, HOST_LAYOUT_2),
         [
             [s.mount, in_units(s.used_bytes, STORAGE_UNIT_2), in_units(s.total_bytes, STORAGE_UNIT_2)]
             for s in p.storage
@@ -411,208 +410,3 @@ def sampled_digest(payload: EventPayload) -> uuid.UUID | None:
         return None
     joined = ",".join(sorted({a.uuid for a in payload.accelerators}))
     return uuid.UUID(bytes=hashlib.md5(joined.encode(), usedforsecurity=False).digest())
-
-
-# ---------------------------------------------------------------------------------------------
-# Decoding
-# ---------------------------------------------------------------------------------------------
-
-
-def _unfact(v: Any) -> Fact:
-    if v is None:
-        return UNKNOWN
-    if type(v) is list:
-        kind = v[0]
-        if kind == UNSUPPORTED_KIND:
-            return UNSUPPORTED
-        if kind == UNAVAILABLE:
-            return Unavailable(v[1])
-        if kind == TEMPORARILY_FAILED:
-            return TemporarilyFailed(v[1])
-        raise UndecodableBody(f"unknown fact kind {kind!r}")
-    return Known(v)
-
-
-def from_units(v: Any, unit: int) -> Any:
-    """A value at a position with a unit (format 2) as format 1 holds it."""
-    t = type(v)
-    if t is int:
-        return v / 1000 if unit == MILLI else v << unit
-    if t is list and v and v[0] == VERBATIM:
-        return v[1]
-    return v
-
-
-def _ungroup(dense: Dense, codebook: Sequence[str]) -> dict[str, Fact]:
-    out: dict[str, Fact] = {}
-    extra: dict[str, Any] | None = None
-    for i, v in enumerate(dense):
-        if type(v) is dict:
-            extra = v
-            break
-        if type(v) is list and v[0] == ABSENT:
-            continue
-        out[codebook[i]] = _unfact(v)
-    if extra:
-        for n, v in extra.items():
-            out[n] = _unfact(v)
-    return out
-
-
-def _unid(value: str | bytes, prefix: str) -> str:
-    if type(value) is not bytes:
-        return str(value)
-    if len(value) != 16:
-        raise UndecodableBody(f"an id of {len(value)} bytes")
-    h = value.hex()
-    return f"{prefix}{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
-# Cached: a node's snapshots hold the same GPUs again and again (gpu_id's cache, the other way).
-_gpu_uuid = lru_cache(maxsize=131_072)(partial(_unid, prefix="GPU-"))
-
-
-def _ungroup_2(dense: Dense, layout: _Layout) -> dict[str, Fact]:
-    """`_ungroup` with units (`from_units`, inlined for the common cases)."""
-    out: dict[str, Fact] = {}
-    for i, v in enumerate(dense):
-        t = type(v)
-        if t is dict:
-            for n, x in v.items():
-                out[n] = _unfact(x)
-            break
-        name, unit, _ = layout[i]
-        if v is None:
-            out[name] = UNKNOWN
-        elif t is list:
-            kind = v[0]
-            if kind == ABSENT:
-                continue
-            out[name] = Known(v[1]) if kind == VERBATIM and unit != NONE else _unfact(v)
-        elif unit == NONE or t is not int:
-            out[name] = Known(v)
-        else:
-            out[name] = Known(v << unit if unit > 0 else v / 1000)
-    return out
-
-
-def _unhealth(d: Dense) -> AcceleratorHealthSignals:
-    return AcceleratorHealthSignals(
-        clock_event_reasons=_ungroup(d[0], CLOCK_EVENT_REASONS_1),
-        ecc_mode=_unfact(d[1]),
-        ecc_errors=_ungroup(d[2], ECC_COUNTERS_1),
-        remapped_rows=_ungroup(d[3], REMAPPED_ROWS_1),
-        retired_pages=_ungroup(d[4], RETIRED_PAGES_1),
-        pcie_replay_count=_unfact(d[5]),
-        xid_events=_unfact(d[6]),
-        xids=[XidOccurrence(code=x[0], at=_at(x[1])) for x in d[7]] if len(d) > 7 else [],
-    )
-
-
-def _at(v: Any) -> datetime:
-    if type(v) is not datetime:
-        raise UndecodableBody(f"expected a time, got {type(v).__name__}")
-    return v
-
-
-_METADATA_FIELDS = 10
-
-
-def _maybe(v: Any, kind: type) -> Any:
-    if v is not None and type(v) is not kind:
-        raise UndecodableBody(f"expected a {kind.__name__}, got {type(v).__name__}")
-    return v
-
-
-_SOURCES = frozenset(SOURCES_2)
-
-
-def _uncoded(v: Any, names: tuple[str, ...]) -> Any:
-    if type(v) is int:
-        if not 0 <= v < len(names):
-            raise UndecodableBody(f"no name of index {v}")
-        return names[v]
-    return v
-
-
-def _since(first: datetime, v: Any) -> datetime | None:
-    return first + timedelta(microseconds=v) if type(v) is int else _maybe(v, datetime)
-
-
-def _unmetadata(d: Dense, form: int) -> EventMetadata:
-    v = list(d) + [None] * (_METADATA_FIELDS - len(d))
-    received = first = _at(v[0])
-    sha, actor = v[6], v[8]
-    if form == FORMAT_2:
-        if type(v[2]) is int:
-            received, v[2] = first + timedelta(microseconds=v[2]), first
-        v[1], v[3], v[5] = _uncoded(v[1], SOURCES_2), _uncoded(v[3], STREAMS_2), _since(first, v[5])
-        if type(actor) is bytes:
-            actor = _CREDENTIAL_PREFIX + actor.hex()
-    if v[1] not in _SOURCES:
-        raise UndecodableBody(f"unknown source {v[1]!r}")
-    return EventMetadata(
-        received_at=received,
-        source=v[1],
-        observed_at=_maybe(v[2], datetime),
-        agent_stream=_maybe(v[3], str),
-        agent_sequence=_maybe(v[4], int),
-        agent_sent_at=_maybe(v[5], datetime),
-        agent_report_sha256=sha.hex() if type(sha) is bytes else sha,
-        agent_sequence_gap=_maybe(v[7], int),
-        actor=_maybe(actor, str),
-        correlation_id=_maybe(v[9], str),
-    )
-
-
-def _storage(s: Dense, unit: int) -> StorageObservation:
-    return StorageObservation(s[0], _unfact(from_units(s[1], unit)), _unfact(from_units(s[2], unit)))
-
-
-def _unaccelerator_1(g: Dense) -> AcceleratorSample:
-    return AcceleratorSample(
-        accelerator_id=_unid(g[1], ""),
-        uuid=_gpu_uuid(g[0]),
-        telemetry=_ungroup(g[2], GPU_TELEMETRY_1),
-        health=None if g[3] is None else _unhealth(g[3]),
-    )
-
-
-def _unaccelerator_2(g: Dense, node_id: str) -> AcceleratorSample:
-    gpu = _gpu_uuid(g[0])
-    h = g[2] if len(g) > 2 else None
-    given = g[3] if len(g) > 3 else None
-    return AcceleratorSample(
-        accelerator_id=accelerator_id_for(node_id, gpu) if given is None else _unid(given, ""),
-        uuid=gpu,
-        telemetry=_ungroup_2(g[1], _GPU_LAYOUT_2),
-        health=None if h is None else _unhealth(h),
-    )
-
-
-def decode_body(body: bytes, stream_id: str) -> tuple[NodeTelemetryObserved, EventMetadata]:
-    """The payload and metadata of a stored compact body of stream `stream_id`."""
-    try:
-        doc = msgspec.msgpack.decode(body)
-        if type(doc) is not list or len(doc) != 3 or doc[0] not in (FORMAT_1, FORMAT_2):
-            raise UndecodableBody("not a compact body of format 1 or 2")
-        form, m, p = doc
-        host, storage, gpus = p
-        if form == FORMAT_1:
-            payload = NodeTelemetryObserved(
-                telemetry=_ungroup(host, HOST_TELEMETRY_1),
-                storage=[StorageObservation(s[0], _unfact(s[1]), _unfact(s[2])) for s in storage],
-                accelerators=[_unaccelerator_1(g) for g in gpus],
-            )
-        else:
-            payload = NodeTelemetryObserved(
-                telemetry=_ungroup_2(host, _HOST_LAYOUT_2),
-                storage=[_storage(s, STORAGE_UNIT_2) for s in storage],
-                accelerators=[_unaccelerator_2(g, stream_id) for g in gpus],
-            )
-        metadata = _unmetadata(m, form)
-    except UndecodableBody:
-        raise
-    except (msgspec.DecodeError, ValueError, TypeError, IndexError, KeyError) as exc:
-        raise UndecodableBody(f"compact body: {exc}") from exc
-    return payload, metadata

@@ -29,9 +29,9 @@ from ledger.compact import (
     UNSUPPORTED_KIND,
     Dense,
     UndecodableBody,
-    from_units,
     gpu_id,
 )
+from ledger.compact_decode import from_units
 
 
 class _Times1(msgspec.Struct, array_like=True):

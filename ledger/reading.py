@@ -24,7 +24,8 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from ledger.compact import UndecodableBody, decode_body
+from ledger.compact import UndecodableBody
+from ledger.compact_decode import decode_body
 from ledger.events import EventClass, EventPayload, RecordedEvent, decode_metadata, decode_payload
 
 # The one column list of an event row. JSON columns come back as text under names of their own

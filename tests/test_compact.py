@@ -23,10 +23,10 @@ from ledger.compact import (
     GPU_TELEMETRY_1,
     HOST_TELEMETRY_1,
     UndecodableBody,
-    decode_body,
     encode_body,
     sampled_digest,
 )
+from ledger.compact_decode import decode_body
 from ledger.compact_views import gpu_values, host_values, value_state
 from ledger.events import AcceleratorSample, EventMetadata, EventValidationError, NodeTelemetryObserved
 from tests.builders import signals

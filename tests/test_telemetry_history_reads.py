@@ -18,7 +18,8 @@ from api.services.reads.telemetry import accelerator_samples, host_samples, stat
 from collectors.facts import UNKNOWN, UNSUPPORTED, Fact, Known, TemporarilyFailed, Unavailable
 from collectors.observations import ACCELERATOR_METRICS, HOST_METRICS
 from domain.telemetry_history import Bucket, Series, Window, downsample_values, reading
-from ledger.compact import decode_body, encode_body
+from ledger.compact import encode_body
+from ledger.compact_decode import decode_body
 from ledger.events import (
     AcceleratorSample,
     AcceleratorTelemetryObserved,

@@ -27,6 +27,7 @@ from api.services.reads.telemetry import TelemetryReads
 from collectors.identity import NodeIdentity
 from collectors.observations import HardwareObservation
 from domain.telemetry_history import window
+from ledger.compact_decode import decode_body
 from ledger.db import create_pool
 from ledger.events import EventMetadata, RecordedEvent
 from ledger.reading import EVENT_COLUMNS, entry_from_row
@@ -36,6 +37,7 @@ from ledger.store import EventStore
 from projections.inventory import ALL_PROJECTIONS
 from projections.pointintime import inventory_as_of
 from tests.builders import gpu, host, scan, signals, with_health
+from tests.compact_format_1 import encode_body_1
 from tests.sample_reads import latest_temperatures
 from tests.schema_catalog import catalog
 
@@ -207,7 +209,9 @@ async def test_a_version_7_log_holding_jsonb_snapshots_reads_the_same_with_compa
 ) -> None:
     """A database the previous release filled (schema version 7: every telemetry snapshot jsonb)
     is migrated, takes compact snapshots after its jsonb ones, and every reader treats the two
-    alike: verify, rebuild --verify, the catch-up read, as-of, the telemetry history, retention."""
+    alike: verify, rebuild --verify, the catch-up read, as-of, the telemetry history, retention;
+    the compact ones of both formats, the first of each node's as the releases that wrote format 1
+    stored it."""
     await run_sql_file(empty_database, FIXTURES / "modelforge-schema-7.sql")
     conn = await asyncpg.connect(empty_database)
     try:
@@ -241,6 +245,19 @@ async def test_a_version_7_log_holding_jsonb_snapshots_reads_the_same_with_compa
                     identity, obs, EventMetadata(received_at=at, source="agent", observed_at=at)
                 )
         async with pool.acquire() as conn:
+            for row in await conn.fetch(
+                "SELECT global_position, stream_id, body FROM events WHERE body IS NOT NULL "
+                "ORDER BY global_position LIMIT 2"
+            ):
+                payload, meta = decode_body(row["body"], row["stream_id"])
+                await conn.execute(
+                    "UPDATE events SET body = $2 WHERE global_position = $1",
+                    row["global_position"],
+                    encode_body_1(payload, meta),
+                )
+            formats = await conn.fetchval(
+                "SELECT array_agg(get_byte(body, 1) ORDER BY global_position) FROM events WHERE body IS NOT NULL"
+            )
             after = await conn.fetch(EVENTS + " LIMIT $1", len(before))
             forms = await conn.fetchrow(
                 "SELECT count(*) FILTER (WHERE body IS NOT NULL) AS compact, "
@@ -259,6 +276,7 @@ async def test_a_version_7_log_holding_jsonb_snapshots_reads_the_same_with_compa
             "the jsonb events are kept byte for byte"
         )
         assert (forms["compact"], forms["jsonb"]) == (4, 8)
+        assert formats == [1, 1, 2, 2]
         # the log's reader decodes both forms: every event, none left as undecodable
         assert len(logged) == len(before) + 4 and all(isinstance(e, RecordedEvent) for e in logged)
         temps = {
