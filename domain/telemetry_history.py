@@ -10,9 +10,12 @@ that cannot report its fan is not a fan at 0 %, and a bucket without samples is 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import TypeAlias
+from itertools import accumulate, islice
+from operator import le, truediv
+from typing import TypeAlias, cast
 
 import msgspec
 
@@ -49,6 +52,14 @@ class Bucket(msgspec.Struct, frozen=True):
 class Series(msgspec.Struct, frozen=True):
     metric: str
     points: list[Bucket]
+
+
+class SampleColumns(msgspec.Struct):
+    """Samples inside a window in the order they are counted (time order): their times and, one
+    list each, their values of the metrics asked (`downsample_values`)."""
+
+    times: list[datetime]
+    values: list[Sequence[object]]
 
 
 class Window(msgspec.Struct, frozen=True):
@@ -165,6 +176,7 @@ def downsample(w: Window, samples: Iterable[Sample], metrics: Sequence[str]) -> 
 
 _NUMBERS = frozenset({int, float})
 _KNOWN_ONLY = frozenset({str, bool})
+_NONE_ONLY = frozenset({type(None)})
 
 
 def _tally(
@@ -229,32 +241,107 @@ def downsample_values(
     in the state `state_of` tells (None: the sample does not carry the metric). A compact
     snapshot's facts are these values as stored (ledger/compact.py), so a history of thousands of
     samples is bucketed without an object per value."""
-    n = w.points
-    k = len(metrics)
-    groups: list[list[Sequence[object]]] = [[] for _ in range(n)]
     since, until = w.since, w.until
-    step_us = w.step_seconds * 1_000_000
+    inside = SampleColumns(times=[], values=[])
     for at, values in samples:
-        if at < since or at >= until:
-            continue
-        if len(values) != k:
-            raise ValueError(f"a sample of {len(values)} values for {k} metrics")
-        d = at - since
-        groups[(d.days * 86_400_000_000 + d.seconds * 1_000_000 + d.microseconds) // step_us].append(values)
+        if since <= at < until:
+            inside.times.append(at)
+            inside.values.append(values)
+    return downsample_columns(w, inside, metrics, state_of)
+
+
+def _bounds(
+    w: Window, times: list[datetime], rows: list[Sequence[object]]
+) -> tuple[list[int], list[Sequence[object]]]:
+    """Where each bucket's samples end among the rows, and the rows with each bucket's together
+    in the order given. Rows in time order stay as they are and their bounds are found by
+    bisection; others are put in bucket order first (a stable sort keeps the order within one)."""
+    n = w.points
+    since = w.since
     step = timedelta(seconds=w.step_seconds)
-    points: list[list[Bucket]] = [[] for _ in range(k)]
-    for i, group in enumerate(groups):
-        start = since + i * step
-        if not group:
-            for m in range(k):
-                points[m].append(Bucket(start, 0, {}, None, None, None))
-            continue
-        for m, column in enumerate(zip(*group, strict=True)):
-            states, numbers = _tally(column, state_of)
-            count = sum(states.values())
-            if numbers:
-                low, high = float(min(numbers)), float(max(numbers))
-                points[m].append(Bucket(start, count, states, low, _mean(numbers, low, high), high))
-            else:
-                points[m].append(Bucket(start, count, states, None, None, None))
-    return [Series(metric=metric, points=points[m]) for m, metric in enumerate(metrics)]
+    if all(map(le, times, islice(times, 1, None))):
+        return [bisect_left(times, since + i * step) for i in range(1, n)] + [len(times)], rows
+    step_us = w.step_seconds * 1_000_000
+    index = [
+        (d.days * 86_400_000_000 + d.seconds * 1_000_000 + d.microseconds) // step_us
+        for d in (at - since for at in times)
+    ]
+    order = sorted(range(len(rows)), key=index.__getitem__)
+    ends = [0] * n
+    for i in index:
+        ends[i] += 1
+    return list(accumulate(ends)), [rows[i] for i in order]
+
+
+def _buckets(
+    column: tuple[object, ...],
+    cuts: list[slice],
+    counts: list[int],
+    starts: list[datetime],
+    state_of: Callable[[object], str | None],
+) -> list[Bucket]:
+    """One metric's buckets that have samples: each `cuts` of the column, starting at `starts`."""
+    kinds = set(map(type, column))
+    if kinds <= _NUMBERS:
+        parts: list[Sequence[float]] = list(map(cast("tuple[float, ...]", column).__getitem__, cuts))
+        lows = list(map(float, map(min, parts)))
+        highs = list(map(float, map(max, parts)))
+        try:  # _mean's arithmetic, a call into C per step
+            sums = map(math.fsum, parts)
+            means = list(map(min, map(max, map(truediv, sums, counts), lows), highs))
+        except (OverflowError, ValueError):
+            means = list(map(_mean, parts, lows, highs))
+        return list(map(Bucket, starts, counts, [{"known": n} for n in counts], lows, means, highs))
+    if kinds <= _KNOWN_ONLY or kinds == _NONE_ONLY:
+        state: str | None = "unknown" if kinds == _NONE_ONLY else "known"
+    elif len(kinds) == 1 and column.count(column[0]) == len(column):  # e.g. a fan unsupported all day
+        state = state_of(column[0])
+    else:
+        state = ""
+    if state is None:  # not carried at all
+        return [Bucket(t, 0, {}, None, None, None) for t in starts]
+    if state:
+        return [Bucket(t, n, {state: n}, None, None, None) for t, n in zip(starts, counts, strict=True)]
+    out: list[Bucket] = []
+    for start, cut in zip(starts, cuts, strict=True):
+        states, numbers = _tally(column[cut], state_of)
+        count = sum(states.values())
+        if numbers:
+            low, high = float(min(numbers)), float(max(numbers))
+            out.append(Bucket(start, count, states, low, _mean(numbers, low, high), high))
+        else:
+            out.append(Bucket(start, count, states, None, None, None))
+    return out
+
+
+def downsample_columns(
+    w: Window, samples: SampleColumns, metrics: Sequence[str], state_of: Callable[[object], str | None]
+) -> list[Series]:
+    """`downsample_values` of samples inside the window. A metric is tallied a column at a time:
+    where the column holds numbers only (a GPU's usual day), or only one kind of non-number,
+    every bucket is a few calls into C."""
+    since, until = w.since, w.until
+    times, rows = samples.times, samples.values
+    k = len(metrics)
+    if times and (min(times) < since or max(times) >= until):
+        raise ValueError("a sample outside the window")
+    if set(map(len, rows)) - {k}:
+        raise ValueError(f"a sample of {next(len(r) for r in rows if len(r) != k)} values for {k} metrics")
+    ends, rows = _bounds(w, times, rows)
+    step = timedelta(seconds=w.step_seconds)
+    starts = [since + i * step for i in range(w.points)]
+    spans = [(i, a, b) for i, (a, b) in enumerate(zip([0, *ends], ends, strict=False)) if b > a]
+    full = [starts[i] for i, _, _ in spans]
+    cuts = [slice(a, b) for _, a, b in spans]
+    counts = [b - a for _, a, b in spans]
+    columns: list[tuple[object, ...]] = list(zip(*rows, strict=True)) if rows else [() for _ in metrics]
+    series: list[Series] = []
+    for metric, column in zip(metrics, columns, strict=True):
+        buckets = _buckets(column, cuts, counts, full, state_of)
+        if len(buckets) < len(starts):
+            filled = dict(zip([i for i, _, _ in spans], buckets, strict=True))
+            buckets = [
+                filled.get(i) or Bucket(start, 0, {}, None, None, None) for i, start in enumerate(starts)
+            ]
+        series.append(Series(metric=metric, points=buckets))
+    return series

@@ -210,6 +210,53 @@ def test_a_history_reads_one_gpu_or_the_host_as_the_whole_decode_does(
         assert got == expected_values(decoded, None, names)
 
 
+# How one snapshot of a node's day differs from its usual one: the GPU of the history missing,
+# listed twice, listed at another index, or its UUID's bytes also held by another GPU's id.
+DAY_CHANGES = ["as usual"] * 6 + ["without it", "twice", "moved", "its uuid as another's id", "nothing else"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    stream_ids,
+    st.lists(st.uuids().map(lambda u: f"GPU-{u}"), min_size=1, max_size=5, unique=True),
+    st.data(),
+    st.lists(st.tuples(st.sampled_from(DAY_CHANGES), groups, times, st.booleans()), min_size=1, max_size=12),
+    st.sampled_from(["format 2", "format 1", "both"]),
+)
+def test_a_day_of_one_nodes_snapshots_reads_as_the_whole_decode_does(
+    stream: str,
+    gpus: list[str],
+    data: st.DataObject,
+    day: list[tuple[str, dict[str, Fact], datetime, bool]],
+    formats: str,
+) -> None:
+    gpu = data.draw(st.sampled_from(gpus))
+    bodies = []
+    for k, (change, telemetry, at, observed) in enumerate(day):
+        entries = [  # each GPU's facts its own: a read at the wrong index shows
+            AcceleratorSample(f"a{i}", u, {**telemetry, "clock_sm_mhz": Known(i)}) for i, u in enumerate(gpus)
+        ]
+        mine = next(e for e in entries if e.uuid == gpu)
+        if change == "without it":
+            entries.remove(mine)
+        elif change == "twice":
+            entries.append(AcceleratorSample(accelerator_id="again", uuid=gpu, telemetry={}))
+        elif change == "moved":
+            entries = entries[1:] + entries[:1]
+        elif change == "its uuid as another's id":
+            entries.insert(0, AcceleratorSample(gpu.removeprefix("GPU-"), "GPU-x", {}))
+        elif change == "nothing else":
+            entries = [mine]
+        meta = EventMetadata(received_at=at, source="agent", observed_at=at if observed else None)
+        payload = NodeTelemetryObserved(telemetry={}, storage=[], accelerators=entries)
+        earlier = formats == "format 1" or (formats == "both" and k % 2 == 1)
+        bodies.append(encode_body_1(payload, meta) if earlier else encode_body(payload, meta, stream)[0])
+    decoded = [decode_body(b, stream) for b in bodies]
+    names = list(GPU_TELEMETRY_1)
+    got = [(i, at, [as_reading(v) for v in values]) for i, at, values in gpu_values(bodies, gpu, names)]
+    assert got == expected_values(decoded, gpu, names)
+
+
 def steady_snapshot(gpus: int = 8) -> NodeTelemetryObserved:
     def telemetry(i: int) -> dict[str, Fact]:
         return {

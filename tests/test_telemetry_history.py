@@ -7,8 +7,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from api.services.reads.telemetry import ACCELERATOR_SAMPLES, HOST_SAMPLES
+import pytest
+
+from api.services.reads import telemetry
+from api.services.reads.telemetry import ACCELERATOR_SAMPLES, HOST_SAMPLES, TelemetryReads
 from api.services.scopes import OperatorTokens
+from domain.telemetry_history import window
 from tests.telemetry_support import BASE, WINDOW, seed
 
 
@@ -167,3 +171,29 @@ async def test_the_history_reads_one_stream_by_index(make_api) -> None:  # type:
             assert scans and len(conditions) >= len(scans), plan
             assert not any("Seq Scan" in line for line in scans), plan
             assert all("stream_id = " in line for line in conditions), plan
+
+
+async def test_a_long_window_read_in_two_parts_is_the_one_read_whole(
+    make_api: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two hours from half an hour before the seeded one: the log is read in two parts split at
+    BASE + 30 min, the minute-30 snapshot received exactly there, the late report (observed in the
+    earlier half, received in the later one) and the one observed before BASE among them."""
+    api, _node_id, acc = await _fixture(make_api)
+    reads = TelemetryReads(api.pool)
+    w = window(BASE - timedelta(minutes=30), BASE + timedelta(minutes=90), 60)
+    calls: list[int] = []
+    part = telemetry.accelerator_part
+    monkeypatch.setattr(
+        telemetry, "accelerator_part", lambda rows, *a: calls.append(len(rows)) or part(rows, *a)
+    )
+    async with api.pool.acquire(), api.pool.acquire():
+        pass  # two connections made, so one is idle beside the read's own
+    split = await reads.accelerator(acc["id"], w)
+    assert len(calls) == 2 and all(calls), calls
+    monkeypatch.setattr(telemetry, "SPLIT_FROM", timedelta(days=1))
+    calls.clear()
+    whole = await reads.accelerator(acc["id"], w)
+    assert len(calls) == 1, calls
+    assert split == whole
+    assert whole.samples == 52

@@ -14,10 +14,10 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.services.reads.telemetry import accelerator_samples, host_samples, state_of
+from api.services.reads.telemetry import accelerator_part, host_part, samples_in_window, state_of
 from collectors.facts import UNKNOWN, UNSUPPORTED, Fact, Known, TemporarilyFailed, Unavailable
 from collectors.observations import ACCELERATOR_METRICS, HOST_METRICS
-from domain.telemetry_history import Bucket, Series, Window, downsample_values, reading
+from domain.telemetry_history import Bucket, Reading, Series, Window, downsample_columns, reading
 from ledger.compact import encode_body
 from ledger.compact_decode import decode_body
 from ledger.events import (
@@ -79,15 +79,14 @@ per_kind = st.one_of(
     ),
     st.builds(HostTelemetryObserved, telemetry=groups(HOST_METRICS), storage=st.just([])),
 )
+# Observed offsets in s, or None (the received time then): a few shared by many events, so that
+# samples tie in time and are counted in log order.
+observed_offsets = st.one_of(st.none(), st.integers(-30, 630), st.sampled_from([0, 300]))
 # (payload, stored compact?, observed offset in s or None, received offset in s)
 events = st.lists(
     st.one_of(
-        st.tuples(
-            snapshots, st.booleans(), st.one_of(st.none(), st.integers(-30, 630)), st.integers(-30, 630)
-        ),
-        st.tuples(
-            per_kind, st.just(False), st.one_of(st.none(), st.integers(-30, 630)), st.integers(-30, 630)
-        ),
+        st.tuples(snapshots, st.booleans(), observed_offsets, st.integers(-30, 630)),
+        st.tuples(per_kind, st.just(False), observed_offsets, st.integers(-30, 630)),
     ),
     min_size=1,
     max_size=30,
@@ -111,7 +110,7 @@ def stored(
             source="agent",
             observed_at=None
             if observed is None
-            else SINCE + timedelta(seconds=observed, microseconds=position),
+            else SINCE + timedelta(seconds=observed, microseconds=position % 2),  # ties: log order
         )
         if compact:
             assert isinstance(payload, NodeTelemetryObserved)
@@ -132,8 +131,9 @@ def counted(
     decoded: list[tuple[int, EventPayload, EventMetadata]],
     gpu: str | None,
     metrics: tuple[str, ...],
-) -> tuple[int, list[Series]]:
-    """The series a plain loop counts: each fact read whole, one at a time, in time order."""
+) -> tuple[list[tuple[datetime, list[Reading | None]]], list[Series]]:
+    """The samples in the order a plain loop counts them (time, then log order), each with its
+    readings of the metrics, and the series it counts: each fact read whole, one at a time."""
     samples: list[tuple[datetime, int, dict[str, Fact]]] = []
     for position, payload, meta in decoded:
         at = meta.observed_at or meta.received_at
@@ -171,23 +171,73 @@ def counted(
             )
             points.append(Bucket(start, sum(states.values()), states, low, mean, high))
         series.append(Series(metric=metric, points=points))
-    return len(samples), series
+    ordered = [(at, [reading(f[m]) if m in f else None for m in metrics]) for at, _, f in samples]
+    return ordered, series
+
+
+def read_as_readings(value: object) -> Reading | None:
+    """A value of the read (a fact as stored, or `fact_value`'s) as the plain loop reads it."""
+    if type(value) is int or type(value) is float:
+        return "known", float(value)
+    if type(value) is str or type(value) is bool:
+        return "known", None
+    if value is None:
+        return "unknown", None
+    state = state_of(value)
+    return None if state is None else (state, None)
 
 
 @settings(max_examples=150, deadline=None)
-@given(events, windows, st.randoms(use_true_random=False), st.sampled_from([*GPUS, None]))
+@given(events, windows, st.randoms(use_true_random=False), st.sampled_from([*GPUS, None]), st.data())
 def test_the_read_counts_what_the_whole_decode_says(
-    given_events: list[tuple[EventPayload, bool, int | None, int]], w: Window, rnd: Any, gpu: str | None
+    given_events: list[tuple[EventPayload, bool, int | None, int]],
+    w: Window,
+    rnd: Any,
+    gpu: str | None,
+    data: st.DataObject,
 ) -> None:
     order = list(range(len(given_events)))
     rnd.shuffle(order)
     rows, decoded = stored(given_events, order)
+    # the log read in two parts, as a long window is, or whole
+    cut = data.draw(st.integers(0, len(rows)))
     if gpu is None:
-        metrics, samples = HOST_METRICS, host_samples(rows, w, HOST_METRICS)
+        metrics, parts = (
+            HOST_METRICS,
+            [host_part(rows[:cut], HOST_METRICS), host_part(rows[cut:], HOST_METRICS)],
+        )
     else:
-        metrics, samples = ACCELERATOR_METRICS, accelerator_samples(rows, gpu, w, ACCELERATOR_METRICS)
-    series = downsample_values(w, samples, metrics, state_of)
-    expected_count, expected = counted(w, decoded, gpu, metrics)
-    assert len(samples) == expected_count
+        metrics = ACCELERATOR_METRICS
+        parts = [accelerator_part(part, gpu, ACCELERATOR_METRICS) for part in (rows[:cut], rows[cut:])]
+    samples = samples_in_window(w, parts)
+    series = downsample_columns(w, samples, metrics, state_of)
+    ordered, expected = counted(w, decoded, gpu, metrics)
+    got = [
+        (at, [read_as_readings(v) for v in values])
+        for at, values in zip(samples.times, samples.values, strict=True)
+    ]
+    assert got == ordered
     # compared as the JSON a client reads: the states' order too
     assert msgspec.json.encode(series) == msgspec.json.encode(expected)
+
+
+def test_samples_observed_at_one_moment_are_counted_in_log_order_whatever_the_parts() -> None:
+    def snapshot(temperature: int) -> NodeTelemetryObserved:
+        gpu = AcceleratorSample("a", GPUS[0], {"temperature_celsius": Known(temperature)})
+        return NodeTelemetryObserved(telemetry={}, storage=[], accelerators=[gpu])
+
+    given: list[tuple[EventPayload, bool, int | None, int]] = [(snapshot(t), True, 0, 0) for t in range(4)]
+    w = Window(since=SINCE, until=SINCE + timedelta(seconds=60), step_seconds=60)
+    for order in ([3, 1, 0, 2], [0, 1, 2, 3], [2, 3, 0, 1]):
+        rows, decoded = stored(given, order)
+        ordered, _ = counted(w, decoded, GPUS[0], ACCELERATOR_METRICS)
+        for cut in range(len(rows) + 1):
+            parts = [
+                accelerator_part(part, GPUS[0], ACCELERATOR_METRICS) for part in (rows[:cut], rows[cut:])
+            ]
+            samples = samples_in_window(w, parts)
+            got = [
+                (at, [read_as_readings(v) for v in values])
+                for at, values in zip(samples.times, samples.values, strict=True)
+            ]
+            assert got == ordered, (order, cut)

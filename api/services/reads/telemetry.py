@@ -12,10 +12,12 @@ at most an hour ahead of the server's and its report arrived within a day (docs/
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from datetime import datetime
-from operator import itemgetter
-from typing import Any, Literal, LiteralString, Protocol, TypeAlias
+import asyncio
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from itertools import islice
+from operator import itemgetter, lt
+from typing import Any, Literal, LiteralString, Protocol
 
 import asyncpg
 import msgspec
@@ -25,10 +27,11 @@ from collectors.facts import Fact
 from collectors.observations import ACCELERATOR_METRICS, HOST_METRICS
 from domain.telemetry_history import (
     NOT_CARRIED,
+    SampleColumns,
     Series,
     Window,
     WindowRefused,
-    downsample_values,
+    downsample_columns,
     fact_state,
     fact_value,
     window,
@@ -60,21 +63,27 @@ class TelemetryHistoryBody(msgspec.Struct, frozen=True):
     series: list[Series]
 
 
-# The node's observations received in the padded window. A snapshot stored compact is decoded
-# here only as far as its times and the one GPU's (or the host's) telemetry; a jsonb one (an older
-# release's) whole. The time axis is filtered here too: observed_at is inside the event. No ORDER
-# BY: the read orders the samples by time itself, and PostgreSQL sorting a day of snapshots (7 MB)
-# spilled to disk.
+# The node's observations received in [$2, $3) (the padded window, or a part of it). A snapshot
+# stored compact is decoded here only as far as its times and the one GPU's (or the host's)
+# telemetry; a jsonb one (an older release's) whole. The time axis is filtered here too:
+# observed_at is inside the event. No ORDER BY: the read orders the samples by time itself, and
+# PostgreSQL sorting a day of snapshots (7 MB) spilled to disk.
 _OBSERVATIONS: LiteralString = (
     "SELECT e.global_position, e.body, e.data::text AS data_json, e.metadata::text AS metadata_json "
     "FROM events e "
     "WHERE e.stream_id = $1 AND e.event_class = 'observation' "
     # An observation's segment is the UTC day it was received, or the permanent one ('infinity'):
-    # the days before the padded window are not searched at all.
-    "AND e.segment >= (($2::timestamptz - interval '1 hour') AT TIME ZONE 'UTC')::date "
-    "AND e.received_at >= $2::timestamptz - interval '1 hour' "
-    "AND e.received_at < $3::timestamptz + interval '24 hours' "
+    # the days before the range are not searched at all.
+    "AND e.segment >= ($2::timestamptz AT TIME ZONE 'UTC')::date "
+    "AND e.received_at >= $2::timestamptz AND e.received_at < $3::timestamptz "
 )
+# How far the search by received_at reaches beyond the window: a sample observed up to an hour
+# before it was received (an agent's clock ahead of the server's) and received up to a day after.
+EARLIER = timedelta(hours=1)
+LATER = timedelta(hours=24)
+# A window at least this long is read in two parts on two connections where the pool has one
+# idle: PostgreSQL sends the later part while this process decodes the earlier one.
+SPLIT_FROM = timedelta(hours=2)
 ACCELERATOR_SAMPLES: LiteralString = (
     _OBSERVATIONS + "AND e.event_type IN ('NODE_TELEMETRY_OBSERVED', 'ACCELERATOR_TELEMETRY_OBSERVED')"
 )
@@ -106,7 +115,6 @@ def state_of(value: object) -> str | None:
     return value_state(value)
 
 
-Samples: TypeAlias = list[tuple[datetime, Sequence[object]]]
 _by_time_then_position = itemgetter(0, 1)
 
 
@@ -125,24 +133,45 @@ def _split(rows: Iterable[ObservationRow]) -> tuple[list[int], list[bytes], list
     return positions, bodies, jsonb
 
 
-def _in_window(
-    w: Window, positions: list[int], compact: Values, jsonb: list[tuple[datetime, int, Sequence[object]]]
-) -> Samples:
-    """The samples observed in the window, in time order (log order among equal times)."""
+class Part(msgspec.Struct):
+    """What one part of the log's rows holds for a history: the compact rows' positions and their
+    values (`gpu_values`, `host_values`: indices into `positions`), and the jsonb events' samples
+    as (time, position, values)."""
+
+    positions: list[int]
+    compact: Values
+    jsonb: list[tuple[datetime, int, Sequence[object]]]
+
+
+def samples_in_window(w: Window, parts: Sequence[Part]) -> SampleColumns:
+    """The samples of the parts observed in the window, in time order (log order among equal
+    times). A day read in the order it was appended is in time order already; others are sorted."""
     since, until = w.since, w.until
-    timed: list[tuple[datetime, int, Sequence[object]]] = [
-        (at, positions[i], values) for i, at, values in compact if since <= at < until
-    ]
+    positions: list[int] = []
+    compact: Values = []
+    jsonb: list[tuple[datetime, int, Sequence[object]]] = []
+    for part in parts:
+        offset = len(positions)
+        positions.extend(part.positions)
+        compact.extend(part.compact if not offset else [(i + offset, at, v) for i, at, v in part.compact])
+        jsonb.extend(part.jsonb)
+    times = [at for _, at, _ in compact]
+    values: list[Sequence[object]] = [v for _, _, v in compact]
+    if times and not (since <= min(times) and max(times) < until):
+        inside = [j for j, at in enumerate(times) if since <= at < until]
+        times, values = [times[j] for j in inside], [values[j] for j in inside]
+        compact = [compact[j] for j in inside]
+    if not jsonb and all(map(lt, times, islice(times, 1, None))):
+        return SampleColumns(times=times, values=values)
+    timed: list[tuple[datetime, int, Sequence[object]]] = [(at, positions[i], v) for i, at, v in compact]
     timed.extend(x for x in jsonb if since <= x[0] < until)
     timed.sort(key=_by_time_then_position)
-    return [(at, values) for at, _, values in timed]
+    return SampleColumns(times=[at for at, _, _ in timed], values=[v for _, _, v in timed])
 
 
-def accelerator_samples(
-    rows: Iterable[ObservationRow], gpu_uuid: str, w: Window, metrics: Sequence[str]
-) -> Samples:
-    """One GPU's samples in the window, in time order, as values of `metrics` (`downsample_values`):
-    its entry of each snapshot (the last one where it is listed twice, as the fold takes it); an
+def accelerator_part(rows: Iterable[ObservationRow], gpu_uuid: str, metrics: Sequence[str]) -> Part:
+    """One GPU's samples among the rows, as values of `metrics` (`downsample_values`): its entry of
+    each snapshot (the last one where it is listed twice, as the fold takes it); an
     ACCELERATOR_TELEMETRY_OBSERVED is its own."""
     positions, bodies, jsonb_rows = _split(rows)
     jsonb: list[tuple[datetime, int, Sequence[object]]] = []
@@ -157,18 +186,26 @@ def accelerator_samples(
             values = _facts(p.telemetry, metrics)
         if values is not None:
             jsonb.append((at, r["global_position"], values))
-    return _in_window(w, positions, gpu_values(bodies, gpu_uuid, metrics), jsonb)
+    return Part(positions, gpu_values(bodies, gpu_uuid, metrics), jsonb)
 
 
-def host_samples(rows: Iterable[ObservationRow], w: Window, metrics: Sequence[str]) -> Samples:
-    """The host's samples in the window, in time order, as values of `metrics`."""
+def host_part(rows: Iterable[ObservationRow], metrics: Sequence[str]) -> Part:
+    """The host's samples among the rows, as values of `metrics`."""
     positions, bodies, jsonb_rows = _split(rows)
     jsonb: list[tuple[datetime, int, Sequence[object]]] = []
     for r in jsonb_rows:
         at, p = _jsonb_event(r)
         if isinstance(p, NodeTelemetryObserved | HostTelemetryObserved):
             jsonb.append((at, r["global_position"], _facts(p.telemetry, metrics)))
-    return _in_window(w, positions, host_values(bodies, metrics), jsonb)
+    return Part(positions, host_values(bodies, metrics), jsonb)
+
+
+def _shifted(at: datetime, by: timedelta) -> datetime:
+    """`at + by`, or the last or first moment Python holds where that is beyond it."""
+    try:
+        return at + by
+    except OverflowError:
+        return (datetime.max if by > timedelta(0) else datetime.min).replace(tzinfo=UTC)
 
 
 def checked_window(since: datetime, until: datetime, step_seconds: int | None) -> Window:
@@ -188,6 +225,30 @@ class TelemetryReads:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
 
+    async def _parts(
+        self,
+        conn: asyncpg.Connection,
+        query: LiteralString,
+        node_id: str,
+        w: Window,
+        part: Callable[[list[asyncpg.Record]], Part],
+    ) -> tuple[list[Part], list[asyncpg.Record]]:
+        """The node's observations in the padded window: the parts decoded so far, and the rows
+        left to decode (after the connections are back in the pool)."""
+        low, high = _shifted(w.since, -EARLIER), _shifted(w.until, LATER)
+        if w.until - w.since < SPLIT_FROM or not self.pool.get_idle_size():
+            return [], await conn.fetch(query, node_id, low, high)
+        middle = w.since + (w.until - w.since) / 2
+        async with self.pool.acquire() as other:
+            later = asyncio.ensure_future(other.fetch(query, node_id, middle, high))
+            try:
+                earlier = part(await conn.fetch(query, node_id, low, middle))
+                return [earlier], await later
+            finally:
+                if not later.done():  # the earlier part failed: the later one is not wanted
+                    later.cancel()
+                    await asyncio.gather(later, return_exceptions=True)
+
     async def accelerator(self, accelerator_id: str, w: Window) -> TelemetryHistoryBody:
         async with self.pool.acquire() as conn:
             row = await conn.fetchrow(
@@ -197,8 +258,12 @@ class TelemetryReads:
                 raise _not_found("accelerator", accelerator_id)
             node_id: str = row["node_id"]
             uuid: str = row["uuid"]
-            rows = await conn.fetch(ACCELERATOR_SAMPLES, node_id, w.since, w.until)
-        samples = accelerator_samples(rows, uuid, w, ACCELERATOR_METRICS)
+
+            def part(rows: list[asyncpg.Record]) -> Part:
+                return accelerator_part(rows, uuid, ACCELERATOR_METRICS)
+
+            parts, rows = await self._parts(conn, ACCELERATOR_SAMPLES, node_id, w, part)
+        samples = samples_in_window(w, [*parts, part(rows)])
         return TelemetryHistoryBody(
             subject="accelerator",
             id=accelerator_id,
@@ -207,16 +272,19 @@ class TelemetryReads:
             since=w.since,
             until=w.until,
             step_seconds=w.step_seconds,
-            samples=len(samples),
-            series=downsample_values(w, samples, ACCELERATOR_METRICS, state_of),
+            samples=len(samples.times),
+            series=downsample_columns(w, samples, ACCELERATOR_METRICS, state_of),
         )
 
     async def node(self, node_id: str, w: Window) -> TelemetryHistoryBody:
+        def part(rows: list[asyncpg.Record]) -> Part:
+            return host_part(rows, HOST_METRICS)
+
         async with self.pool.acquire() as conn:
             if await conn.fetchval("SELECT 1 FROM hw_nodes WHERE node_id = $1", node_id) is None:
                 raise _not_found("node", node_id)
-            rows = await conn.fetch(HOST_SAMPLES, node_id, w.since, w.until)
-        samples = host_samples(rows, w, HOST_METRICS)
+            parts, rows = await self._parts(conn, HOST_SAMPLES, node_id, w, part)
+        samples = samples_in_window(w, [*parts, part(rows)])
         return TelemetryHistoryBody(
             subject="node",
             id=node_id,
@@ -225,8 +293,8 @@ class TelemetryReads:
             since=w.since,
             until=w.until,
             step_seconds=w.step_seconds,
-            samples=len(samples),
-            series=downsample_values(w, samples, HOST_METRICS, state_of),
+            samples=len(samples.times),
+            series=downsample_columns(w, samples, HOST_METRICS, state_of),
         )
 
 
