@@ -1,4 +1,4 @@
--- ModelForge hardware plane: the database schema of this release, schema version 14, whole.
+-- ModelForge hardware plane: the database schema of this release, schema version 15, whole.
 --
 -- `modelforge-hw migrate` (and `serve`, at start) creates a new database from this file, in one
 -- transaction. A database made by an older release is brought to the same schema by the numbered
@@ -145,6 +145,8 @@ CREATE INDEX events_permanent_gpu_failed_idx
     ON events_permanent (global_position)
     WHERE event_type = 'ACCELERATOR_HEALTH_CHANGED' AND data->>'after' = 'failed';
 ALTER TABLE events ATTACH PARTITION events_permanent FOR VALUES FROM ('infinity') TO (MAXVALUE);
+COMMENT ON COLUMN events.body IS
+    'A compact observation (ledger/compact.py): msgpack [format, metadata, payload], format 1 or 2.';
 
 -- ---------------------------------------------------------------------------------------------
 -- Projections (read models). Every table below is derived from the log and rebuilt from it by
@@ -500,4 +502,4 @@ CREATE INDEX webhook_deliveries_subscription_idx ON webhook_deliveries (subscrip
 \ir sql/triggers/events_notify_log.sql
 
 -- This file is schema version 14: a database made from it has what every numbered step gives.
-INSERT INTO schema_version (version) SELECT generate_series(1, 14);
+INSERT INTO schema_version (version) SELECT generate_series(1, 15);
