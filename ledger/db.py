@@ -3,6 +3,7 @@ when no `MODELFORGE_DATABASE_URL` is configured. The schema and `migrate`: ledge
 
 from __future__ import annotations
 
+import asyncio
 import os
 import warnings
 from pathlib import Path
@@ -100,6 +101,25 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asy
     )
     assert pool is not None
     return pool
+
+
+# Seconds a pool's close waits for its connections to be handed back before it cuts them.
+POOL_CLOSE_SECONDS = 10.0
+
+
+async def close_pool(pool: asyncpg.Pool, *, within: float | None = None) -> None:
+    """Close `pool`: asyncpg's close waits for every connection to be handed back, for ever, so a
+    connection some task never released would hold a process's shutdown. After `within` seconds
+    (POOL_CLOSE_SECONDS) the connections still out are terminated (their transactions roll back),
+    and that is logged."""
+    within = POOL_CLOSE_SECONDS if within is None else within
+    in_use = pool.get_size() - pool.get_idle_size()
+    try:
+        async with asyncio.timeout(within):
+            await pool.close()
+    except TimeoutError:
+        pool.terminate()  # asyncpg's close terminates when cancelled too; this does not rely on it
+        log.warning("pool.close_terminated", within_seconds=within, in_use_when_closing=in_use)
 
 
 class EmbeddedPostgres:

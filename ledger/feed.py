@@ -41,6 +41,14 @@ class LogFeed:
         self._changed = asyncio.Event()
         self._lock = asyncio.Lock()
         self.polling = False  # the pool is a hot standby's: no notifications, only re-reads
+        self.released = False  # the process is stopping: no wait holds
+
+    def release(self) -> None:
+        """The process is stopping: every waiter returns what it has now (an empty page resumes
+        where it asked), and no later wait holds. A server's graceful shutdown waits for every
+        request in flight, which a held page would hold up for as long as its `wait`."""
+        self.released = True
+        self._notified()
 
     def _notified(self, *_: Any) -> None:
         # Wake every current waiter; each re-reads and, if nothing is new, waits on a fresh event.
@@ -141,7 +149,7 @@ class LogFeed:
         """The next page after `after`: at once if the log already holds events past it, else as
         soon as one commits, else an empty page (resuming at `after`) once `wait_seconds` have passed."""
         page = await self._read(after, limit, where)
-        if page.entries or wait_seconds <= 0:
+        if page.entries or wait_seconds <= 0 or self.released:
             return page
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_seconds
@@ -150,7 +158,7 @@ class LogFeed:
                 changed = self._changed  # taken before the read: a commit during it still wakes us
                 page = await self._read(after, limit, where)
                 remaining = deadline - loop.time()
-                if page.entries or remaining <= 0:
+                if page.entries or remaining <= 0 or self.released:
                     return page
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(min(remaining, self.fallback_poll)):

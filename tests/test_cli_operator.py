@@ -8,11 +8,13 @@ import json
 import re
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 import yaml
@@ -89,6 +91,21 @@ async def add_node(
     return node_id_for(key)
 
 
+async def settled(dsn: str, within: float = 60) -> None:
+    """Until every event written so far is below the cluster's xmin horizon, i.e. readable by the
+    gap-safe read: another session's open transaction on a shared server holds it back a while."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        deadline = time.monotonic() + within
+        while await conn.fetchval(
+            "SELECT coalesce(max(tx_id) >= pg_snapshot_xmin(pg_current_snapshot()), false) FROM events"
+        ):
+            assert time.monotonic() < deadline, "the xmin horizon never passed the newest event"
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+
+
 @pytest.fixture
 async def fleet(database_dsn: str, tmp_path: Path) -> AsyncIterator[tuple[ServerProcess, dict[str, str]]]:
     server = ServerProcess(database_dsn, tmp_path).start()
@@ -100,11 +117,12 @@ async def fleet(database_dsn: str, tmp_path: Path) -> AsyncIterator[tuple[Server
                 "beta": await add_node(http, server.url, "key-beta", "gpu-beta", [7]),
                 "cpu": await add_node(http, server.url, "key-cpu", "cpu-only", [], nvml=NO_DRIVER),
             }
+        await settled(database_dsn)
         yield server, ids
     finally:
-        # A follower's long poll (up to 30 s) may still be held: the server finishes it first.
+        # A follower's long poll may still be held: the server answers it at once as it stops.
         assert server.proc is not None
-        stop_process(server.proc, timeout=60)
+        stop_process(server.proc)
 
 
 def env_for(server: ServerProcess, **extra: str) -> dict[str, str]:

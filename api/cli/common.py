@@ -58,7 +58,7 @@ def server_config(**flags: object) -> ServerConfig:
 def with_database(config: ServerConfig, work: Callable[[Any], Awaitable[int]]) -> int:
     """Run `work(pool)` against the configured (or embedded) database, migrated."""
     from api.http.server import open_pool
-    from ledger.db import Database
+    from ledger.db import Database, close_pool
 
     database = Database(config.database_url, config.state_dir)
 
@@ -67,7 +67,7 @@ def with_database(config: ServerConfig, work: Callable[[Any], Awaitable[int]]) -
         try:
             return await work(pool)
         finally:
-            await pool.close()
+            await close_pool(pool)
 
     try:
         return asyncio.run(run())

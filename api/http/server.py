@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -21,7 +22,7 @@ from api.http.app import create_app
 from api.http.context import AppContext
 from api.services.webhook_delivery import DeliverySettings, WebhookDispatcher
 from api.wiring import build_services, prepare_database
-from ledger.db import Database, create_pool
+from ledger.db import Database, close_pool, create_pool
 from ledger.retention import prune_observations
 from runtime.process import settle_garbage_collector
 from runtime.supervisor import EmbeddedSupervisor, run_with_supervisor
@@ -108,10 +109,25 @@ def make_app(config: ServerConfig, dsn: str, admin_token_hash: str) -> Litestar:
                     await task
         finally:
             if read_pool is not None:
-                await read_pool.close()
-            await pool.close()
+                await close_pool(read_pool)
+            await close_pool(pool)
 
     return create_app(lifespan=lifespan)
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, whose graceful shutdown first releases the change feed's held pages: it
+    waits for every request in flight, and a long poll would hold it for up to its `wait`."""
+
+    def __init__(self, config: uvicorn.Config, app: Litestar) -> None:
+        super().__init__(config)
+        self.litestar = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        context: AppContext | None = getattr(self.litestar.state, "ctx", None)
+        if context is not None:
+            context.repository.events.feed.release()
+        await super().shutdown(sockets)
 
 
 def _exit_normally(_signum: int, _frame: object) -> None:
@@ -126,7 +142,7 @@ def serve(config: ServerConfig) -> int:
     dsn = database.dsn()
     try:
         app = make_app(config, dsn, token_hash)
-        server = uvicorn.Server(
+        server = Server(
             uvicorn.Config(
                 app,
                 host=config.host,
@@ -136,7 +152,8 @@ def serve(config: ServerConfig) -> int:
                 lifespan="on",
                 # httptools parses HTTP in C; h11 (pure Python) costs a tenth of a report's CPU.
                 http="httptools",
-            )
+            ),
+            app,
         )
         log.info(
             "server.starting",
