@@ -165,7 +165,13 @@ def _values(groups: list[Dense], codebook: Sequence[str], names: Sequence[str]) 
     return [d if len(d) == whole and type(d[-1]) is not dict else _spread(d, codebook, names) for d in groups]
 
 
-Values: TypeAlias = list[tuple[int, datetime, Dense]]
+class Values(msgspec.Struct):
+    """Of the snapshots that sample what a history reads, in the order given: their indices in
+    the bodies read, their times and their values (one list each: no object per snapshot)."""
+
+    indices: list[int]
+    times: list[datetime]
+    values: list[Dense]
 
 
 def gpu_key(gpu_uuid: str) -> bytes:
@@ -193,7 +199,7 @@ def gpu_values(bodies: Sequence[bytes], gpu_uuid: str, names: Sequence[str]) -> 
         dense = _values(dense, GPU_TELEMETRY_1, names)
     except _BAD_VIEW as exc:
         raise UndecodableBody(f"compact body: {exc}") from exc
-    return list(zip(indices, times, dense, strict=True))
+    return Values(indices, times, dense)
 
 
 # Of the snapshots read: their indices, times and the GPU's groups, and which groups are format 2's.
@@ -349,7 +355,7 @@ def host_values(bodies: Sequence[bytes], names: Sequence[str]) -> Values:
         dense = _values(dense, HOST_TELEMETRY_1, names)
     except _BAD_VIEW as exc:
         raise UndecodableBody(f"compact body: {exc}") from exc
-    return [(i, at, d) for i, (at, d) in enumerate(zip(times, dense, strict=True))]
+    return Values(list(range(len(times))), times, dense)
 
 
 _STATE_NAMES = {

@@ -22,12 +22,13 @@ from domain.telemetry_history import reading
 from ledger.compact import (
     GPU_TELEMETRY_1,
     HOST_TELEMETRY_1,
+    Dense,
     UndecodableBody,
     encode_body,
     sampled_digest,
 )
 from ledger.compact_decode import decode_body
-from ledger.compact_views import gpu_values, host_values, value_state
+from ledger.compact_views import Values, gpu_values, host_values, value_state
 from ledger.events import AcceleratorSample, EventMetadata, EventValidationError, NodeTelemetryObserved
 from tests.builders import signals
 from tests.compact_format_1 import encode_body_1
@@ -163,6 +164,10 @@ def as_reading(value: object) -> tuple[str, float | None] | None:
     return None if state is None else (state, None)
 
 
+def rows(read: Values) -> list[tuple[int, datetime, Dense]]:
+    return list(zip(read.indices, read.times, read.values, strict=True))
+
+
 def expected_values(
     decoded: list[tuple[NodeTelemetryObserved, EventMetadata]], uuid: str | None, names: list[str]
 ) -> list[tuple[int, datetime, list[tuple[str, float | None] | None]]]:
@@ -201,12 +206,13 @@ def test_a_history_reads_one_gpu_or_the_host_as_the_whole_decode_does(
         # the codebook's names as the read asks them, and names outside it too
         for names in (list(GPU_TELEMETRY_1), [*GPU_TELEMETRY_1, *carried, "never_sampled"]):
             got = [
-                (i, at, [as_reading(v) for v in values]) for i, at, values in gpu_values(bodies, gpu, names)
+                (i, at, [as_reading(v) for v in values])
+                for i, at, values in rows(gpu_values(bodies, gpu, names))
             ]
             assert got == expected_values(decoded, gpu, names)
     carried = [n for payload, _ in decoded for n in payload.telemetry]
     for names in (list(HOST_TELEMETRY_1), [*HOST_TELEMETRY_1, *carried, "never_sampled"]):
-        got = [(i, at, [as_reading(v) for v in values]) for i, at, values in host_values(bodies, names)]
+        got = [(i, at, [as_reading(v) for v in values]) for i, at, values in rows(host_values(bodies, names))]
         assert got == expected_values(decoded, None, names)
 
 
@@ -253,7 +259,7 @@ def test_a_day_of_one_nodes_snapshots_reads_as_the_whole_decode_does(
         bodies.append(encode_body_1(payload, meta) if earlier else encode_body(payload, meta, stream)[0])
     decoded = [decode_body(b, stream) for b in bodies]
     names = list(GPU_TELEMETRY_1)
-    got = [(i, at, [as_reading(v) for v in values]) for i, at, values in gpu_values(bodies, gpu, names)]
+    got = [(i, at, [as_reading(v) for v in values]) for i, at, values in rows(gpu_values(bodies, gpu, names))]
     assert got == expected_values(decoded, gpu, names)
 
 

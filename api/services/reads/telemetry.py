@@ -148,22 +148,27 @@ def samples_in_window(w: Window, parts: Sequence[Part]) -> SampleColumns:
     times). A day read in the order it was appended is in time order already; others are sorted."""
     since, until = w.since, w.until
     positions: list[int] = []
-    compact: Values = []
+    indices: list[int] = []
+    times: list[datetime] = []
+    values: list[Sequence[object]] = []
     jsonb: list[tuple[datetime, int, Sequence[object]]] = []
     for part in parts:
         offset = len(positions)
         positions.extend(part.positions)
-        compact.extend(part.compact if not offset else [(i + offset, at, v) for i, at, v in part.compact])
+        indices.extend(part.compact.indices if not offset else [i + offset for i in part.compact.indices])
+        times.extend(part.compact.times)
+        values.extend(part.compact.values)
         jsonb.extend(part.jsonb)
-    times = [at for _, at, _ in compact]
-    values: list[Sequence[object]] = [v for _, _, v in compact]
     if times and not (since <= min(times) and max(times) < until):
         inside = [j for j, at in enumerate(times) if since <= at < until]
-        times, values = [times[j] for j in inside], [values[j] for j in inside]
-        compact = [compact[j] for j in inside]
+        indices, times, values = (
+            [indices[j] for j in inside],
+            [times[j] for j in inside],
+            [values[j] for j in inside],
+        )
     if not jsonb and all(map(lt, times, islice(times, 1, None))):
         return SampleColumns(times=times, values=values)
-    timed: list[tuple[datetime, int, Sequence[object]]] = [(at, positions[i], v) for i, at, v in compact]
+    timed = [(at, positions[i], v) for i, at, v in zip(indices, times, values, strict=True)]
     timed.extend(x for x in jsonb if since <= x[0] < until)
     timed.sort(key=_by_time_then_position)
     return SampleColumns(times=[at for at, _, _ in timed], values=[v for _, _, v in timed])
