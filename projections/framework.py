@@ -95,15 +95,18 @@ def _changes_sql(ops: tuple[tuple[str, str, TableSpec], ...], state_table: str) 
     cost a parse, a plan and an executor start each. Deleted, updated and inserted keys are
     disjoint, so the CTEs never touch the same row twice. The folded states come as the
     projection's name ($1) and five arrays (stream ids, versions, positions, encoded states, and
-    whether the stream has a stored checkpoint; the tables' row arrays follow from $7, an
-    update's and a delete's each with its keys): a state is bytes to PostgreSQL
-    (`projection_state.state` is bytea), never parsed there.
+    whether the stream has a stored checkpoint; the tables' row arrays follow from $7, a delete's
+    with its keys): a state is bytes to PostgreSQL (`projection_state.state` is bytea), never
+    parsed there.
 
-    A row the stream's state had before is changed by UPDATE, and a stream's stored checkpoint
-    too: an upsert (INSERT ... ON CONFLICT DO UPDATE) locks the row it finds before updating it,
-    a WAL record per row that a plain UPDATE does not write. New rows and first checkpoints are
-    upserted. The statement answers how many rows the updates changed: the caller checks that
-    every one it expected was there."""
+    Rows are written by upsert (INSERT ... ON CONFLICT DO UPDATE), changed ones too: its arbiter
+    finds each row by its key's index, where an UPDATE joining the rows to the table planned a hash
+    join over a scan of it, twice the database's CPU per report (docs/performance.md); the upsert
+    logs a row lock before each update, about 50 bytes of WAL a row, the price of that CPU. A
+    changed row and a stored checkpoint must already be there: the version an upsert writes over a
+    row it found carries the lock it took (`xmax` is not 0), an inserted one has none. The
+    statement answers how many such rows it found; the caller checks that every one it expected
+    was there."""
     ctes: list[str] = []
     counted: list[str] = []
     n = 6
@@ -112,42 +115,44 @@ def _changes_sql(ops: tuple[tuple[str, str, TableSpec], ...], state_table: str) 
         param = f"${n}"
         source = f"jsonb_populate_recordset(NULL::{table}, {param})"
         cols = ", ".join(spec.columns)
-        match = " AND ".join(f"t.{k} = x.{k}" for k in spec.key)
-        if op in ("delete", "update"):
+        if op == "delete":
             # The rows' first key column's values come again as an array ($n+1): planned against
             # jsonb_populate_recordset's guess of 100 rows alone, the join reads the whole table.
             n += 1
-            match = f"t.{spec.key[0]} = ANY(${n}::text[]) AND {match}"
-        if op == "delete":
-            ctes.append(f"c{i} AS (DELETE FROM {table} t USING {source} x WHERE {match})")
-        elif op == "update":
-            sets = ", ".join(f"{c} = x.{c}" for c in spec.columns if c not in spec.key)
-            ctes.append(f"c{i} AS (UPDATE {table} t SET {sets} FROM {source} x WHERE {match} RETURNING 1)")
-            counted.append(f"c{i}")
-        else:
-            updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in spec.columns if c not in spec.key)
-            conflict = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
+            match = " AND ".join(f"t.{k} = x.{k}" for k in spec.key)
             ctes.append(
-                f"c{i} AS (INSERT INTO {table} ({cols}) SELECT {cols} FROM {source} "
-                f"ON CONFLICT ({', '.join(spec.key)}) {conflict})"
+                f"c{i} AS (DELETE FROM {table} t USING {source} x "
+                f"WHERE t.{spec.key[0]} = ANY(${n}::text[]) AND {match})"
             )
+            continue
+        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in spec.columns if c not in spec.key)
+        conflict = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
+        returning = ""
+        if op == "update":
+            returning = " RETURNING xmax::text <> '0' AS found"
+            counted.append(f"c{i}")
+        ctes.append(
+            f"c{i} AS (INSERT INTO {table} ({cols}) SELECT {cols} FROM {source} "
+            f"ON CONFLICT ({', '.join(spec.key)}) {conflict}{returning})"
+        )
     states = (
         "unnest($2::text[], $3::bigint[], $4::bigint[], $5::bytea[], $6::boolean[]) "
         "AS u(stream_id, stream_version, position, state, stored)"
     )
-    ctes.append(
-        f"s AS (UPDATE {state_table} t SET stream_version = u.stream_version, position = u.position, "
-        f"state = u.state FROM {states} WHERE u.stored AND t.projection = $1 AND t.stream_id = u.stream_id "
-        "RETURNING 1)"
-    )
-    counted.append("s")
-    ctes.append(
-        f"n AS (INSERT INTO {state_table} (projection, stream_id, stream_version, position, state) "
-        f"SELECT $1, u.stream_id, u.stream_version, u.position, u.state FROM {states} WHERE NOT u.stored "
+    upsert = (
         "ON CONFLICT (projection, stream_id) DO UPDATE SET stream_version = EXCLUDED.stream_version, "
-        "position = EXCLUDED.position, state = EXCLUDED.state)"
+        "position = EXCLUDED.position, state = EXCLUDED.state"
     )
-    return f"WITH {', '.join(ctes)} SELECT " + " + ".join(f"(SELECT count(*) FROM {c})" for c in counted)
+    insert = (
+        f"INSERT INTO {state_table} (projection, stream_id, stream_version, position, state) "
+        f"SELECT $1, u.stream_id, u.stream_version, u.position, u.state FROM {states}"
+    )
+    ctes.append(f"s AS ({insert} WHERE u.stored {upsert} RETURNING xmax::text <> '0' AS found)")
+    counted.append("s")
+    ctes.append(f"n AS ({insert} WHERE NOT u.stored {upsert})")
+    return f"WITH {', '.join(ctes)} SELECT " + " + ".join(
+        f"(SELECT count(*) FROM {c} WHERE {c}.found)" for c in counted
+    )
 
 
 class Projection(Generic[S]):
@@ -372,7 +377,6 @@ class Projection(Generic[S]):
             if changed_by[spec.name]:
                 ops.append(("update", spec.name + suffix, spec))
                 args.append(changed_by[spec.name])
-                args.append(list({r[spec.key[0]] for r in changed_by[spec.name]}))
                 expected += len(changed_by[spec.name])
             if added_by[spec.name]:
                 ops.append(("upsert", spec.name + suffix, spec))

@@ -1,7 +1,7 @@
 """What a steady agent report writes to the WAL on the tables the projections and the stream
 positions rewrite: no GPU telemetry row, and nothing in TOAST (the folded state arrives
-compressed, the recent digests as bytes), no row lock records (rows a report rewrites are
-updated, not upserted), and of the folded state and the digest window only the part the report
+compressed, the recent digests as bytes), a row lock record only before each upserted read-model
+row and checkpoint, and of the folded state and the digest window only the part the report
 changed (PostgreSQL logs an update in place as the bytes between the old and new row's common
 prefix and suffix). Read back with pg_walinspect, the
 records of this test's database only. Also the two stored forms those take: the digests' bytes,
@@ -89,7 +89,7 @@ async def _records(
     return out
 
 
-async def test_a_steady_report_changes_its_rows_in_place_without_row_locks_or_toast(
+async def test_a_steady_report_changes_its_rows_in_place_without_toast(
     database_dsn: str, tmp_path: Path
 ) -> None:
     admin = await asyncpg.connect(database_dsn)
@@ -137,8 +137,13 @@ async def test_a_steady_report_changes_its_rows_in_place_without_row_locks_or_to
     assert not [k for k in records if k[0].startswith("TOAST of ") and k[0][9:] in PROJECTION_WRITTEN], (
         records
     )
-    # Rows are updated, not upserted: no record of a row locked before its update.
-    assert not [k for k in records if k[1] == "LOCK"], records
+    # The read models' rows and the checkpoint are upserted: each is locked before its update (one
+    # record per row rewritten); the stream's position and the log's own rows are updated alone.
+    upserted = {"projection_state", "hw_host_telemetry", "hw_node_storage", "hw_accelerator_telemetry"}
+    locks = Counter(rel for rel, kind in records.elements() if kind == "LOCK")
+    updates = Counter(rel for rel, kind in records.elements() if kind in ("UPDATE", "HOT_UPDATE"))
+    assert locks and set(locks) <= upserted, records
+    assert all(locks[rel] == updates[rel] for rel in locks), records
     # The checkpoint's unchanged part (all but what the report changed) is not logged again.
     assert bytes_of["projection_state"] < len(state) / 3, (bytes_of, len(state))
     # Nor the stream's window of digests: its new entry goes in front of the ones stored before.
