@@ -146,3 +146,31 @@ async def test_the_ledgers_appends_read_their_streams_and_checkpoints_by_index_i
         assert sum("Index Scan using projection_state_pkey" in p for p in joins) >= 4, joins
         for p in joins:
             assert "Seq Scan on streams" not in p and "Seq Scan on projection_state" not in p, p
+
+
+async def test_a_row_the_folded_state_had_and_the_table_lacks_refuses_the_append(make_api) -> None:  # type: ignore[no-untyped-def]
+    """An upsert would write a missing row back without a word: the read model would no longer be
+    the fold of its log and nobody would know. The append is refused and nothing of it is kept."""
+    from collectors.facts import Known
+    from ledger.events import NodeTelemetryObserved
+    from ledger.store import EventStore
+    from projections.inventory import ALL_PROJECTIONS
+    from tests.builders import new
+
+    api = make_api()
+    node_id = (await api.refresh())["node_id"]
+    store = EventStore(api.pool, ALL_PROJECTIONS)
+    async with api.pool.acquire() as conn:
+        version = await conn.fetchval("SELECT version FROM streams WHERE stream_id = $1", node_id)
+        assert await conn.fetchval("DELETE FROM hw_host_telemetry WHERE node_id = $1 RETURNING 1", node_id)
+    telemetry = {"memory_available_bytes": Known(1234), "memory_total_bytes": Known(4096)}
+    snapshot = NodeTelemetryObserved(telemetry=telemetry, storage=[], accelerators=[])
+    try:
+        await store.append(node_id, version, [new(snapshot)])
+    except RuntimeError as refused:
+        assert "rebuild" in str(refused)
+    else:
+        raise AssertionError("the append wrote over a row the read model had lost")
+    async with api.pool.acquire() as conn:
+        assert await conn.fetchval("SELECT version FROM streams WHERE stream_id = $1", node_id) == version
+        assert await conn.fetchval("SELECT count(*) FROM hw_host_telemetry WHERE node_id = $1", node_id) == 0
