@@ -488,6 +488,7 @@ CREATE INDEX webhook_deliveries_subscription_idx ON webhook_deliveries (subscrip
 \ir sql/functions/mf_open_streams.sql
 \ir sql/functions/mf_append_many.sql
 \ir sql/functions/mf_append_kept.sql
+\ir sql/functions/mf_advance_positions.sql
 \ir sql/functions/mf_append.sql
 \ir sql/functions/mf_ensure_segments.sql
 \ir sql/functions/mf_read_changes.sql

@@ -80,16 +80,11 @@ RETURNING p.node_id, p.stream, p.xmin::text::bigint AS written
 """
 
 # The advance of positions the batch decided on from kept copies: each row only if it is still
-# the one the copy was taken of (written by the same transaction); the rows it advanced come back.
+# the one the copy was taken of (written by the same transaction); the rows it advanced come back
+# (mf_advance_positions, a function for its generic plan).
 _ADVANCE_KEPT_SQL = """
-UPDATE agent_stream_positions AS p SET
-    last_sequence = u.last_sequence, reports = p.reports + 1, skipped = p.skipped + u.skipped,
-    recent = u.recent, last_observed_at = u.observed_at, last_received_at = u.received_at
-FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bytea[], $6::timestamptz[],
-            $7::timestamptz[], $8::bigint[])
-     AS u(node_id, stream, last_sequence, skipped, recent, observed_at, received_at, written)
-WHERE p.node_id = u.node_id AND p.stream = u.stream AND p.xmin::text::bigint = u.written
-RETURNING p.node_id, p.stream, p.xmin::text::bigint AS written
+SELECT out_node_id AS node_id, out_stream AS stream, out_written AS written
+FROM mf_advance_positions($1, $2, $3, $4, $5, $6, $7, $8)
 """
 
 
