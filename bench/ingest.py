@@ -34,9 +34,10 @@ Measured:
   interleaved round by round with the same loop without any, and the ratio of the two;
 - steady window: `--steady-reports` (5,000) telemetry reports only, to one checkout's server at a
   time with nothing else of this run writing: `WAL per report` (that database's WAL records, read
-  back with pg_walinspect, since the WAL position is the cluster's) and `storage per snapshot`
+  back with pg_walinspect, since the WAL position is the cluster's), then `storage per snapshot`
   (the growth of every partition of `events` with TOAST and indexes over the NODE_TELEMETRY_OBSERVED
-  events appended), printed with the closed loop's server and PostgreSQL CPU per report;
+  events appended) over reports of a few nodes, 128 each (two cycles of the indexes' page splits
+  per node: bench/steady.py), printed with the closed loop's server and PostgreSQL CPU per report;
 - with `--baseline CHECKOUT`: the http tier, the steady window and the statement counts of another
   checkout of the product (its own `serve`, database and agents), interleaved with this one's, and
   this checkout's figures over the baseline's.
@@ -67,7 +68,14 @@ from bench.group_commit import Batches
 from bench.ingest_statements import count_append, count_http
 from bench.retention import fill_old_telemetry, table_figures
 from bench.servers import ROOT, Process, start_product_server, workdir
-from bench.steady import STEADY_REPORTS, Steady, print_per_report, steady_window, this_over_baseline
+from bench.steady import (
+    STEADY_REPORTS,
+    STORAGE_REPORTS_PER_NODE,
+    Steady,
+    print_per_report,
+    steady_window,
+    this_over_baseline,
+)
 from bench.wal import WalInspector
 from bench.webhooks import WEBHOOK_TARGET, webhook_rounds
 
@@ -293,7 +301,8 @@ async def run(args: argparse.Namespace) -> int:
                 "writing meanwhile (the WAL position is the cluster's, and this PostgreSQL may be shared).\n"
                 f"WAL per report: {wal_note}.\n"
                 "storage per snapshot: the growth of every partition of `events` (table, TOAST, indexes) over the\n"
-                "NODE_TELEMETRY_OBSERVED events appended in the window.\n" + "\n".join(lines)
+                f"NODE_TELEMETRY_OBSERVED events of a second window, {STORAGE_REPORTS_PER_NODE} reports from each of a few nodes (two\n"
+                "cycles of the page splits of the indexes keyed by stream, whatever their phase).\n" + "\n".join(lines)
             )  # fmt: skip
         print_per_report("this checkout", steady, http)
         if baseline is not None:
