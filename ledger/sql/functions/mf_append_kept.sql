@@ -23,8 +23,14 @@ BEGIN
        OR EXISTS (SELECT 1
                   FROM unnest(p_stream_ids, p_expected_versions, p_known_versions, p_known_positions)
                        AS i(id, ev, kv, kp)
-                  LEFT JOIN streams s ON s.stream_id = i.id
-                  LEFT JOIN projection_state ps ON ps.projection = p_projection AND ps.stream_id = i.id
+                  -- Each stream's row and checkpoint by its key (LIMIT keeps the subqueries from
+                  -- being joined as tables: the generic plan of the join hashes a scan of both in
+                  -- a fleet of a few hundred nodes).
+                  LEFT JOIN LATERAL (SELECT s.version FROM streams s WHERE s.stream_id = i.id LIMIT 1) s
+                      ON true
+                  LEFT JOIN LATERAL (SELECT ps.stream_version, ps.position FROM projection_state ps
+                                     WHERE ps.projection = p_projection AND ps.stream_id = i.id LIMIT 1) ps
+                      ON true
                   WHERE i.ev IS DISTINCT FROM i.kv OR s.version IS DISTINCT FROM i.kv
                      OR ps.stream_version IS DISTINCT FROM i.kv OR ps.position IS DISTINCT FROM i.kp) THEN
         RETURN QUERY SELECT 0, NULL::bigint, NULL::bigint, NULL::boolean, NULL::timestamptz;

@@ -93,7 +93,10 @@ BEGIN
            array_agg(s.stream_id IS NOT NULL ORDER BY u.n)
         INTO v_current, v_lifecycles, v_heads, v_tombstones, v_exists
         FROM unnest(p_stream_ids) WITH ORDINALITY AS u(id, n)
-        LEFT JOIN streams s ON s.stream_id = u.id;
+        -- Each stream's row by its key (LIMIT keeps the subquery from being joined as a table:
+        -- the generic plan of the join hashes a scan of `streams` in a fleet of a few hundred).
+        LEFT JOIN LATERAL (SELECT s.version, s.lifecycle_version, s.head_hash, s.tombstoned_at, s.stream_id
+                           FROM streams s WHERE s.stream_id = u.id LIMIT 1) s ON true;
 
     v_write := array_fill(true, ARRAY[v_streams]);
     v_ends := array_fill(NULL::timestamptz, ARRAY[v_streams]);

@@ -32,8 +32,13 @@ BEGIN
                ps.stream_version, ps.position, v_rebuild
         FROM unnest(p_stream_ids, p_known_versions, p_known_positions) WITH ORDINALITY
              AS i(id, kv, kp, n)
-        LEFT JOIN streams s ON s.stream_id = i.id
-        LEFT JOIN projection_state ps ON ps.projection = p_projection AND ps.stream_id = i.id
+        -- Each stream's row and checkpoint by its key (LIMIT keeps the subqueries from being
+        -- joined as tables: the generic plan of the join hashes a scan of both in a fleet of a
+        -- few hundred nodes).
+        LEFT JOIN LATERAL (SELECT s.version, s.lifecycle_version, s.tombstoned_at FROM streams s
+                           WHERE s.stream_id = i.id LIMIT 1) s ON true
+        LEFT JOIN LATERAL (SELECT ps.state, ps.stream_version, ps.position FROM projection_state ps
+                           WHERE ps.projection = p_projection AND ps.stream_id = i.id LIMIT 1) ps ON true
         ORDER BY i.n;
 END;
 $$;
