@@ -12,6 +12,7 @@ CREATE OR REPLACE FUNCTION mf_advance_positions(
 ) RETURNS TABLE (out_node_id text, out_stream text, out_written bigint)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+SET random_page_cost = 1.1
 AS $$
 BEGIN
     RETURN QUERY UPDATE agent_stream_positions AS p SET

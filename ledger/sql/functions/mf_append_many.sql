@@ -32,7 +32,14 @@ CREATE OR REPLACE FUNCTION mf_append_many(
     p_locked boolean DEFAULT false
 ) RETURNS TABLE (out_stream_index integer, out_global_position bigint, out_stream_version bigint,
                out_already_stored boolean, out_recorded_at timestamptz)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Planned once, for index probes: its statements touch a few rows by key (pages in memory), and
+-- with the default random_page_cost the planner hashed a scan of `streams` in a fleet of a few
+-- hundred nodes, or planned a statement anew on every call (each batch's own plan, its arrays'
+-- lengths known, costing less than the generic one): more CPU than running it.
+SET plan_cache_mode = force_generic_plan
+SET random_page_cost = 1.1
+AS $$
 DECLARE
     v_streams      integer := coalesce(array_length(p_stream_ids, 1), 0);
     v_n            integer := coalesce(array_length(p_event_ids, 1), 0);

@@ -18,7 +18,14 @@ CREATE OR REPLACE FUNCTION mf_open_streams(p_stream_ids text[], p_projection tex
 RETURNS TABLE (out_stream_id text, out_version bigint, out_lifecycle_version bigint,
                out_tombstoned_at timestamptz, out_state bytea, out_state_version bigint,
                out_state_position bigint, out_rebuild timestamptz)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Planned once, for index probes: its statements touch a few rows by key (pages in memory), and
+-- with the default random_page_cost the planner hashed a scan of `streams` in a fleet of a few
+-- hundred nodes, or planned a statement anew on every call (each batch's own plan, its arrays'
+-- lengths known, costing less than the generic one): more CPU than running it.
+SET plan_cache_mode = force_generic_plan
+SET random_page_cost = 1.1
+AS $$
 DECLARE
     v_rebuild  timestamptz;
 BEGIN
