@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
+from api.services.reads.telemetry import state_of
 from api.wiring import event_store
 from collectors.facts import UNSUPPORTED, Fact, Known
 from ledger.events import (
@@ -71,3 +72,16 @@ async def seed(pool: asyncpg.Pool, node_id: str, accelerator_id: str, uuid: str)
 
 
 WINDOW = {"since": BASE.isoformat(), "until": (BASE + timedelta(hours=1)).isoformat()}
+
+
+def as_reading(value: object) -> tuple[str, float | None] | None:
+    """A value of a history read (a fact as stored compact, or `fact_value`'s of a jsonb event) as
+    the plain loop counts it: (state, the known number), None where the group lacks the fact."""
+    if type(value) is int or type(value) is float:
+        return "known", float(value)
+    if type(value) is str or type(value) is bool:
+        return "known", None
+    if value is None:
+        return "unknown", None
+    state = state_of(value)
+    return None if state is None else (state, None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from tests.cancellation_support import cancel_as_it_wakes
 from tests.fixtures_nvml import multi_gpu_scenario
 
 
@@ -297,16 +298,8 @@ async def test_a_waiter_cancelled_as_a_notification_wakes_it_stops(pool) -> None
     feed = LogFeed(pool, fallback_poll=60)
     waiting = asyncio.create_task(feed.wait(after, limit=10, wait_seconds=60))
     try:
-        for _ in range(500):  # until it waits for a wake-up
-            if feed._changed._waiters:  # type: ignore[attr-defined]
-                break
-            await asyncio.sleep(0.01)
-        assert feed._changed._waiters, "the waiter never waited for a notification"  # type: ignore[attr-defined]
-        feed._notified()  # a notification arrives; its wake-up runs on the loop's next turn...
-        await asyncio.sleep(0)
-        waiting.cancel()  # ...where the cancellation meets it
-        await asyncio.wait({waiting}, timeout=10)
-        assert waiting.cancelled(), "the cancelled waiter went on waiting"
+        # a notification arrives as the waiter is cancelled
+        await cancel_as_it_wakes(waiting, lambda: bool(feed._changed._waiters), feed._notified)  # type: ignore[attr-defined]
         assert feed._listener is None, "the cancelled waiter still holds its listening connection"
     finally:
         waiting.cancel()

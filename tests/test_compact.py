@@ -28,10 +28,11 @@ from ledger.compact import (
     sampled_digest,
 )
 from ledger.compact_decode import decode_body
-from ledger.compact_views import Values, gpu_values, host_values, value_state
+from ledger.compact_views import Values, gpu_values, host_values
 from ledger.events import AcceleratorSample, EventMetadata, EventValidationError, NodeTelemetryObserved
 from tests.builders import signals
 from tests.compact_format_1 import encode_body_1
+from tests.telemetry_support import as_reading
 
 T0 = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)
 
@@ -150,18 +151,6 @@ def test_a_snapshot_stored_in_format_1_by_an_earlier_release_reads_as_its_format
     old = decode_body(encode_body_1(payload, meta), stream)
     assert old == decode_body(encode_body(payload, meta, stream)[0], stream) == (payload, meta)
     assert as_json(old) == as_json((payload, meta))
-
-
-def as_reading(value: object) -> tuple[str, float | None] | None:
-    """A stored fact value as a history counts it: (state, the known number), None if ABSENT."""
-    if type(value) is int or type(value) is float:
-        return "known", float(value)
-    if type(value) is str or type(value) is bool:
-        return "known", None
-    if value is None:
-        return "unknown", None
-    state = value_state(value)
-    return None if state is None else (state, None)
 
 
 def rows(read: Values) -> list[tuple[int, datetime, Dense]]:

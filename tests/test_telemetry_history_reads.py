@@ -29,6 +29,7 @@ from ledger.events import (
     NodeTelemetryObserved,
 )
 from tests.compact_format_1 import encode_body_1
+from tests.telemetry_support import as_reading
 
 SINCE = datetime(2026, 12, 3, 0, 0, tzinfo=UTC)
 NODE = "5d0e7a3c-1b2f-5c4d-8e9a-0f1b2c3d4e5f"
@@ -175,18 +176,6 @@ def counted(
     return ordered, series
 
 
-def read_as_readings(value: object) -> Reading | None:
-    """A value of the read (a fact as stored, or `fact_value`'s) as the plain loop reads it."""
-    if type(value) is int or type(value) is float:
-        return "known", float(value)
-    if type(value) is str or type(value) is bool:
-        return "known", None
-    if value is None:
-        return "unknown", None
-    state = state_of(value)
-    return None if state is None else (state, None)
-
-
 @settings(max_examples=150, deadline=None)
 @given(events, windows, st.randoms(use_true_random=False), st.sampled_from([*GPUS, None]), st.data())
 def test_the_read_counts_what_the_whole_decode_says(
@@ -213,7 +202,7 @@ def test_the_read_counts_what_the_whole_decode_says(
     series = downsample_columns(w, samples, metrics, state_of)
     ordered, expected = counted(w, decoded, gpu, metrics)
     got = [
-        (at, [read_as_readings(v) for v in values])
+        (at, [as_reading(v) for v in values])
         for at, values in zip(samples.times, samples.values, strict=True)
     ]
     assert got == ordered
@@ -237,7 +226,7 @@ def test_samples_observed_at_one_moment_are_counted_in_log_order_whatever_the_pa
             ]
             samples = samples_in_window(w, parts)
             got = [
-                (at, [read_as_readings(v) for v in values])
+                (at, [as_reading(v) for v in values])
                 for at, values in zip(samples.times, samples.values, strict=True)
             ]
             assert got == ordered, (order, cut)

@@ -17,6 +17,7 @@ import pytest
 from api.services.webhook_delivery import DeliverySettings, WebhookDispatcher
 from api.services.webhooks import WebhookBody, WebhookCreateRequest, WebhookService
 from ledger.store import EventStore
+from tests.cancellation_support import cancel_as_it_wakes
 from tests.webhook_support import SECRET, Receiver, append_tokens, docs_verifier
 
 FAST = DeliverySettings(
@@ -293,16 +294,8 @@ async def test_a_worker_told_to_stop_as_it_is_woken_stops(pool: asyncpg.Pool) ->
     dispatcher = WebhookDispatcher(pool, msgspec.structs.replace(FAST, scan_interval=60.0))
     worker = asyncio.create_task(dispatcher.run())
     try:
-        for _ in range(500):  # until it waits between scans
-            if dispatcher._wake._waiters:  # type: ignore[attr-defined]
-                break
-            await asyncio.sleep(0.01)
-        assert dispatcher._wake._waiters, "the worker never waited between scans"  # type: ignore[attr-defined]
-        dispatcher.wake()  # a subscription changed; the wake-up runs on the loop's next turn...
-        await asyncio.sleep(0)
-        worker.cancel()  # ...where the cancellation meets it
-        await asyncio.wait({worker}, timeout=10)
-        assert worker.cancelled(), "the cancelled worker went on scanning"
+        # a subscription changes as the worker is cancelled
+        await cancel_as_it_wakes(worker, lambda: bool(dispatcher._wake._waiters), dispatcher.wake)  # type: ignore[attr-defined]
     finally:
         worker.cancel()
         await asyncio.gather(worker, return_exceptions=True)
