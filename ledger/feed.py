@@ -145,9 +145,13 @@ class LogFeed:
         limit: int,
         where: LogFilter | None = None,
         wait_seconds: float,
+        any_commit: bool = False,
     ) -> LogPage:
         """The next page after `after`: at once if the log already holds events past it, else as
-        soon as one commits, else an empty page (resuming at `after`) once `wait_seconds` have passed."""
+        soon as one commits, else an empty page (resuming at `after`) once `wait_seconds` have passed.
+        `any_commit`: also return at the first notification, even when the read does not deliver
+        its events yet (an older transaction holds the horizon), for a waiter that only needs to
+        know the log moved and must not keep appends notifying while it does."""
         page = await self._read(after, limit, where)
         if page.entries or wait_seconds <= 0 or self.released:
             return page
@@ -163,5 +167,7 @@ class LogFeed:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(min(remaining, self.fallback_poll)):
                         await changed.wait()
+                if any_commit and changed.is_set():
+                    return await self._read(after, limit, where)
                 if not self.polling and (self._listener is None or self._listener.is_closed()):
                     await self._listen()  # the listening connection was lost: take another

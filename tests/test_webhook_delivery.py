@@ -330,8 +330,52 @@ async def test_the_worker_listens_only_while_the_log_is_quiet_and_skips_what_it_
         assert sum(seen[5:]) <= 2, f"no listening (so no notifying appends) while the log moves: {seen}"
 
         async def skipped() -> bool:
-            return (await row(pool, sub.subscription_id))["cursor_position"] >= last
+            # Compared as (transaction, position): a cursor at a read's horizon has the largest
+            # position of all, whatever transaction it stands at.
+            async with pool.acquire() as conn:
+                return bool(
+                    await conn.fetchval(
+                        "SELECT (s.cursor_tx_id, s.cursor_position) >= (e.tx_id, e.global_position) "
+                        "FROM webhook_subscriptions s, events e "
+                        "WHERE s.subscription_id = $1 AND e.global_position = $2",
+                        sub.subscription_id,
+                        last,
+                    )
+                )
 
         assert await eventually(skipped), "the cursor moves past what the subscription does not select"
         assert await eventually(quiet_and_listening)
     assert receiver.positions() == []
+
+
+async def test_the_log_moving_behind_a_held_horizon_ends_the_listening_and_its_events_follow(
+    store: EventStore, pool: asyncpg.Pool, receiver: Receiver
+) -> None:
+    """Another session holds a transaction open, so the read's horizon stays below every event the
+    log gains meanwhile: the worker still stops listening at the log's first commit (rather than
+    once that session ends, its appends notifying until then), and delivers the events, in commit
+    order, once the session ends."""
+    await subscribe(store, receiver.url)
+
+    async def quiet_and_listening() -> bool:
+        return await listening(pool) == 1
+
+    async with running(pool):
+        assert await eventually(quiet_and_listening), "a quiet log: the worker waits on the change feed"
+        async with pool.acquire() as holder:
+            held = holder.transaction()
+            await held.start()
+            try:
+                await holder.fetchval("SELECT pg_current_xact_id()")
+                appended, seen = [], []
+                for _ in range(30):
+                    appended += await append_tokens(store, 1)
+                    seen.append(await listening(pool))
+                    await asyncio.sleep(0.05)
+                assert sum(seen[5:]) <= 2, f"no listening while the log moves: {seen}"
+                assert receiver.positions() == [], "the horizon is held: nothing is delivered yet"
+            finally:
+                await held.rollback()
+        got = await asyncio.to_thread(receiver.wait_for, len(appended))
+        assert got == appended
+        assert await eventually(quiet_and_listening)

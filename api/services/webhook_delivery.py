@@ -482,7 +482,9 @@ class _Delivery:
         if self.still < QUIET_POLLS:
             await asyncio.sleep(settings.poll_interval)
             return
-        # The log is quiet: sleep until anything at all commits past the horizon (or a while).
+        # The log is quiet: sleep until anything at all commits (or a while). The first commit ends
+        # the wait even while another session holds the horizon below it, so the log moving again
+        # stops the listening at once rather than once that session ends.
         await self._save()
-        await self.d.feed.wait(horizon, limit=1, wait_seconds=QUIET_WAIT_SECONDS)
+        await self.d.feed.wait(horizon, limit=1, wait_seconds=QUIET_WAIT_SECONDS, any_commit=True)
         self.still = 0
