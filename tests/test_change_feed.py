@@ -233,10 +233,12 @@ async def test_a_waiter_cancelled_while_it_registers_or_deregisters_leaves_the_p
     )
 
     async def blocked_on(admin: asyncpg.Connection, statement: str) -> None:
-        """Until a backend waits for the table lock in `statement` (the waiter is inside it)."""
+        """Until a backend of this test's database waits for the table lock in `statement` (the
+        waiter is inside it; the same test of another session on the server is not)."""
         for _ in range(200):
             if await admin.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1 "
+                "AND datname = current_database()",
                 statement + "%",
             ):
                 return
@@ -281,6 +283,12 @@ async def test_a_waiter_cancelled_while_it_registers_or_deregisters_leaves_the_p
                 raise AssertionError(
                     f"cancelled while it would {step}: a connection was never handed back"
                 ) from None
+            # The closed connection's backend may still be finishing the statement it was blocked
+            # in (its own deregistration, once the lock is released): gone once it ends.
+            for _ in range(200):
+                if await admin.fetchval(live_registrations) == 0:
+                    break
+                await asyncio.sleep(0.05)
             assert await admin.fetchval(live_registrations) == 0, step
     finally:
         await admin.close()
