@@ -355,13 +355,24 @@ async def test_the_log_moving_behind_a_held_horizon_ends_the_listening_and_its_e
     log gains meanwhile: the worker still stops listening at the log's first commit (rather than
     once that session ends, its appends notifying until then), and delivers the events, in commit
     order, once the session ends."""
-    await subscribe(store, receiver.url)
+    sub = await subscribe(store, receiver.url)
 
     async def quiet_and_listening() -> bool:
         return await listening(pool) == 1
 
+    async def listening_past_every_event() -> bool:
+        # Its cursor (the horizon it waits at) is past every event so far, so no event that an
+        # older transaction of another session held back can wake it: only a new commit.
+        async with pool.acquire() as conn:
+            past = await conn.fetchval(
+                "SELECT s.cursor_tx_id >= (SELECT max(e.tx_id) FROM events e) "
+                "FROM webhook_subscriptions s WHERE s.subscription_id = $1",
+                sub.subscription_id,
+            )
+        return bool(past) and await quiet_and_listening()
+
     async with running(pool):
-        assert await eventually(quiet_and_listening), "a quiet log: the worker waits on the change feed"
+        assert await eventually(listening_past_every_event), "a quiet log: the worker waits on the feed"
         async with pool.acquire() as holder:
             held = holder.transaction()
             await held.start()
