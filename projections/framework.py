@@ -101,7 +101,8 @@ def _changes_sql(ops: tuple[tuple[str, str, TableSpec], ...], state_table: str) 
 
     Rows are written by upsert (INSERT ... ON CONFLICT DO UPDATE), changed ones too: its arbiter
     finds each row by its key's index, where an UPDATE joining the rows to the table planned a hash
-    join over a scan of it, twice the database's CPU per report (docs/performance.md); the upsert
+    join over a scan of it, about 0.1 ms more of the database's CPU per table and batch
+    (docs/performance.md); the upsert
     logs a row lock before each update, about 50 bytes of WAL a row, the price of that CPU. A
     changed row and a stored checkpoint must already be there: the version an upsert writes over a
     row it found carries the lock it took (`xmax` is not 0), an inserted one has none. The
