@@ -1,4 +1,4 @@
--- ModelForge hardware plane: the database schema of this release, schema version 15, whole.
+-- ModelForge hardware plane: the database schema of this release, schema version 16, whole.
 --
 -- `modelforge-hw migrate` (and `serve`, at start) creates a new database from this file, in one
 -- transaction. A database made by an older release is brought to the same schema by the numbered
@@ -105,8 +105,6 @@ CREATE INDEX events_stream_tx_idx ON events (stream_id, tx_id, global_position);
 -- One node's observations by the time they were received (a GPU's or a host's telemetry history).
 CREATE INDEX events_stream_observation_received_idx ON events (stream_id, received_at)
     WHERE event_class = 'observation';
--- Reads of the log filtered by event type.
-CREATE INDEX events_type_idx ON events (event_type, global_position);
 -- Reads of the log by the time events were recorded (point-in-time reads).
 CREATE INDEX events_recorded_at_idx ON events (recorded_at);
 
@@ -132,6 +130,10 @@ CREATE INDEX events_permanent_observation_received_idx ON events_permanent (rece
     WHERE event_class = 'observation';
 CREATE INDEX events_permanent_stream_observation_received_idx
     ON events_permanent (stream_id, received_at) WHERE event_class = 'observation';
+-- Reads of the log filtered by event type, on the permanent segment alone: the day segments hold
+-- telemetry snapshots only, which a read by type finds by walking them in commit order (they are
+-- most of every day), so an index of their one type was an entry per snapshot that no read needed.
+-- A read whose types are all lifecycle types names the segment (ledger/reading.py).
 CREATE INDEX events_permanent_type_idx ON events_permanent (event_type, global_position);
 CREATE INDEX events_permanent_recorded_at_idx ON events_permanent (recorded_at);
 -- A GPU's lifecycle events by its UUID, in commit order (its history across every node it was
@@ -502,5 +504,5 @@ CREATE INDEX webhook_deliveries_subscription_idx ON webhook_deliveries (subscrip
 \ir sql/triggers/events_permanent_no_truncate.sql
 \ir sql/triggers/events_notify_log.sql
 
--- This file is schema version 14: a database made from it has what every numbered step gives.
-INSERT INTO schema_version (version) SELECT generate_series(1, 15);
+-- This file is schema version 16: a database made from it has what every numbered step gives.
+INSERT INTO schema_version (version) SELECT generate_series(1, 16);

@@ -26,7 +26,14 @@ import msgspec
 
 from ledger.compact import UndecodableBody
 from ledger.compact_decode import decode_body
-from ledger.events import EventClass, EventPayload, RecordedEvent, decode_metadata, decode_payload
+from ledger.events import (
+    OBSERVATION_EVENT_TYPES,
+    EventClass,
+    EventPayload,
+    RecordedEvent,
+    decode_metadata,
+    decode_payload,
+)
 
 # The one column list of an event row. JSON columns come back as text under names of their own
 # (decoding them with msgspec is faster than asyncpg's json codec, and no alias shadows a column);
@@ -193,6 +200,10 @@ _BY_GPU_LIFECYCLE = (
     " AND events.segment = 'infinity' AND events.event_class = 'lifecycle'"
     " AND coalesce(events.data->>'uuid', events.data->>'accelerator_uuid') = ${n}"
 )
+# A read of lifecycle events only (by class, or by types none of which is an observation's): they
+# all live in the permanent segment, the only one with an index by type (schema.sql), and naming it
+# leaves the day segments' telemetry out of the plan.
+_LIFECYCLE_ONLY = " AND events.segment = 'infinity'"
 _RECORDED_SINCE = " AND events.recorded_at >= ${n}"
 _RECORDED_UNTIL = " AND events.recorded_at < ${n}"
 _IN_COMMIT_ORDER = " ORDER BY events.tx_id, events.global_position LIMIT ${n}"
@@ -209,6 +220,9 @@ class _Statement:
         self.args.append(value)
         self.parts.append(fragment.format(n=len(self.args)))
 
+    def fixed(self, fragment: str) -> None:
+        self.parts.append(fragment)
+
     @property
     def text(self) -> str:
         return "".join(self.parts)
@@ -222,6 +236,10 @@ def _log_query(after: Checkpoint, where: LogFilter, limit: int) -> _Statement:
         statement.add(_BY_TYPES, list(where.event_types))
     if where.event_class is not None:
         statement.add(_BY_CLASS, where.event_class)
+    if where.event_class == "lifecycle" or (
+        where.event_types and OBSERVATION_EVENT_TYPES.isdisjoint(where.event_types)
+    ):
+        statement.fixed(_LIFECYCLE_ONLY)
     if where.accelerator_uuid is not None:
         statement.add(_BY_ACCELERATOR, where.accelerator_uuid)
     if where.gpu_uuid is not None:

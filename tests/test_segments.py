@@ -11,11 +11,13 @@ from datetime import UTC, date, datetime, timedelta
 import asyncpg
 import pytest
 
+from api.services.health_policy import _HEALTH_EVENTS, _HEALTH_HEAD
 from api.services.inventory import HardwareInventoryService
 from collectors.identity import NodeIdentity
 from collectors.observations import HardwareObservation
-from ledger.events import EventMetadata
-from ledger.reading import Checkpoint
+from domain.health_backtest import BACKTEST_EVENT_TYPES
+from ledger.events import OBSERVATION_EVENT_TYPES, EventMetadata
+from ledger.reading import Checkpoint, LogFilter, _log_query, read_log
 from ledger.retention import prune_observations
 from ledger.segments import ensure_segments, segments
 from ledger.store import EventStore
@@ -86,6 +88,53 @@ async def test_observations_land_on_the_segment_of_the_day_they_were_received(st
     async with store.pool.acquire() as conn:
         stored = {r["global_position"] for r in await conn.fetch("SELECT global_position FROM events")}
     assert len(positions) == len(set(positions)) == sum(held.values()) and set(positions) == stored
+
+
+async def test_reads_by_type_find_every_segment_s_events_and_only_the_permanent_one_is_indexed_by_type(
+    store: EventStore,
+) -> None:
+    async with store.pool.acquire() as conn:
+        await ensure_segments(conn, START.date(), ahead=1)  # 1 and 2 November
+    await simulate(store, nodes=3, reports=12)  # 1-3 November: the 3rd has no segment
+    async with store.pool.acquire() as conn:
+        # a telemetry snapshot in a day segment writes no entry of an index by type
+        by_type = {
+            r["tablename"]
+            for r in await conn.fetch(
+                "SELECT tablename FROM pg_indexes WHERE indexdef LIKE '%(event_type, %'"
+            )
+        }
+        assert by_type == {"events_permanent"}, by_type
+        # what the reads by type deliver is what the whole log holds of those types, in commit order
+        whole = await read_log(conn, Checkpoint(), limit=10_000)
+        assert not whole.more
+
+        async def of_types(*types: str) -> list[int]:
+            got, after = [], Checkpoint()
+            while True:  # small pages, so the reads cross their page boundaries
+                page = await read_log(conn, after, limit=7, where=LogFilter(event_types=types))
+                got += [e.global_position for e in page.entries]
+                if not page.more:
+                    return got
+                after = page.resume
+
+        for types in (("NODE_TELEMETRY_OBSERVED",), ("ACCELERATOR_DISCOVERED", "ACCELERATOR_MISSING"),
+                      ("NODE_TELEMETRY_OBSERVED", "ACCELERATOR_MISSING"), ("NO_SUCH_TYPE",)):  # fmt: skip
+            expected = [e.global_position for e in whole.entries if e.event_type in types]
+            assert await of_types(*types) == expected, types
+        assert len(await of_types("NODE_TELEMETRY_OBSERVED")) == 26  # 10 + 8 in day segments, 8 not
+        assert len(await of_types("ACCELERATOR_MISSING")) == 1
+        # a read of lifecycle types, and the backtest's health reads, leave the day segments out
+        await conn.execute("SET enable_seqscan = off")
+        lifecycle = _log_query(Checkpoint(), LogFilter(event_types=("ACCELERATOR_MISSING",)), 101)
+        for sql, args in ((lifecycle.text, lifecycle.args), (_HEALTH_HEAD, BACKTEST_EVENT_TYPES),
+                          (_HEALTH_EVENTS, (list(BACKTEST_EVENT_TYPES), 0, 100))):  # fmt: skip
+            plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql, *args))
+            assert "events_permanent" in plan and "events_d" not in plan, plan
+            # (the page in position order may walk the primary key instead, as cheap on a small log)
+            assert "events_permanent_type_idx" in plan or sql is _HEALTH_EVENTS, plan
+    # the backtest's types are lifecycle types: the health reads name the permanent segment
+    assert OBSERVATION_EVENT_TYPES.isdisjoint(BACKTEST_EVENT_TYPES)
 
 
 async def test_retention_drops_a_past_day_whole_and_keeps_every_newest_sample(store: EventStore) -> None:

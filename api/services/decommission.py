@@ -272,7 +272,9 @@ class DecommissionService:
         """The node's lifecycle events after its first `generation` ones (what moved it)."""
         rows = await conn.fetch(
             "SELECT stream_version, event_type, recorded_at, metadata->>'actor' AS actor FROM events "
-            "WHERE stream_id = $1 AND event_class = 'lifecycle' ORDER BY stream_version OFFSET $2 LIMIT 50",
+            # (every lifecycle event is in the permanent segment: the day segments' telemetry is left out)
+            "WHERE stream_id = $1 AND segment = 'infinity' AND event_class = 'lifecycle' "
+            "ORDER BY stream_version OFFSET $2 LIMIT 50",
             node_id,
             max(0, generation),
         )

@@ -38,22 +38,23 @@ BACKTEST_SECONDS = 120.0
 BACKTEST_PAGE = 20_000
 MAX_POLICY_BYTES = 256 * 1024
 
-# The health history in log order, a page after a global position (events_type_idx).
+# The health history in log order, a page after a global position. The health events are lifecycle
+# events, all in the permanent segment, the one with an index by type (events_permanent_type_idx).
 _HEALTH_EVENTS = (
     "SELECT " + EVENT_COLUMNS + " FROM events "
-    "WHERE events.event_type = ANY($1::text[]) AND events.global_position > $2 "
-    "ORDER BY events.global_position LIMIT $3"
+    "WHERE events.segment = 'infinity' AND events.event_type = ANY($1::text[]) "
+    "AND events.global_position > $2 ORDER BY events.global_position LIMIT $3"
 )
 
 
-# The newest health event, by type (each a backward scan of events_type_idx): a backtest's pages
-# share one fold while it does not move.
+# The newest health event, by type (each a backward scan of events_permanent_type_idx): a
+# backtest's pages share one fold while it does not move.
 _HEALTH_HEAD = (
     "SELECT greatest("
-    "(SELECT max(global_position) FROM events WHERE event_type = $1), "
-    "(SELECT max(global_position) FROM events WHERE event_type = $2), "
-    "(SELECT max(global_position) FROM events WHERE event_type = $3), "
-    "(SELECT max(global_position) FROM events WHERE event_type = $4))"
+    "(SELECT max(global_position) FROM events WHERE segment = 'infinity' AND event_type = $1), "
+    "(SELECT max(global_position) FROM events WHERE segment = 'infinity' AND event_type = $2), "
+    "(SELECT max(global_position) FROM events WHERE segment = 'infinity' AND event_type = $3), "
+    "(SELECT max(global_position) FROM events WHERE segment = 'infinity' AND event_type = $4))"
 )
 # How long the pages of one backtest are answered from its fold.
 KEEP_BACKTEST_SECONDS = 300.0
