@@ -10,6 +10,8 @@ hash-chained; observation events (telemetry samples) are retention-bounded.
 
 from __future__ import annotations
 
+import os
+import time
 import uuid
 from datetime import datetime
 from typing import Literal, TypeAlias
@@ -419,12 +421,32 @@ class EventMetadata(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omi
     correlation_id: str | None = None
 
 
+def new_event_id() -> uuid.UUID:
+    """A fresh event id, ordered by the time it was made: a UUID of version 7 (RFC 9562), the Unix
+    time in milliseconds in its first 48 bits, 74 random bits after. The log's unique index of
+    event ids then grows at its right edge, as its index of positions does, instead of taking each
+    new id on a random page of a day's index (about 70 % full and, at a fleet's size, far larger
+    than the server's memory); docs/storage.md."""
+    return event_id_at(time.time_ns() // 1_000_000)
+
+
+def event_id_at(unix_ms: int) -> uuid.UUID:
+    """A version 7 UUID of this Unix time in milliseconds, its other bits random."""
+    value = unix_ms << 80 | int.from_bytes(os.urandom(10)) & _RANDOM_74
+    return uuid.UUID(int=value | _VERSION_7_VARIANT_RFC)
+
+
+# Version 7 in bits 76-79 of the 128, the RFC variant (0b10) in bits 62-63; the 74 bits between.
+_RANDOM_74 = (0xFFF << 64) | (2**62 - 1)
+_VERSION_7_VARIANT_RFC = (0x7 << 76) | (0b10 << 62)
+
+
 class NewEvent(msgspec.Struct, frozen=True):
     """An event about to be appended. `event_id` is the idempotency key."""
 
     payload: EventPayload
     metadata: EventMetadata
-    event_id: uuid.UUID = msgspec.field(default_factory=uuid.uuid4)
+    event_id: uuid.UUID = msgspec.field(default_factory=new_event_id)
 
     @property
     def event_type(self) -> str:
