@@ -132,7 +132,7 @@ CREATE INDEX events_permanent_stream_observation_received_idx
     ON events_permanent (stream_id, received_at) WHERE event_class = 'observation';
 -- Reads of the log filtered by event type, on the permanent segment alone: the day segments hold
 -- telemetry snapshots only, which a read by type finds by walking them in commit order (they are
--- most of every day), so an index of their one type was an entry per snapshot that no read needed.
+-- most of every day), so an index of their one type would be an entry per snapshot no read needs.
 -- A read whose types are all lifecycle types names the segment (ledger/reading.py).
 CREATE INDEX events_permanent_type_idx ON events_permanent (event_type, global_position);
 CREATE INDEX events_permanent_recorded_at_idx ON events_permanent (recorded_at);

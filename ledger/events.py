@@ -425,8 +425,8 @@ def new_event_id() -> uuid.UUID:
     """A fresh event id, ordered by the time it was made: a UUID of version 7 (RFC 9562), the Unix
     time in milliseconds in its first 48 bits, 74 random bits after. The log's unique index of
     event ids then grows at its right edge, as its index of positions does, instead of taking each
-    new id on a random page of a day's index (about 70 % full and, at a fleet's size, far larger
-    than the server's memory); docs/storage.md."""
+    new id on a random page of a day's index (about two thirds full and, at a fleet's size, far
+    larger than the server's memory); docs/storage.md."""
     return event_id_at(time.time_ns() // 1_000_000)
 
 
