@@ -194,15 +194,14 @@ _BY_STREAM = " AND events.stream_id = ${n}"
 _BY_TYPES = " AND events.event_type = ANY(${n}::text[])"
 _BY_CLASS = " AND events.event_class = ${n}"
 _BY_ACCELERATOR = " AND (events.data->>'uuid' = ${n} OR events.data->>'accelerator_uuid' = ${n})"
-# Lifecycle events all live in the permanent segment: naming it leaves the day segments out of the
-# plan, and the expression is the index's.
+# The expression and condition are those of the permanent segment's index by GPU UUID.
 _BY_GPU_LIFECYCLE = (
-    " AND events.segment = 'infinity' AND events.event_class = 'lifecycle'"
+    " AND events.event_class = 'lifecycle'"
     " AND coalesce(events.data->>'uuid', events.data->>'accelerator_uuid') = ${n}"
 )
-# A read of lifecycle events only (by class, or by types none of which is an observation's): they
-# all live in the permanent segment, the only one with an index by type (schema.sql), and naming it
-# leaves the day segments' telemetry out of the plan.
+# A read of lifecycle events only (by class, by a GPU's lifecycle, or by types none of which is an
+# observation's): they all live in the permanent segment, the only one with the indexes by type and
+# by GPU UUID (schema.sql), and naming it leaves the day segments' telemetry out of the plan.
 _LIFECYCLE_ONLY = " AND events.segment = 'infinity'"
 _RECORDED_SINCE = " AND events.recorded_at >= ${n}"
 _RECORDED_UNTIL = " AND events.recorded_at < ${n}"
@@ -236,8 +235,10 @@ def _log_query(after: Checkpoint, where: LogFilter, limit: int) -> _Statement:
         statement.add(_BY_TYPES, list(where.event_types))
     if where.event_class is not None:
         statement.add(_BY_CLASS, where.event_class)
-    if where.event_class == "lifecycle" or (
-        where.event_types and OBSERVATION_EVENT_TYPES.isdisjoint(where.event_types)
+    if (
+        where.event_class == "lifecycle"
+        or where.gpu_uuid is not None
+        or (where.event_types and OBSERVATION_EVENT_TYPES.isdisjoint(where.event_types))
     ):
         statement.fixed(_LIFECYCLE_ONLY)
     if where.accelerator_uuid is not None:
