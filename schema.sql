@@ -1,4 +1,4 @@
--- ModelForge hardware plane: the database schema of this release, schema version 16, whole.
+-- ModelForge hardware plane: the database schema of this release, schema version 17, whole.
 --
 -- `modelforge-hw migrate` (and `serve`, at start) creates a new database from this file, in one
 -- transaction. A database made by an older release is brought to the same schema by the numbered
@@ -148,7 +148,21 @@ CREATE INDEX events_permanent_gpu_failed_idx
     WHERE event_type = 'ACCELERATOR_HEALTH_CHANGED' AND data->>'after' = 'failed';
 ALTER TABLE events ATTACH PARTITION events_permanent FOR VALUES FROM ('infinity') TO (MAXVALUE);
 COMMENT ON COLUMN events.body IS
-    'A compact observation (ledger/compact.py): msgpack [format, metadata, payload], format 1 or 2.';
+    'A compact observation (ledger/compact.py): msgpack [format, metadata, payload], format 1, 2 or 3.';
+
+-- The GPU sets compact snapshots of format 3 name by their `sampled` digest: a node's GPU UUIDs,
+-- distinct, in byte order, joined by ',' (what the digest is the md5 of, which the check holds).
+-- A snapshot lists each GPU as its index here instead of its UUID (16 bytes each). Written with
+-- the first snapshot of a set (ledger/gpu_sets.py), never changed, never deleted: about one row
+-- per node, part of the log as much as the snapshots are (docs/storage.md).
+CREATE TABLE gpu_sets (
+    sampled     uuid PRIMARY KEY,
+    gpus        text NOT NULL,
+    -- The writing transaction: a writer trusts a set another transaction committed, and one of
+    -- its own only within its transaction (which may yet roll back).
+    tx_id       xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    CONSTRAINT gpu_sets_digest_check CHECK (md5(gpus)::uuid = sampled)
+);
 
 -- ---------------------------------------------------------------------------------------------
 -- Projections (read models). Every table below is derived from the log and rebuilt from it by
@@ -498,11 +512,14 @@ CREATE INDEX webhook_deliveries_subscription_idx ON webhook_deliveries (subscrip
 \ir sql/functions/mf_refuse_lifecycle_change.sql
 \ir sql/functions/mf_refuse_truncate.sql
 \ir sql/functions/mf_notify_log.sql
+\ir sql/functions/mf_refuse_gpu_set_change.sql
 
 \ir sql/triggers/events_lifecycle_immutable.sql
 \ir sql/triggers/events_no_truncate.sql
 \ir sql/triggers/events_permanent_no_truncate.sql
 \ir sql/triggers/events_notify_log.sql
+\ir sql/triggers/gpu_sets_immutable.sql
+\ir sql/triggers/gpu_sets_no_truncate.sql
 
--- This file is schema version 16: a database made from it has what every numbered step gives.
-INSERT INTO schema_version (version) SELECT generate_series(1, 16);
+-- This file is schema version 17: a database made from it has what every numbered step gives.
+INSERT INTO schema_version (version) SELECT generate_series(1, 17);

@@ -84,7 +84,9 @@ def node_events(i: int, rng: random.Random, now: datetime) -> tuple[str, list[An
 async def fill_by_fold(pool: Any, nodes: int, rng: random.Random) -> int:
     """Fold each node's events with the inventory projection and COPY its rows into the live
     tables (what `rebuild` does into shadows); returns the events folded."""
-    from ledger.events import SCHEMA_VERSION, RecordedEvent
+    from ledger.compact import gpu_set
+    from ledger.events import SCHEMA_VERSION, NodeTelemetryObserved, RecordedEvent
+    from ledger.gpu_sets import GpuSets
     from ledger.store import stored_form
     from projections.framework import STATE_TABLE
     from projections.inventory import INVENTORY
@@ -98,6 +100,7 @@ async def fill_by_fold(pool: Any, nodes: int, rng: random.Random) -> int:
     streams: list[tuple[Any, ...]] = []
     position = total = 0
     now = datetime.now(UTC)
+    sets = GpuSets()
 
     async def flush(conn: Any) -> None:
         for table, batch in rows.items():
@@ -116,6 +119,10 @@ async def fill_by_fold(pool: Any, nodes: int, rng: random.Random) -> int:
     async with pool.acquire() as conn, conn.transaction():
         for i in range(nodes):
             node_id, new = node_events(i, rng, now)
+            # The GPU sets the snapshots name, stored as the server stores them (format 3).
+            usable = await sets.usable(
+                conn, [gpu_set(e.payload) for e in new if isinstance(e.payload, NodeTelemetryObserved)]
+            )
             recorded = []
             for version, e in enumerate(new, start=1):
                 position += 1
@@ -126,7 +133,7 @@ async def fill_by_fold(pool: Any, nodes: int, rng: random.Random) -> int:
                         payload=e.payload, metadata=e.metadata, recorded_at=e.metadata.received_at,
                     )
                 )  # fmt: skip
-                stored = stored_form(e, node_id)
+                stored = stored_form(e, node_id, usable)
                 log.append(
                     (
                         position, e.event_id, node_id, version, e.event_type, e.event_class, SCHEMA_VERSION,

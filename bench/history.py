@@ -63,7 +63,9 @@ async def fill_history(pool: Any, node: int, hours: float, interval: float, now:
     """Append node `node`'s snapshots every `interval` s over the `hours` before `now` to its
     stream, each in the day segment of its receive time; returns the node id and the count."""
     from domain.node import node_id_for
+    from ledger.compact import gpu_set
     from ledger.events import SCHEMA_VERSION, EventMetadata, NewEvent
+    from ledger.gpu_sets import GpuSets
     from ledger.store import stored_form
 
     node_id = node_id_for(node_key(node))
@@ -78,6 +80,8 @@ async def fill_history(pool: Any, node: int, hours: float, interval: float, now:
         days = {r["day"] for r in await conn.fetch("SELECT day FROM event_segments")}
         position = await conn.fetchval("SELECT max(global_position) FROM events")
         version = await conn.fetchval("SELECT version FROM streams WHERE stream_id = $1", node_id)
+        # The GPU sets the snapshots name, stored as the server stores them (format 3).
+        usable = await GpuSets().usable(conn, [gpu_set(p) for p in payloads])
         rows: list[tuple[Any, ...]] = []
         for k in range(count):
             # Observed mid-interval (inside the window however `now` is rounded), received up to
@@ -94,7 +98,7 @@ async def fill_history(pool: Any, node: int, hours: float, interval: float, now:
             e = NewEvent(payload=payloads[k % len(payloads)], metadata=meta)
             day = received.astimezone(UTC).date()
             assert day in days, f"no segment for {day}"  # made above, as the server makes them ahead
-            stored = stored_form(e, node_id)
+            stored = stored_form(e, node_id, usable)
             rows.append(
                 (
                     position + 1 + k, e.event_id, node_id, version + 1 + k, e.event_type, e.event_class,

@@ -24,8 +24,8 @@ Format 1, a msgpack array `[1, metadata, payload]`:
   a fact    a scalar (bool, int, float, str): known; nil: unknown; [2]: unsupported;
             [0, reason]: unavailable; [1, reason]: temporarily failed; [3]: absent
 
-Format 2, `[2, metadata, payload]`, what every append writes: format 1 (same codebooks, health,
-storage and facts) but for
+Format 2, `[2, metadata, payload]`, what an append writes without a stored GPU set: format 1
+(same codebooks, health, storage and facts) but for
   metadata  [observed_at, source, received_at as microseconds after it, ...] where observed_at
             has a zone (what a history reads first), else format 1's [received_at, source,
             observed_at, ...]; agent_sent_at as microseconds after the first time where it has a
@@ -38,6 +38,12 @@ storage and facts) but for
             memory as /proc/meminfo counts it, MiB for a GPU's as NVML does, 4 KiB blocks for
             storage), a known float of watts that is a whole number of milliwatts (NVML's unit)
             as that int; any other known int there as [4, value]; the rest as in format 1
+Format 3, `[3, metadata, payload]`, what an append writes where the snapshot's GPU set is stored
+(table `gpu_sets`, ledger/gpu_sets.py): format 2 but for
+  accelerator [index, telemetry, health or nil, accelerator_id or nil]: the GPU's index in its
+            set, the snapshot's distinct GPU UUIDs in byte order (what `sampled` digests, the
+            row's column naming the set), instead of its UUID; written where the snapshot lists
+            each GPU once
 A released format never changes: a new encoding takes a new format number and the old ones stay
 readable, so every stored body decodes. Round trips are exact (tests/test_compact.py). Here the
 encoding; ledger/compact_decode.py decodes a body whole, ledger/compact_views.py the parts of many
@@ -78,7 +84,7 @@ from ledger.events import (
 # The event types stored compact: observations only (not hash-chained, not meant for SQL).
 COMPACT_EVENT_TYPES: frozenset[str] = frozenset({"NODE_TELEMETRY_OBSERVED"})
 
-FORMAT_1, FORMAT_2 = 1, 2
+FORMAT_1, FORMAT_2, FORMAT_3 = 1, 2, 3
 
 # Format 1's codebooks, format 2's too. Frozen: a name is only ever appended in a new format.
 GPU_TELEMETRY_1: tuple[str, ...] = (
@@ -360,9 +366,9 @@ def _metadata_2(m: EventMetadata) -> Dense:
     return out
 
 
-def _accelerator_2(a: AcceleratorSample, node_id: str) -> Dense:
+def _accelerator_2(a: AcceleratorSample, node_id: str, gpus: GpuSet | None) -> Dense:
     out: Dense = [
-        gpu_id(a.uuid),
+        gpu_id(a.uuid) if gpus is None else gpus.index[a.uuid],
         _group_2(a.telemetry, GPU_TELEMETRY_1, GPU_LAYOUT_2),
         None if a.health is None else health(a.health),
     ]
@@ -373,29 +379,38 @@ def _accelerator_2(a: AcceleratorSample, node_id: str) -> Dense:
     return out
 
 
-def _payload_2(p: NodeTelemetryObserved, node_id: str) -> Dense:
+def _payload_2(p: NodeTelemetryObserved, node_id: str, gpus: GpuSet | None) -> Dense:
     return [
         _group_2(p.telemetry, HOST_TELEMETRY_1, HOST_LAYOUT_2),
         [
             [s.mount, in_units(s.used_bytes, STORAGE_UNIT_2), in_units(s.total_bytes, STORAGE_UNIT_2)]
             for s in p.storage
         ],
-        [_accelerator_2(a, node_id) for a in p.accelerators],
+        [_accelerator_2(a, node_id, gpus) for a in p.accelerators],
     ]
 
 
 def encode_body(
-    payload: EventPayload, metadata: EventMetadata, stream_id: str
+    payload: EventPayload, metadata: EventMetadata, stream_id: str, gpus: GpuSet | None = None
 ) -> tuple[bytes, EventPayload, EventMetadata]:
     """The stored body of an event of stream `stream_id` (a node's: its id), and the payload and
     metadata the log gives back for it: the ones given, which the body holds exactly
     (tests/test_compact.py proves the round trip over arbitrary snapshots; times come back in
-    UTC, the same instants). Decoding the body again here would cost an append more than the
-    encoding itself."""
+    UTC, the same instants). Format 3 with `gpus`, the snapshot's GPU set (`gpu_set`) as stored,
+    else format 2. Decoding the body again here would cost an append more than the encoding
+    itself."""
     if not isinstance(payload, NodeTelemetryObserved):
         raise EventValidationError(f"{type(payload).__name__} is not stored compact")
+    if gpus is not None and len(payload.accelerators) != len(gpus.index):
+        gpus = None  # a GPU listed twice (or a set of other GPUs): format 3 lists each GPU once
     try:
-        body = ENCODER.encode([FORMAT_2, _metadata_2(metadata), _payload_2(payload, stream_id)])
+        body = ENCODER.encode(
+            [
+                FORMAT_2 if gpus is None else FORMAT_3,
+                _metadata_2(metadata),
+                _payload_2(payload, stream_id, gpus),
+            ]
+        )
     except (msgspec.EncodeError, TypeError, AttributeError, ValueError, OverflowError) as exc:
         if isinstance(exc, EventValidationError):
             raise
@@ -403,10 +418,37 @@ def encode_body(
     return body, payload, metadata
 
 
+class GpuSet(msgspec.Struct, frozen=True):
+    """The GPUs a snapshot samples: their UUIDs distinct, in byte order, `joined` by ',' (what
+    `sampled`, the md5 of it as a uuid, digests), and each UUID's index among them. Format 3
+    lists a GPU by that index; the set is stored once (ledger/gpu_sets.py)."""
+
+    sampled: uuid.UUID
+    joined: str
+    index: dict[str, int]
+    # Whether format 3 can name it: some GPUs, none with a ',' (the separator) or a NUL (which
+    # PostgreSQL text cannot hold) in its UUID.
+    storable: bool
+
+
+# Cached: a node's snapshots sample the same GPUs report after report.
+@lru_cache(maxsize=16_384)
+def _gpu_set(joined: str, count: int) -> GpuSet:
+    digest = uuid.UUID(bytes=hashlib.md5(joined.encode(), usedforsecurity=False).digest())
+    parts = joined.split(",")
+    storable = count > 0 and len(parts) == count and "\x00" not in joined
+    return GpuSet(digest, joined, {u: i for i, u in enumerate(parts)} if storable else {}, storable)
+
+
+def gpu_set(payload: NodeTelemetryObserved) -> GpuSet:
+    """The set of GPUs a snapshot samples."""
+    distinct = sorted({a.uuid for a in payload.accelerators})
+    return _gpu_set(",".join(distinct), len(distinct))
+
+
 def sampled_digest(payload: EventPayload) -> uuid.UUID | None:
     """Of a node's telemetry snapshot, the digest of the GPUs it samples, as mf_sampled computes
     it from a jsonb snapshot (ledger/sql/functions/mf_sampled.sql); None for any other event."""
     if not isinstance(payload, NodeTelemetryObserved):
         return None
-    joined = ",".join(sorted({a.uuid for a in payload.accelerators}))
-    return uuid.UUID(bytes=hashlib.md5(joined.encode(), usedforsecurity=False).digest())
+    return gpu_set(payload).sampled

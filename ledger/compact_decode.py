@@ -1,4 +1,4 @@
-"""Decoding a compact body of either format (ledger/compact.py lays them out): the log's row
+"""Decoding a compact body of any format (ledger/compact.py lays them out): the log's row
 decoder takes a snapshot whole here; a telemetry history reads only parts of many
 (ledger/compact_views.py)."""
 
@@ -22,6 +22,7 @@ from ledger.compact import (
     ECC_COUNTERS_1,
     FORMAT_1,
     FORMAT_2,
+    FORMAT_3,
     GPU_LAYOUT_2,
     GPU_TELEMETRY_1,
     HOST_LAYOUT_2,
@@ -169,7 +170,7 @@ def _unmetadata(d: Dense, form: int) -> EventMetadata:
     v = list(d) + [None] * (_METADATA_FIELDS - len(d))
     received = first = _at(v[0])
     sha, actor = v[6], v[8]
-    if form == FORMAT_2:
+    if form != FORMAT_1:
         if type(v[2]) is int:
             received, v[2] = first + timedelta(microseconds=v[2]), first
         v[1], v[3], v[5] = _uncoded(v[1], SOURCES_2), _uncoded(v[3], STREAMS_2), _since(first, v[5])
@@ -204,8 +205,7 @@ def _unaccelerator_1(g: Dense) -> AcceleratorSample:
     )
 
 
-def _unaccelerator_2(g: Dense, node_id: str) -> AcceleratorSample:
-    gpu = _gpu_uuid(g[0])
+def _unaccelerator_2(g: Dense, node_id: str, gpu: str) -> AcceleratorSample:
     h = g[2] if len(g) > 2 else None
     given = g[3] if len(g) > 3 else None
     return AcceleratorSample(
@@ -216,25 +216,48 @@ def _unaccelerator_2(g: Dense, node_id: str) -> AcceleratorSample:
     )
 
 
-def decode_body(body: bytes, stream_id: str) -> tuple[NodeTelemetryObserved, EventMetadata]:
-    """The payload and metadata of a stored compact body of stream `stream_id`."""
+# Cached: a node's snapshots name the same set report after report.
+@lru_cache(maxsize=16_384)
+def gpu_names(joined: str) -> tuple[str, ...]:
+    """A stored GPU set's UUIDs, by index (ledger/compact.py `GpuSet.joined`)."""
+    return tuple(joined.split(","))
+
+
+def _indexed(i: Any, names: tuple[str, ...]) -> str:
+    if type(i) is not int or not 0 <= i < len(names):
+        raise UndecodableBody(f"no GPU of index {i!r} in the snapshot's set")
+    return names[i]
+
+
+def decode_body(
+    body: bytes, stream_id: str, gpus: str | None = None
+) -> tuple[NodeTelemetryObserved, EventMetadata]:
+    """The payload and metadata of a stored compact body of stream `stream_id`; of format 3 with
+    `gpus`, the stored set its `sampled` names (`gpu_sets.gpus`)."""
     try:
         doc = msgspec.msgpack.decode(body)
-        if type(doc) is not list or len(doc) != 3 or doc[0] not in (FORMAT_1, FORMAT_2):
-            raise UndecodableBody("not a compact body of format 1 or 2")
+        if type(doc) is not list or len(doc) != 3 or doc[0] not in (FORMAT_1, FORMAT_2, FORMAT_3):
+            raise UndecodableBody("not a compact body of format 1, 2 or 3")
         form, m, p = doc
-        host, storage, gpus = p
+        host, storage, entries = p
         if form == FORMAT_1:
             payload = NodeTelemetryObserved(
                 telemetry=_ungroup(host, HOST_TELEMETRY_1),
                 storage=[StorageObservation(s[0], _unfact(s[1]), _unfact(s[2])) for s in storage],
-                accelerators=[_unaccelerator_1(g) for g in gpus],
+                accelerators=[_unaccelerator_1(g) for g in entries],
             )
         else:
+            if form == FORMAT_2:
+                accelerators = [_unaccelerator_2(g, stream_id, _gpu_uuid(g[0])) for g in entries]
+            elif gpus is None:
+                raise UndecodableBody("a body of format 3 read without its GPU set")
+            else:
+                names = gpu_names(gpus)
+                accelerators = [_unaccelerator_2(g, stream_id, _indexed(g[0], names)) for g in entries]
             payload = NodeTelemetryObserved(
                 telemetry=_ungroup_2(host, HOST_LAYOUT_2),
                 storage=[_storage(s, STORAGE_UNIT_2) for s in storage],
-                accelerators=[_unaccelerator_2(g, stream_id) for g in gpus],
+                accelerators=accelerators,
             )
         metadata = _unmetadata(m, form)
     except UndecodableBody:

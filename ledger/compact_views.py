@@ -1,6 +1,6 @@
 """What a telemetry history reads of thousands of compact snapshots (ledger/compact.py).
 
-Typed views of formats 1 and 2 that decode the times and the one group of facts a history counts:
+Typed views of formats 1, 2 and 3 that decode the times and the one group of facts a history counts:
 the parts in between stay undecoded (msgspec.Raw: no object for what they hold), the parts after
 it are not looked at (an array_like Struct skips trailing elements), and the groups of every
 snapshot are decoded together in one call. The views that hold no container are not tracked by
@@ -20,6 +20,9 @@ from ledger.compact import (
     ABSENT,
     ABSENT_FACT,
     ENCODER,
+    FORMAT_1,
+    FORMAT_2,
+    FORMAT_3,
     GPU_TELEMETRY_1,
     GPU_UNITS_2,
     HOST_TELEMETRY_1,
@@ -33,7 +36,7 @@ from ledger.compact import (
     UndecodableBody,
     gpu_id,
 )
-from ledger.compact_decode import from_units
+from ledger.compact_decode import from_units, gpu_names
 
 
 class _Times1(msgspec.Struct, array_like=True, gc=False):
@@ -83,6 +86,12 @@ class _GpusView2(msgspec.Struct, array_like=True):
     payload: _Gpus2
 
 
+class _GpusView3(msgspec.Struct, array_like=True):
+    format: Literal[3]
+    metadata: _Times2
+    payload: _Gpus2
+
+
 class _Host(msgspec.Struct, array_like=True, gc=False):
     host: msgspec.Raw
 
@@ -99,11 +108,23 @@ class _HostView2(msgspec.Struct, array_like=True, gc=False):
     payload: _Host
 
 
-_FORMAT_2 = b"\x02"  # a body's second byte: its format, after the marker of a 3-element array
-_gpus_view1 = msgspec.msgpack.Decoder(_GpusView1).decode
-_gpus_view2 = msgspec.msgpack.Decoder(_GpusView2).decode
-_host_view1 = msgspec.msgpack.Decoder(_HostView1).decode
-_host_view2 = msgspec.msgpack.Decoder(_HostView2).decode
+class _HostView3(msgspec.Struct, array_like=True, gc=False):
+    format: Literal[3]
+    metadata: _Times2
+    payload: _Host
+
+
+# A body's second byte is its format, after the marker of a 3-element array.
+_gpus_views: dict[int, Callable[[bytes], _GpusView1 | _GpusView2 | _GpusView3]] = {
+    1: msgspec.msgpack.Decoder(_GpusView1).decode,
+    2: msgspec.msgpack.Decoder(_GpusView2).decode,
+    3: msgspec.msgpack.Decoder(_GpusView3).decode,
+}
+_host_views: dict[int, Callable[[bytes], _HostView1 | _HostView2 | _HostView3]] = {
+    1: msgspec.msgpack.Decoder(_HostView1).decode,
+    2: msgspec.msgpack.Decoder(_HostView2).decode,
+    3: msgspec.msgpack.Decoder(_HostView3).decode,
+}
 _time = msgspec.msgpack.Decoder(datetime)
 _groups = msgspec.msgpack.Decoder(list[list[Any]])
 _BAD_VIEW = (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, IndexError)
@@ -179,30 +200,64 @@ def gpu_key(gpu_uuid: str) -> bytes:
     return ENCODER.encode(gpu_id(gpu_uuid))
 
 
-def gpu_values(bodies: Sequence[bytes], gpu_uuid: str, names: Sequence[str]) -> Values:
+def gpu_values(
+    bodies: Sequence[bytes], gpu_uuid: str, names: Sequence[str], sets: Sequence[str | None] | None = None
+) -> Values:
     """Of each compact snapshot in `bodies` that samples the GPU: its index in `bodies`, its time
     (observed, else received) and the GPU's telemetry (its last entry, as the fold takes it) as
     values of `names`, one each in that order: each fact as format 1 stores it (a scalar known,
-    nil unknown, else what `value_state` tells; ABSENT where the GPU lacks the name).
+    nil unknown, else what `value_state` tells; ABSENT where the GPU lacks the name). `sets`: of
+    each body of format 3, the stored GPU set its row names (`gpu_sets.gpus`), else None.
 
-    Every entry of the GPU holds its encoded UUID, so a snapshot without those bytes does not
-    sample it, and one that holds them once and lists the GPU at some index lists it there only."""
+    Every entry of the GPU holds its key: its encoded UUID (formats 1 and 2), or its index in the
+    snapshot's set (format 3, which lists each GPU once). So a snapshot of format 1 or 2 without
+    those bytes does not sample it, and one that holds them once and lists the GPU at some index
+    lists it there only."""
     encoded = gpu_key(gpu_uuid)
-    key = msgspec.Raw(encoded)
-    held = [body.count(encoded) for body in bodies]
     try:
-        indices, times, groups, of_format_2 = _at_one_index(bodies, held, key) or _one_by_one(
-            bodies, held, key
+        keys, held = _keys(bodies, encoded, gpu_uuid, sets)
+        indices, times, groups, with_units = _at_one_index(bodies, held, keys) or _one_by_one(
+            bodies, held, keys
         )
         dense = _decoded(groups)
-        _in_format_1(dense, of_format_2, GPU_UNITS_2)
+        _in_format_1(dense, with_units, GPU_UNITS_2)
         dense = _values(dense, GPU_TELEMETRY_1, names)
     except _BAD_VIEW as exc:
         raise UndecodableBody(f"compact body: {exc}") from exc
     return Values(indices, times, dense)
 
 
-# Of the snapshots read: their indices, times and the GPU's groups, and which groups are format 2's.
+def _keys(
+    bodies: Sequence[bytes], encoded: bytes, gpu_uuid: str, sets: Sequence[str | None] | None
+) -> tuple[list[msgspec.Raw], list[int]]:
+    """Each body's key of the GPU (an entry of it holds that) and how many entries hold it: for
+    format 1 and 2 the count of its encoded UUID's bytes, for format 3 one where its set has it."""
+    key = msgspec.Raw(encoded)
+    if sets is None or all(s is None for s in sets):
+        if any(body[1] == FORMAT_3 for body in bodies):
+            raise UndecodableBody("a body of format 3 read without its GPU set")
+        return [key] * len(bodies), [body.count(encoded) for body in bodies]
+    keys: list[msgspec.Raw] = []
+    held: list[int] = []
+    of_set: dict[str, msgspec.Raw | None] = {}
+    for body, joined in zip(bodies, sets, strict=True):
+        if body[1] != FORMAT_3:
+            keys.append(key)
+            held.append(body.count(encoded))
+            continue
+        if joined is None:
+            raise UndecodableBody("a body of format 3 read without its GPU set")
+        if joined not in of_set:
+            names = gpu_names(joined)
+            of_set[joined] = msgspec.Raw(ENCODER.encode(names.index(gpu_uuid))) if gpu_uuid in names else None
+        k = of_set[joined]
+        keys.append(key if k is None else k)
+        held.append(0 if k is None else 1)
+    return keys, held
+
+
+# Of the snapshots read: their indices, times and the GPU's groups, and which groups have units
+# (formats 2 and 3).
 _Read: TypeAlias = tuple[list[int], list[datetime], list[msgspec.Raw], list[int]]
 _ENTRY = attrgetter("payload.accelerators.entry")
 _UUID_OF = attrgetter("uuid")
@@ -210,53 +265,62 @@ _TELEMETRY = attrgetter("telemetry")
 _METADATA = attrgetter("metadata")
 # A view per index up to the most GPUs an agent may report; a GPU listed later is read whole.
 _MOST_INDEXED = 256
-_ENTRY_VIEWS: dict[tuple[bool, int], Callable[[bytes], Any]] = {}
+_ENTRY_VIEWS: dict[tuple[int, int], Callable[[bytes], Any]] = {}
 
 
-def _entry_view(two: bool, index: int) -> Callable[[bytes], Any]:
-    """The decoder of a view of format 2 (`two`) or 1 that skips the first `index` GPU entries
-    whole (a Raw each) and decodes the one after: a node lists its GPUs in the same order report
-    after report, so one GPU's history is mostly read at one index, without an object per other
-    GPU."""
-    decode = _ENTRY_VIEWS.get((two, index))
+def _entry_view(form: int, index: int) -> Callable[[bytes], Any]:
+    """The decoder of a view of format `form` that skips the first `index` GPU entries whole (a
+    Raw each) and decodes the one after: a node lists its GPUs in the same order report after
+    report, so one GPU's history is mostly read at one index, without an object per other GPU."""
+    decode = _ENTRY_VIEWS.get((form, index))
     if decode is None:
-        number = 2 if two else 1
+        if form not in (FORMAT_1, FORMAT_2, FORMAT_3):
+            raise UndecodableBody(f"not a compact body of format 1, 2 or 3: format {form}")
         entries = msgspec.defstruct(
-            f"_Entries{number}At{index}",
-            [*((f"skipped_{j}", msgspec.Raw) for j in range(index)), ("entry", _Entry2 if two else _Entry1)],
+            f"_Entries{form}At{index}",
+            [
+                *((f"skipped_{j}", msgspec.Raw) for j in range(index)),
+                ("entry", _Entry1 if form == 1 else _Entry2),
+            ],
             array_like=True,
             gc=False,
         )
         payload = msgspec.defstruct(
-            f"_Payload{number}At{index}",
+            f"_Payload{form}At{index}",
             [("host", msgspec.Raw), ("storage", msgspec.Raw), ("accelerators", entries)],
             array_like=True,
             gc=False,
         )
         view = msgspec.defstruct(
-            f"_EntryView{number}At{index}",
+            f"_EntryView{form}At{index}",
             [
-                ("format", Literal[2] if two else Literal[1]),
-                ("metadata", _Times2 if two else _Times1),
+                ("format", Literal[form]),
+                ("metadata", _Times1 if form == 1 else _Times2),
                 ("payload", payload),
             ],
             array_like=True,
             gc=False,
         )
-        decode = _ENTRY_VIEWS[two, index] = msgspec.msgpack.Decoder(view).decode
+        decode = _ENTRY_VIEWS[form, index] = msgspec.msgpack.Decoder(view).decode
     return decode
 
 
-def _whole(body: bytes, key: msgspec.Raw) -> tuple[bool, _Times1 | _Times2, int | None, msgspec.Raw | None]:
-    """A snapshot read whole: its format (2 or not), times, and the GPU's last index and group."""
-    two = body[1:2] == _FORMAT_2
-    view: _GpusView1 | _GpusView2 = _gpus_view2(body) if two else _gpus_view1(body)
+def _format(body: bytes) -> int:
+    if len(body) < 2 or body[1] not in _gpus_views:
+        raise UndecodableBody("not a compact body of format 1, 2 or 3")
+    return body[1]
+
+
+def _whole(body: bytes, key: msgspec.Raw) -> tuple[int, _Times1 | _Times2, int | None, msgspec.Raw | None]:
+    """A snapshot read whole: its format, times, and the GPU's last index and group."""
+    form = _format(body)
+    view = _gpus_views[form](body)
     index, group = None, None
     entries: Sequence[_Entry1 | _Entry2] = view.payload.accelerators
     for j, g in enumerate(entries):
         if g.uuid == key:
             index, group = j, g.telemetry
-    return two, view.metadata, index, group
+    return form, view.metadata, index, group
 
 
 _FIRST, _SECOND, _OBSERVED = attrgetter("first"), attrgetter("second"), attrgetter("observed_at")
@@ -264,8 +328,8 @@ _FIRST, _SECOND, _OBSERVED = attrgetter("first"), attrgetter("second"), attrgett
 
 def _times_of(metadata: list[Any]) -> list[datetime]:
     """`_at_of` of many snapshots' times of one format: in a few calls into C where each has the
-    time it names first (format 2: no observed time after a received one; format 1: an observed
-    time)."""
+    time it names first (formats 2 and 3: no observed time after a received one; format 1: an
+    observed time)."""
     if metadata and type(metadata[0]) is _Times2:
         if datetime not in set(map(type, map(_SECOND, metadata))):
             return list(map(_FIRST, metadata))
@@ -274,59 +338,60 @@ def _times_of(metadata: list[Any]) -> list[datetime]:
     return list(map(_at_of, metadata))
 
 
-def _at_one_index(bodies: Sequence[bytes], held: list[int], key: msgspec.Raw) -> _Read | None:
+def _at_one_index(bodies: Sequence[bytes], held: list[int], keys: list[msgspec.Raw]) -> _Read | None:
     """A node's usual day, every snapshot of one format listing the GPU once and at the same
     index, read in a few calls into C rather than a few lines of Python per snapshot; None for
     any other day."""
     if not bodies or held.count(1) != len(held):
         return None
-    two, _, index, _ = _whole(bodies[0], key)
+    form, _, index, _ = _whole(bodies[0], keys[0])
     if index is None or index >= _MOST_INDEXED:
         return None
     try:
-        views = list(map(_entry_view(two, index), bodies))
+        views = list(map(_entry_view(form, index), bodies))
     except (msgspec.DecodeError, msgspec.ValidationError):
-        return None  # fewer GPUs, or the other format
+        return None  # fewer GPUs, or another format
     entries = list(map(_ENTRY, views))
-    if list(map(_UUID_OF, entries)).count(key) != len(entries):
+    if list(map(_UUID_OF, entries)) != keys:
         return None
     times = _times_of(list(map(_METADATA, views)))
     return (
         list(range(len(bodies))),
         times,
         list(map(_TELEMETRY, entries)),
-        list(range(len(bodies))) if two else [],
+        list(range(len(bodies))) if form != FORMAT_1 else [],
     )
 
 
-def _one_by_one(bodies: Sequence[bytes], held: list[int], key: msgspec.Raw) -> _Read:
-    """Each snapshot that holds the GPU's bytes read at the index it had in the one before (read
-    whole where the entry there is not the GPU's or the bytes occur more than once)."""
+def _one_by_one(bodies: Sequence[bytes], held: list[int], keys: list[msgspec.Raw]) -> _Read:
+    """Each snapshot that holds the GPU's key read at the index it had in the one before (read
+    whole where the entry there is not the GPU's or the key occurs more than once)."""
     read: _Read = ([], [], [], [])
-    indices, times, groups, of_format_2 = read
+    indices, times, groups, with_units = read
     index = 0
     for i, body in enumerate(bodies):
         if not held[i]:
             continue
-        two = body[1:2] == _FORMAT_2
+        form = _format(body)
+        key = keys[i]
         if held[i] == 1:
             try:
-                view = _entry_view(two, index)(body)
+                view = _entry_view(form, index)(body)
             except (msgspec.DecodeError, msgspec.ValidationError):
                 pass  # fewer GPUs than the index: read whole
             else:
                 entry: _Entry1 | _Entry2 = view.payload.accelerators.entry
                 if entry.uuid == key:
-                    if two:
-                        of_format_2.append(len(groups))
+                    if form != FORMAT_1:
+                        with_units.append(len(groups))
                     indices.append(i)
                     times.append(_at_of(view.metadata))
                     groups.append(entry.telemetry)
                     continue
-        two, metadata, last, group = _whole(body, key)
+        form, metadata, last, group = _whole(body, key)
         if group is not None:
-            if two:
-                of_format_2.append(len(groups))
+            if form != FORMAT_1:
+                with_units.append(len(groups))
             indices.append(i)
             times.append(_at_of(metadata))
             groups.append(group)
@@ -342,12 +407,10 @@ def host_values(bodies: Sequence[bytes], names: Sequence[str]) -> Values:
     of_format_2: list[int] = []
     try:
         for i, body in enumerate(bodies):
-            view: _HostView1 | _HostView2
-            if body[1:2] == _FORMAT_2:
-                view = _host_view2(body)
+            form = _format(body)
+            view = _host_views[form](body)
+            if form != FORMAT_1:
                 of_format_2.append(i)
-            else:
-                view = _host_view1(body)
             times.append(_at_of(view.metadata))
             groups.append(view.payload.host)
         dense = _decoded(groups)

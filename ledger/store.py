@@ -18,17 +18,19 @@ import asyncpg
 import msgspec
 import structlog
 
-from ledger.compact import encode_body, is_compact, sampled_digest
+from ledger.compact import GpuSet, encode_body, gpu_set
 from ledger.events import (
     SCHEMA_VERSION,
     EventMetadata,
     EventPayload,
     NewEvent,
+    NodeTelemetryObserved,
     RecordedEvent,
     validate_metadata,
     validate_payload,
 )
-from ledger.group_commit import GroupCommit
+from ledger.gpu_sets import GpuSets
+from ledger.group_commit import GroupCommit, TryAgain
 from ledger.reading import (
     EVENT_COLUMNS,
     Checkpoint,
@@ -72,6 +74,12 @@ class StreamTombstoned(LedgerError):
 
 class DuplicateEvent(LedgerError):
     """Part of a batch is already stored: a batch is idempotent only as a whole."""
+
+
+class GpuSetNotStored(TryAgain, LedgerError):
+    """A snapshot named a GPU set the store remembered stored and the database lacks (a failover
+    lost its commit); nothing was written. The store has forgotten what it remembered: the same
+    append again stores the set first (a group commit runs it again at once)."""
 
 
 class StreamInfo(msgspec.Struct, frozen=True):
@@ -191,11 +199,14 @@ class StoredForm(NamedTuple):
     metadata: EventMetadata
 
 
-def stored_form(event: NewEvent, stream_id: str) -> StoredForm:
-    """How the log stores an event of stream `stream_id` (what mf_append_many takes for it), validated."""
-    if is_compact(event.payload):
-        body, payload, meta = encode_body(event.payload, event.metadata, stream_id)
-        return StoredForm(None, None, body, sampled_digest(payload), payload, meta)
+def stored_form(event: NewEvent, stream_id: str, usable: set[uuid.UUID] | None = None) -> StoredForm:
+    """How the log stores an event of stream `stream_id` (what mf_append_many takes for it),
+    validated: a snapshot whose GPU set is `usable` (stored: ledger/gpu_sets.py) in format 3."""
+    if isinstance(event.payload, NodeTelemetryObserved):
+        gpus = gpu_set(event.payload)
+        named = gpus if usable is not None and gpus.sampled in usable else None
+        body, payload, meta = encode_body(event.payload, event.metadata, stream_id, named)
+        return StoredForm(None, None, body, gpus.sampled, payload, meta)
     data, payload = validate_payload(event.payload)
     metadata_json, meta = validate_metadata(event.metadata)
     return StoredForm(data, metadata_json, None, None, payload, meta)
@@ -212,6 +223,7 @@ class EventStore:
         self.pool = pool
         self.projections = tuple(projections)
         self.states = StateCache(state_cache_streams)
+        self.gpu_sets = GpuSets()
         # Appends of concurrent callers (each its own transaction before) share one: a commit and
         # its WAL flush, one `mf_append_many` and one projection write for the lot. A lone append
         # still runs at once, alone; a conflict in a batch has each of its appends run again alone.
@@ -271,7 +283,7 @@ class EventStore:
         if first is None:
             await self.open_streams(conn, [r.stream_id for r in requests], "")
             return await self.append_many(conn, requests, locked=True)
-        encoded = self._encoded(requests)
+        encoded = await self._encoded(conn, requests)
         kept = await self._append_kept(conn, requests, encoded, first)
         if kept is not None:
             return kept
@@ -319,7 +331,9 @@ class EventStore:
         since, and only then appends at those versions, folding onto the kept states. None where
         another checkpoint is stored: nothing written, the locks held; the caller opens the
         streams (`open_states`) in the same transaction and decides again."""
-        return await self._send_kept(conn, requests, self._encoded(requests), projection, kept, rebuild)
+        return await self._send_kept(
+            conn, requests, await self._encoded(conn, requests), projection, kept, rebuild
+        )
 
     async def _send_kept(
         self,
@@ -359,14 +373,23 @@ class EventStore:
         write per projection. Each stream is checked as `append` checks it; with more than one
         stream, a conflict, tombstone or duplicate raises a plain LedgerError for the whole call
         (the caller's group commit then runs each alone, where the typed error names its stream)."""
-        encoded = self._encoded(requests)
+        encoded = await self._encoded(conn, requests)
         rows = await self._send(conn, requests, encoded, "mf_append_many", (locked,))
         return await self._recorded(conn, requests, encoded, rows)
 
-    def _encoded(self, requests: Sequence[AppendRequest]) -> list[list[StoredForm]]:
+    async def _encoded(
+        self, conn: asyncpg.Connection, requests: Sequence[AppendRequest]
+    ) -> list[list[StoredForm]]:
         if any(not r.events for r in requests):
             raise ValueError("append needs at least one event per stream")
-        return [[stored_form(e, r.stream_id) for e in r.events] for r in requests]
+        sets: list[GpuSet] = [
+            gpu_set(e.payload)
+            for r in requests
+            for e in r.events
+            if isinstance(e.payload, NodeTelemetryObserved)
+        ]
+        usable = await self.gpu_sets.usable(conn, sets) if sets else None
+        return [[stored_form(e, r.stream_id, usable) for e in r.events] for r in requests]
 
     async def _send(
         self,
@@ -402,6 +425,9 @@ class EventStore:
                 *extra,
             )
         except asyncpg.PostgresError as exc:
+            if getattr(exc, "sqlstate", None) == "MF424":
+                self.gpu_sets.forget()
+                raise GpuSetNotStored(str(exc)) from exc
             if len(requests) == 1:
                 translated = _translate(exc, requests[0].stream_id, requests[0].expected_version)
             else:

@@ -23,8 +23,10 @@ from ledger.compact import (
     GPU_TELEMETRY_1,
     HOST_TELEMETRY_1,
     Dense,
+    GpuSet,
     UndecodableBody,
     encode_body,
+    gpu_set,
     sampled_digest,
 )
 from ledger.compact_decode import decode_body
@@ -140,6 +142,13 @@ def test_every_snapshot_comes_back_exactly(
     assert decoded == payload and decoded_meta == meta
     # the same JSON an auditor reads off /events, states, types and names included
     assert as_json(decoded) == as_json(payload) and as_json(decoded_meta) == as_json(meta)
+    # format 3, its GPUs named by their index in the stored set, where it lists each GPU once
+    gpus = gpu_set(payload)
+    if gpus.storable:
+        body_3, _, _ = encode_body(payload, meta, stream, gpus)
+        assert body_3[1] == (3 if len(payload.accelerators) == len(gpus.index) else 2)
+        assert decode_body(body_3, stream, gpus.joined) == (payload, meta)
+        assert as_json(decode_body(body_3, stream, gpus.joined)) == as_json((payload, meta))
 
 
 @settings(max_examples=200, deadline=None)
@@ -177,16 +186,13 @@ def expected_values(
 
 
 @settings(max_examples=200, deadline=None)
-@given(stream_ids, st.lists(st.tuples(snapshots, metadata, st.booleans()), max_size=4))
+@given(stream_ids, st.lists(st.tuples(snapshots, metadata, st.sampled_from([1, 2, 3])), max_size=4))
 def test_a_history_reads_one_gpu_or_the_host_as_the_whole_decode_does(
-    stream: str, events: list[tuple[NodeTelemetryObserved, EventMetadata, bool]]
+    stream: str, events: list[tuple[NodeTelemetryObserved, EventMetadata, int]]
 ) -> None:
-    # a log of both formats: format 1 bodies of earlier releases, then format 2 ones
-    bodies = [
-        encode_body_1(payload, meta) if earlier else encode_body(payload, meta, stream)[0]
-        for payload, meta, earlier in events
-    ]
-    decoded = [decode_body(b, stream) for b in bodies]
+    # a log of every format: formats 1 and 2 of earlier releases, format 3 where its set is stored
+    bodies, sets = stored_in(events, stream)
+    decoded = [decode_body(b, stream, s) for b, s in zip(bodies, sets, strict=True)]
     every_gpu = {a.uuid for payload, _ in decoded for a in payload.accelerators}
     for gpu in [*sorted(every_gpu), "GPU-not-sampled"]:
         carried = [
@@ -196,13 +202,32 @@ def test_a_history_reads_one_gpu_or_the_host_as_the_whole_decode_does(
         for names in (list(GPU_TELEMETRY_1), [*GPU_TELEMETRY_1, *carried, "never_sampled"]):
             got = [
                 (i, at, [as_reading(v) for v in values])
-                for i, at, values in rows(gpu_values(bodies, gpu, names))
+                for i, at, values in rows(gpu_values(bodies, gpu, names, sets))
             ]
             assert got == expected_values(decoded, gpu, names)
     carried = [n for payload, _ in decoded for n in payload.telemetry]
     for names in (list(HOST_TELEMETRY_1), [*HOST_TELEMETRY_1, *carried, "never_sampled"]):
         got = [(i, at, [as_reading(v) for v in values]) for i, at, values in rows(host_values(bodies, names))]
         assert got == expected_values(decoded, None, names)
+
+
+def stored_in(
+    events: list[tuple[NodeTelemetryObserved, EventMetadata, int]], stream: str
+) -> tuple[list[bytes], list[str | None]]:
+    """Each snapshot's body in the format given (3: where it names a storable set and lists each
+    GPU once, else 2) and the stored set a body of format 3 names (None for the others)."""
+    bodies: list[bytes] = []
+    sets: list[str | None] = []
+    for payload, meta, form in events:
+        gpus = gpu_set(payload)
+        if form == 1:
+            bodies.append(encode_body_1(payload, meta))
+        else:
+            bodies.append(
+                encode_body(payload, meta, stream, gpus if form == 3 and gpus.storable else None)[0]
+            )
+        sets.append(gpus.joined if bodies[-1][1] == 3 else None)
+    return bodies, sets
 
 
 # How one snapshot of a node's day differs from its usual one: the GPU of the history missing,
@@ -216,7 +241,7 @@ DAY_CHANGES = ["as usual"] * 6 + ["without it", "twice", "moved", "its uuid as a
     st.lists(st.uuids().map(lambda u: f"GPU-{u}"), min_size=1, max_size=5, unique=True),
     st.data(),
     st.lists(st.tuples(st.sampled_from(DAY_CHANGES), groups, times, st.booleans()), min_size=1, max_size=12),
-    st.sampled_from(["format 2", "format 1", "both"]),
+    st.sampled_from(["format 3", "format 2", "format 1", "all three"]),
 )
 def test_a_day_of_one_nodes_snapshots_reads_as_the_whole_decode_does(
     stream: str,
@@ -226,7 +251,7 @@ def test_a_day_of_one_nodes_snapshots_reads_as_the_whole_decode_does(
     formats: str,
 ) -> None:
     gpu = data.draw(st.sampled_from(gpus))
-    bodies = []
+    day_events: list[tuple[NodeTelemetryObserved, EventMetadata, int]] = []
     for k, (change, telemetry, at, observed) in enumerate(day):
         entries = [  # each GPU's facts its own: a read at the wrong index shows
             AcceleratorSample(f"a{i}", u, {**telemetry, "clock_sm_mhz": Known(i)}) for i, u in enumerate(gpus)
@@ -244,11 +269,15 @@ def test_a_day_of_one_nodes_snapshots_reads_as_the_whole_decode_does(
             entries = [mine]
         meta = EventMetadata(received_at=at, source="agent", observed_at=at if observed else None)
         payload = NodeTelemetryObserved(telemetry={}, storage=[], accelerators=entries)
-        earlier = formats == "format 1" or (formats == "both" and k % 2 == 1)
-        bodies.append(encode_body_1(payload, meta) if earlier else encode_body(payload, meta, stream)[0])
-    decoded = [decode_body(b, stream) for b in bodies]
+        form = int(formats[-1]) if formats != "all three" else 3 - k % 3
+        day_events.append((payload, meta, form))
+    bodies, sets = stored_in(day_events, stream)
+    decoded = [decode_body(b, stream, s) for b, s in zip(bodies, sets, strict=True)]
     names = list(GPU_TELEMETRY_1)
-    got = [(i, at, [as_reading(v) for v in values]) for i, at, values in rows(gpu_values(bodies, gpu, names))]
+    got = [
+        (i, at, [as_reading(v) for v in values])
+        for i, at, values in rows(gpu_values(bodies, gpu, names, sets))
+    ]
     assert got == expected_values(decoded, gpu, names)
 
 
@@ -346,6 +375,52 @@ def test_the_formats_are_frozen() -> None:
     payload, meta = reported(1)
     assert encode_body(payload, meta, NODE)[0].hex() == FORMAT_2_REPORTED_ONE_GPU
     assert decode_body(bytes.fromhex(FORMAT_2_REPORTED_ONE_GPU), NODE) == (payload, meta)
+    payload, meta = reported(2)
+    gpus = gpu_set(payload)
+    assert encode_body(payload, meta, NODE, gpus)[0].hex() == FORMAT_3_REPORTED_TWO_GPUS
+    assert gpus.joined == FORMAT_3_REPORTED_SET
+    assert decode_body(bytes.fromhex(FORMAT_3_REPORTED_TWO_GPUS), NODE, FORMAT_3_REPORTED_SET) == (
+        payload,
+        meta,
+    )
+
+
+def test_a_steady_report_of_format_3_stores_the_gpus_uuids_once_per_set() -> None:
+    payload, meta = reported()
+    gpus = gpu_set(payload)
+    body, _, _ = encode_body(payload, meta, NODE, gpus)
+    format_2, _, _ = encode_body(payload, meta, NODE)
+    assert decode_body(body, NODE, gpus.joined) == (payload, meta)
+    # each GPU's UUID, 18 bytes (16 and their header), against its index's one
+    assert len(format_2) - len(body) == 8 * 17, (len(body), len(format_2))
+
+
+def test_a_body_of_format_3_without_its_set_or_with_another_is_refused_by_name() -> None:
+    payload, meta = reported(2)
+    gpus = gpu_set(payload)
+    body, _, _ = encode_body(payload, meta, NODE, gpus)
+    with pytest.raises(UndecodableBody, match="without its GPU set"):
+        decode_body(body, NODE)
+    with pytest.raises(UndecodableBody, match="no GPU of index 1"):
+        decode_body(body, NODE, "GPU-only-one")
+    with pytest.raises(UndecodableBody, match="without its GPU set"):
+        gpu_values([body], payload.accelerators[0].uuid, list(GPU_TELEMETRY_1), [None])
+
+
+def test_a_snapshot_listing_a_gpu_twice_or_a_set_of_other_gpus_is_stored_in_format_2() -> None:
+    payload, meta = reported(2)
+    twice = msgspec.structs.replace(payload, accelerators=[*payload.accelerators, payload.accelerators[0]])
+    for p, gpus in (
+        (twice, gpu_set(twice)),
+        (payload, GpuSet(uuid.UUID(int=1), "GPU-x", {"GPU-x": 0}, True)),
+    ):
+        body, _, _ = encode_body(p, meta, NODE, gpus)
+        assert body[1] == 2 and decode_body(body, NODE) == (p, meta)
+    # a set that cannot be joined by ',' or stored as text is not named at all
+    assert not gpu_set(msgspec.structs.replace(payload, accelerators=[])).storable
+    for odd in ("GPU-a,b", "GPU-\x00"):
+        one = AcceleratorSample(accelerator_id="a", uuid=odd, telemetry={})
+        assert not gpu_set(msgspec.structs.replace(payload, accelerators=[one])).storable
 
 
 FORMAT_1_STEADY_ONE_GPU = (
@@ -355,6 +430,13 @@ FORMAT_1_STEADY_ONE_GPU = (
     "c410fcf3eedb19f555d6a50742652e30ce549bcf00000007ed500000cf0000001400000000612938cb4079c849ba5e35"
     "3fcd07bccd07bccd0a3b9102a250309799c2c2c2c2c2c2c2c2c2a7656e61626c65649400000000940000c2c2930000c2"
     "00c3"
+)
+FORMAT_3_REPORTED_SET = "GPU-1684789b-c49e-5f87-aba2-71c94bccbf94,GPU-2e318d8b-9b2d-54a0-a920-ec53a4b2188e"
+FORMAT_3_REPORTED_TWO_GPUS = (
+    "930399d7ffe4e1c0006b11217f01cd9c4001cd21c0cd4e20c420abababababababababababababababababababababab"
+    "ababababababababababc0c410000000000000000000000000000000079392ce58c8996cce800000009193a12fce0148"
+    "0000ce0df800009292009bcd7ed5ce00014000612938ce00064b66cd07bccd07bccd0a3b9102a2503092019bcd7ed6ce"
+    "00014000612939ce00064b66cd07bccd07bccd0a3b9102a25030"
 )
 FORMAT_2_REPORTED_ONE_GPU = (
     "930299d7ffe4e1c0006b11217f01cd9c4001cd21c0cd4e20c420abababababababababababababababababababababab"
@@ -366,7 +448,7 @@ FORMAT_2_REPORTED_ONE_GPU = (
 
 @pytest.mark.parametrize(
     "body",
-    [b"", b"\x00", bytes.fromhex("93039090"), bytes.fromhex("9302") + b"\xc1", b"{}"],
+    [b"", b"\x00", bytes.fromhex("93049090"), bytes.fromhex("9302") + b"\xc1", b"{}"],
     ids=["empty", "not msgpack", "another format", "truncated", "json"],
 )
 def test_bytes_that_are_no_body_are_refused_by_name(body: bytes) -> None:
@@ -403,3 +485,17 @@ async def test_the_digest_retention_compares_is_postgresqls_of_the_same_gpus(
         )
         carried = await conn.fetchval("SELECT mf_sampled(NULL, $1)", sampled_digest(payload))
     assert of_jsonb == sampled_digest(payload) == carried
+    # the stored set's check computes the same digest of the joined UUIDs
+    gpus = gpu_set(payload)
+    if gpus.storable:
+        async with pool.acquire() as conn:
+            tx = conn.transaction()
+            await tx.start()
+            try:
+                await conn.execute(
+                    "INSERT INTO gpu_sets (sampled, gpus) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                    gpus.sampled,
+                    gpus.joined,
+                )
+            finally:
+                await tx.rollback()

@@ -6,7 +6,9 @@ and its state in one statement), and 5 where the server kept the node's state an
 from its previous report (the lock, the check of the kept checkpoint and the append are one call,
 `mf_append_kept`, and the position is read from the kept copy, checked by its advance); a refresh
 sends 5. Reports that arrive together (group commit) send the same statements for the whole
-batch."""
+batch. A snapshot whose GPU set the store does not know stored adds one statement (storing it, or
+finding it stored: docs/storage.md), so the counts are taken once a report of these GPUs has
+found their set committed."""
 
 from __future__ import annotations
 
@@ -71,8 +73,10 @@ async def test_a_steady_state_agent_report_sends_five_statements_and_a_first_one
             token.token, EnrollRequest(identity_key=key, identity_source="configured", hostname=key)
         )
         principals.append(await services.credentials.authenticate(enrolled.credential))
-    # The connection's first report prepares its statements (and asyncpg reads their types).
+    # The connection's first report prepares its statements (and asyncpg reads their types); it
+    # stores the GPUs' set, which the counted agent's first report finds committed.
     await services.reports.accept_report(principals[0], report_body("warm-up-agent", 1, mem_avail=1), None)
+    await services.reports.accept_report(principals[0], report_body("warm-up-agent", 2, mem_avail=2), None)
     principal = principals[1]
     counter.queries.clear()
     first = await services.reports.accept_report(
@@ -156,6 +160,7 @@ async def test_a_steady_state_local_refresh_sends_one_lock_and_one_state_load(
 ) -> None:
     services, counter = counted
     await services.inventory.refresh()
+    await services.inventory.refresh()  # finds the GPUs' set, which the first stored, committed
     counter.queries.clear()
     outcome = await services.inventory.refresh()
     assert outcome.outcome == "succeeded"

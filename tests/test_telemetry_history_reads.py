@@ -7,6 +7,7 @@ outside the codebooks, every availability state, the states in the order first s
 from __future__ import annotations
 
 import math
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,7 +19,7 @@ from api.services.reads.telemetry import accelerator_part, host_part, samples_in
 from collectors.facts import UNKNOWN, UNSUPPORTED, Fact, Known, TemporarilyFailed, Unavailable
 from collectors.observations import ACCELERATOR_METRICS, HOST_METRICS
 from domain.telemetry_history import Bucket, Reading, Series, Window, downsample_columns, reading
-from ledger.compact import encode_body
+from ledger.compact import encode_body, gpu_set
 from ledger.compact_decode import decode_body
 from ledger.events import (
     AcceleratorSample,
@@ -99,6 +100,10 @@ windows = st.builds(
 )
 
 
+# The GPU sets the stored snapshots of format 3 name (as `gpu_sets` holds them).
+SETS: dict[uuid.UUID, str] = {}
+
+
 def stored(
     given_events: list[tuple[EventPayload, bool, int | None, int]], order: list[int]
 ) -> tuple[list[dict[str, Any]], list[tuple[int, EventPayload, EventMetadata]]]:
@@ -115,13 +120,36 @@ def stored(
         )
         if compact:
             assert isinstance(payload, NodeTelemetryObserved)
-            # format 1 as earlier releases stored it, format 2 as this one does
-            body = encode_body_1(payload, meta) if position % 2 else encode_body(payload, meta, NODE)[0]
-            row = {"global_position": position, "body": body, "data_json": None, "metadata_json": None}
-            decoded.append((position, *decode_body(body, NODE)))
+            # formats 1 and 2 as earlier releases stored them, 3 as this one does where the
+            # snapshot lists each GPU once (else 2)
+            gpus = gpu_set(payload)
+            body = (
+                encode_body_1(payload, meta)
+                if position % 3 == 1
+                else encode_body(payload, meta, NODE, gpus if position % 3 == 0 and gpus.storable else None)[
+                    0
+                ]
+            )
+            named = body[1] == 3
+            if named:
+                SETS[gpus.sampled] = gpus.joined
+            row = {
+                "global_position": position,
+                "body": body,
+                "data_json": None,
+                "metadata_json": None,
+                "gpu_set_id": gpus.sampled if named else None,
+            }
+            decoded.append((position, *decode_body(body, NODE, gpus.joined if named else None)))
         else:
             data, metadata = msgspec.json.encode(payload).decode(), msgspec.json.encode(meta).decode()
-            row = {"global_position": position, "body": None, "data_json": data, "metadata_json": metadata}
+            row = {
+                "global_position": position,
+                "body": None,
+                "data_json": data,
+                "metadata_json": metadata,
+                "gpu_set_id": None,
+            }
             decoded.append((position, payload, meta))
         rows.append(row)
     return [rows[i] for i in order], decoded
@@ -197,7 +225,7 @@ def test_the_read_counts_what_the_whole_decode_says(
         )
     else:
         metrics = ACCELERATOR_METRICS
-        parts = [accelerator_part(part, gpu, ACCELERATOR_METRICS) for part in (rows[:cut], rows[cut:])]
+        parts = [accelerator_part(part, gpu, ACCELERATOR_METRICS, SETS) for part in (rows[:cut], rows[cut:])]
     samples = samples_in_window(w, parts)
     series = downsample_columns(w, samples, metrics, state_of)
     ordered, expected = counted(w, decoded, gpu, metrics)
@@ -222,7 +250,8 @@ def test_samples_observed_at_one_moment_are_counted_in_log_order_whatever_the_pa
         ordered, _ = counted(w, decoded, GPUS[0], ACCELERATOR_METRICS)
         for cut in range(len(rows) + 1):
             parts = [
-                accelerator_part(part, GPUS[0], ACCELERATOR_METRICS) for part in (rows[:cut], rows[cut:])
+                accelerator_part(part, GPUS[0], ACCELERATOR_METRICS, SETS)
+                for part in (rows[:cut], rows[cut:])
             ]
             samples = samples_in_window(w, parts)
             got = [

@@ -27,6 +27,7 @@ from api.services.reads.telemetry import TelemetryReads
 from collectors.identity import NodeIdentity
 from collectors.observations import HardwareObservation
 from domain.telemetry_history import window
+from ledger.compact import encode_body
 from ledger.compact_decode import decode_body
 from ledger.db import create_pool
 from ledger.events import EventMetadata, RecordedEvent
@@ -210,8 +211,7 @@ async def test_a_version_7_log_holding_jsonb_snapshots_reads_the_same_with_compa
     """A database the previous release filled (schema version 7: every telemetry snapshot jsonb)
     is migrated, takes compact snapshots after its jsonb ones, and every reader treats the two
     alike: verify, rebuild --verify, the catch-up read, as-of, the telemetry history, retention;
-    the compact ones of both formats, the first of each node's as the releases that wrote format 1
-    stored it."""
+    the compact ones of every format, as the releases that wrote formats 1 and 2 stored them."""
     await run_sql_file(empty_database, FIXTURES / "modelforge-schema-7.sql")
     conn = await asyncpg.connect(empty_database)
     try:
@@ -245,15 +245,23 @@ async def test_a_version_7_log_holding_jsonb_snapshots_reads_the_same_with_compa
                     identity, obs, EventMetadata(received_at=at, source="agent", observed_at=at)
                 )
         async with pool.acquire() as conn:
-            for row in await conn.fetch(
-                "SELECT global_position, stream_id, body FROM events WHERE body IS NOT NULL "
-                "ORDER BY global_position LIMIT 2"
+            # the first two as the releases that wrote format 1 stored them, the third as those
+            # that wrote format 2 did, the fourth as this one writes it (format 3)
+            for k, row in enumerate(
+                await conn.fetch(
+                    "SELECT global_position, stream_id, body, "
+                    "(SELECT gpus FROM gpu_sets g WHERE g.sampled = events.sampled) AS gpus "
+                    "FROM events WHERE body IS NOT NULL ORDER BY global_position LIMIT 3"
+                )
             ):
-                payload, meta = decode_body(row["body"], row["stream_id"])
+                assert row["body"][1] == 3
+                payload, meta = decode_body(row["body"], row["stream_id"], row["gpus"])
                 await conn.execute(
                     "UPDATE events SET body = $2 WHERE global_position = $1",
                     row["global_position"],
-                    encode_body_1(payload, meta),
+                    encode_body_1(payload, meta)
+                    if k < 2
+                    else encode_body(payload, meta, row["stream_id"])[0],
                 )
             formats = await conn.fetchval(
                 "SELECT array_agg(get_byte(body, 1) ORDER BY global_position) FROM events WHERE body IS NOT NULL"
@@ -276,7 +284,7 @@ async def test_a_version_7_log_holding_jsonb_snapshots_reads_the_same_with_compa
             "the jsonb events are kept byte for byte"
         )
         assert (forms["compact"], forms["jsonb"]) == (4, 8)
-        assert formats == [1, 1, 2, 2]
+        assert formats == [1, 1, 2, 3]
         # the log's reader decodes both forms: every event, none left as undecodable
         assert len(logged) == len(before) + 4 and all(isinstance(e, RecordedEvent) for e in logged)
         temps = {

@@ -13,7 +13,8 @@ at most an hour ahead of the server's and its report arrived within a day (docs/
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from itertools import islice
 from operator import itemgetter, lt
@@ -45,6 +46,7 @@ from ledger.events import (
     decode_metadata,
     decode_payload,
 )
+from ledger.gpu_sets import stored_sets
 
 
 class TelemetryHistoryBody(msgspec.Struct, frozen=True):
@@ -69,7 +71,9 @@ class TelemetryHistoryBody(msgspec.Struct, frozen=True):
 # observed_at is inside the event. No ORDER BY: the read orders the samples by time itself, and
 # PostgreSQL sorting a day of snapshots (7 MB) spilled to disk.
 _OBSERVATIONS: LiteralString = (
-    "SELECT e.global_position, e.body, e.data::text AS data_json, e.metadata::text AS metadata_json "
+    "SELECT e.global_position, e.body, e.data::text AS data_json, e.metadata::text AS metadata_json, "
+    # The GPU set a snapshot of format 3 (a body's second byte) names (ledger/gpu_sets.py).
+    "CASE WHEN get_byte(e.body, 1) = 3 THEN e.sampled END AS gpu_set_id "
     "FROM events e "
     "WHERE e.stream_id = $1 AND e.event_class = 'observation' "
     # An observation's segment is the UTC day it was received, or the permanent one ('infinity'):
@@ -118,10 +122,13 @@ def state_of(value: object) -> str | None:
 _by_time_then_position = itemgetter(0, 1)
 
 
-def _split(rows: Iterable[ObservationRow]) -> tuple[list[int], list[bytes], list[ObservationRow]]:
-    """The compact rows' positions and bodies, and the jsonb rows."""
+def _split(
+    rows: Iterable[ObservationRow], sets: Mapping[uuid.UUID, str]
+) -> tuple[list[int], list[bytes], list[str | None], list[ObservationRow]]:
+    """The compact rows' positions, bodies and GPU sets (of format 3), and the jsonb rows."""
     positions: list[int] = []
     bodies: list[bytes] = []
+    named: list[str | None] = []
     jsonb: list[ObservationRow] = []
     for r in rows:
         body = r["body"]
@@ -130,7 +137,9 @@ def _split(rows: Iterable[ObservationRow]) -> tuple[list[int], list[bytes], list
         else:
             positions.append(r["global_position"])
             bodies.append(body)
-    return positions, bodies, jsonb
+            set_id = r["gpu_set_id"]
+            named.append(None if set_id is None else sets.get(set_id))
+    return positions, bodies, named, jsonb
 
 
 class Part(msgspec.Struct):
@@ -174,11 +183,13 @@ def samples_in_window(w: Window, parts: Sequence[Part]) -> SampleColumns:
     return SampleColumns(times=[at for at, _, _ in timed], values=[v for _, _, v in timed])
 
 
-def accelerator_part(rows: Iterable[ObservationRow], gpu_uuid: str, metrics: Sequence[str]) -> Part:
+def accelerator_part(
+    rows: Iterable[ObservationRow], gpu_uuid: str, metrics: Sequence[str], sets: Mapping[uuid.UUID, str]
+) -> Part:
     """One GPU's samples among the rows, as values of `metrics` (`downsample_values`): its entry of
     each snapshot (the last one where it is listed twice, as the fold takes it); an
-    ACCELERATOR_TELEMETRY_OBSERVED is its own."""
-    positions, bodies, jsonb_rows = _split(rows)
+    ACCELERATOR_TELEMETRY_OBSERVED is its own. `sets`: the stored GPU sets the rows name."""
+    positions, bodies, named, jsonb_rows = _split(rows, sets)
     jsonb: list[tuple[datetime, int, Sequence[object]]] = []
     for r in jsonb_rows:
         values: list[object] | None = None
@@ -191,12 +202,12 @@ def accelerator_part(rows: Iterable[ObservationRow], gpu_uuid: str, metrics: Seq
             values = _facts(p.telemetry, metrics)
         if values is not None:
             jsonb.append((at, r["global_position"], values))
-    return Part(positions, gpu_values(bodies, gpu_uuid, metrics), jsonb)
+    return Part(positions, gpu_values(bodies, gpu_uuid, metrics, named), jsonb)
 
 
 def host_part(rows: Iterable[ObservationRow], metrics: Sequence[str]) -> Part:
     """The host's samples among the rows, as values of `metrics`."""
-    positions, bodies, jsonb_rows = _split(rows)
+    positions, bodies, _, jsonb_rows = _split(rows, {})
     jsonb: list[tuple[datetime, int, Sequence[object]]] = []
     for r in jsonb_rows:
         at, p = _jsonb_event(r)
@@ -236,19 +247,22 @@ class TelemetryReads:
         query: LiteralString,
         node_id: str,
         w: Window,
-        part: Callable[[list[asyncpg.Record]], Part],
-    ) -> tuple[list[Part], list[asyncpg.Record]]:
+        part: Callable[[list[asyncpg.Record], Mapping[uuid.UUID, str]], Part],
+    ) -> tuple[list[Part], list[asyncpg.Record], Mapping[uuid.UUID, str]]:
         """The node's observations in the padded window: the parts decoded so far, and the rows
-        left to decode (after the connections are back in the pool)."""
+        left to decode (after the connections are back in the pool) with the GPU sets they name."""
         low, high = _shifted(w.since, -EARLIER), _shifted(w.until, LATER)
         if w.until - w.since < SPLIT_FROM or not self.pool.get_idle_size():
-            return [], await conn.fetch(query, node_id, low, high)
+            rows = await conn.fetch(query, node_id, low, high)
+            return [], rows, await _sets(conn, rows)
         middle = w.since + (w.until - w.since) / 2
         async with self.pool.acquire() as other:
             later = asyncio.ensure_future(other.fetch(query, node_id, middle, high))
             try:
-                earlier = part(await conn.fetch(query, node_id, low, middle))
-                return [earlier], await later
+                rows = await conn.fetch(query, node_id, low, middle)
+                earlier = part(rows, await _sets(conn, rows))
+                rows = await later
+                return [earlier], rows, await _sets(conn, rows)
             finally:
                 if not later.done():  # the earlier part failed: the later one is not wanted
                     later.cancel()
@@ -262,18 +276,18 @@ class TelemetryReads:
             if row is None:
                 raise _not_found("accelerator", accelerator_id)
             node_id: str = row["node_id"]
-            uuid: str = row["uuid"]
+            gpu_uuid: str = row["uuid"]
 
-            def part(rows: list[asyncpg.Record]) -> Part:
-                return accelerator_part(rows, uuid, ACCELERATOR_METRICS)
+            def part(rows: list[asyncpg.Record], sets: Mapping[uuid.UUID, str]) -> Part:
+                return accelerator_part(rows, gpu_uuid, ACCELERATOR_METRICS, sets)
 
-            parts, rows = await self._parts(conn, ACCELERATOR_SAMPLES, node_id, w, part)
-        samples = samples_in_window(w, [*parts, part(rows)])
+            parts, rows, sets = await self._parts(conn, ACCELERATOR_SAMPLES, node_id, w, part)
+        samples = samples_in_window(w, [*parts, part(rows, sets)])
         return TelemetryHistoryBody(
             subject="accelerator",
             id=accelerator_id,
             node_id=node_id,
-            uuid=uuid,
+            uuid=gpu_uuid,
             since=w.since,
             until=w.until,
             step_seconds=w.step_seconds,
@@ -282,14 +296,14 @@ class TelemetryReads:
         )
 
     async def node(self, node_id: str, w: Window) -> TelemetryHistoryBody:
-        def part(rows: list[asyncpg.Record]) -> Part:
+        def part(rows: list[asyncpg.Record], _sets: Mapping[uuid.UUID, str]) -> Part:
             return host_part(rows, HOST_METRICS)
 
         async with self.pool.acquire() as conn:
             if await conn.fetchval("SELECT 1 FROM hw_nodes WHERE node_id = $1", node_id) is None:
                 raise _not_found("node", node_id)
-            parts, rows = await self._parts(conn, HOST_SAMPLES, node_id, w, part)
-        samples = samples_in_window(w, [*parts, part(rows)])
+            parts, rows, _ = await self._parts(conn, HOST_SAMPLES, node_id, w, part)
+        samples = samples_in_window(w, [*parts, part(rows, {})])
         return TelemetryHistoryBody(
             subject="node",
             id=node_id,
@@ -301,6 +315,11 @@ class TelemetryReads:
             samples=len(samples.times),
             series=downsample_columns(w, samples, HOST_METRICS, state_of),
         )
+
+
+async def _sets(conn: asyncpg.Connection, rows: Sequence[asyncpg.Record]) -> Mapping[uuid.UUID, str]:
+    """The GPU sets the rows of format 3 name (none for a day of older formats)."""
+    return await stored_sets(conn, {r["gpu_set_id"] for r in rows})
 
 
 def _not_found(what: str, ident: str) -> NotFound:

@@ -13,7 +13,8 @@
 --     metadata's received_at), if that day has one;
 --   * an event is stored as jsonb (`p_data[k]`, `p_metadata[k]`) or, an observation only, as a
 --     compact body (`p_bodies[k]`, ledger/compact.py; its data and metadata NULL), with
---     `p_sampled[k]`, the digest of the GPUs a snapshot samples (retention compares it).
+--     `p_sampled[k]`, the digest of the GPUs a snapshot samples (retention compares it; a body
+--     of format 3 names its stored GPU set by it, MF424 where that set is not stored).
 -- Any refusal fails the whole call (and the caller's transaction).
 --
 -- The streams that take their events are written set-wise: one INSERT of all their events, one
@@ -86,6 +87,15 @@ BEGIN
        OR coalesce(array_length(p_sampled, 1), 0) <> v_n THEN
         RAISE EXCEPTION 'an append names each stream once, with one count of at least 1 per stream '
                         'and as many events as the counts add up to' USING ERRCODE = '22023';
+    END IF;
+    -- A snapshot of format 3 (a body's second byte) lists its GPUs by their index in the set its
+    -- `sampled` names: a set not stored would leave it unreadable (MF424: the writer remembered a
+    -- set whose commit a failover lost; it stores it again, ledger/gpu_sets.py).
+    IF EXISTS (SELECT 1 FROM unnest(p_bodies, p_sampled) AS b(body, sampled)
+               WHERE get_byte(b.body, 1) = 3
+                 AND NOT EXISTS (SELECT 1 FROM gpu_sets g WHERE g.sampled = b.sampled)) THEN
+        RAISE EXCEPTION 'a snapshot of format 3 names a GPU set that is not stored'
+            USING ERRCODE = 'MF424';
     END IF;
     IF NOT p_locked THEN
         PERFORM mf_lock_streams(p_stream_ids);
