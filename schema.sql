@@ -1,4 +1,4 @@
--- ModelForge hardware plane: the database schema of this release, schema version 17, whole.
+-- ModelForge hardware plane: the database schema of this release, schema version 18, whole.
 --
 -- `modelforge-hw migrate` (and `serve`, at start) creates a new database from this file, in one
 -- transaction. A database made by an older release is brought to the same schema by the numbered
@@ -110,10 +110,12 @@ CREATE INDEX events_recorded_at_idx ON events (recorded_at);
 
 -- The log's day segments (mf_ensure_segments makes them ahead of time; retention lifts a day from
 -- here before it retires the day's partition, so that no append lands on it any more).
+-- `sealed_at`: when the day's indexes were rebuilt packed, once the day was over (ledger/sealing.py).
 CREATE TABLE event_segments (
     day         date PRIMARY KEY,
     partition   text NOT NULL UNIQUE,
-    created_at  timestamptz NOT NULL DEFAULT now()
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    sealed_at   timestamptz
 );
 
 -- The permanent segment: every lifecycle event, every observation received on a day without a
@@ -521,5 +523,5 @@ CREATE INDEX webhook_deliveries_subscription_idx ON webhook_deliveries (subscrip
 \ir sql/triggers/gpu_sets_immutable.sql
 \ir sql/triggers/gpu_sets_no_truncate.sql
 
--- This file is schema version 17: a database made from it has what every numbered step gives.
-INSERT INTO schema_version (version) SELECT generate_series(1, 17);
+-- This file is schema version 18: a database made from it has what every numbered step gives.
+INSERT INTO schema_version (version) SELECT generate_series(1, 18);

@@ -37,7 +37,9 @@ Measured:
   back with pg_walinspect, since the WAL position is the cluster's), then `storage per snapshot`
   (the growth of every partition of `events` with TOAST and indexes over the NODE_TELEMETRY_OBSERVED
   events appended) over reports of a few nodes, 128 each (two cycles of the indexes' page splits
-  per node: bench/steady.py), printed with the closed loop's server and PostgreSQL CPU per report;
+  per node: bench/steady.py), and the whole day segment's bytes per event, as it stands and, for
+  this checkout, once sealed (ledger/sealing.py: what every day costs after it is over), printed
+  with the closed loop's server and PostgreSQL CPU per report;
 - with `--baseline CHECKOUT`: the http tier, the steady window and the statement counts of another
   checkout of the product (its own `serve`, database and agents), interleaved with this one's, and
   this checkout's figures over the baseline's.
@@ -193,7 +195,7 @@ async def run(args: argparse.Namespace) -> int:
             wdb = await stack.enter_async_context(h.throwaway_database("wal", keep=args.keep))
             wal = await WalInspector.open(wdb.dsn)
             stack.push_async_callback(wal.close)
-            steady = await steady_window(this, args.steady_reports, c, wal)
+            steady = await steady_window(this, args.steady_reports, c, wal, seal=True)
             if baseline is not None:
                 bsteady = await steady_window(baseline, args.steady_reports, c, wal)
             wal_note = wal.why_not or (
@@ -302,7 +304,9 @@ async def run(args: argparse.Namespace) -> int:
                 f"WAL per report: {wal_note}.\n"
                 "storage per snapshot: the growth of every partition of `events` (table, TOAST, indexes) over the\n"
                 f"NODE_TELEMETRY_OBSERVED events of a second window, {STORAGE_REPORTS_PER_NODE} reports from each of a few nodes (two\n"
-                "cycles of the page splits of the indexes keyed by stream, whatever their phase).\n" + "\n".join(lines)
+                "cycles of the page splits of the indexes keyed by stream, whatever their phase).\n"
+                "storage per event of the day segment: its bytes (table, TOAST, indexes) over its events, as it\n"
+                "stands, and for this checkout once sealed as a day that is over is (ledger/sealing.py).\n" + "\n".join(lines)
             )  # fmt: skip
         print_per_report("this checkout", steady, http)
         if baseline is not None:

@@ -27,6 +27,10 @@ class Steady:
     snapshots: int  # NODE_TELEMETRY_OBSERVED events appended in the window
     log_bytes: int  # growth of `events`: every partition with its TOAST and indexes
     wal: WalShare
+    # The whole day segment the window wrote to, bytes per event in it: as it stands (its day
+    # still open), and once sealed (ledger/sealing.py; None for a checkout that cannot seal).
+    day_open: float | None = None
+    day_sealed: float | None = None
 
     @property
     def wal_per_report(self) -> float | None:
@@ -51,6 +55,8 @@ class Steady:
             "wal_records_bytes": self.wal.records,
             "wal_database_bytes": self.wal.database,
             "wal_database_fpi_bytes": self.wal.database_fpi,
+            "day_segment_bytes_per_event": self.day_open,
+            "sealed_day_segment_bytes_per_event": self.day_sealed,
         }
 
 
@@ -64,6 +70,35 @@ async def log_figures(dsn: str) -> tuple[int, int]:
             f"SELECT sum(pg_total_relation_size(relid)) FROM ({h.LOG_PARTITIONS}) leaves"
         )
         return int(size), int(await conn.fetchval(SNAPSHOTS))
+    finally:
+        await conn.close()
+
+
+# The day segment holding the most events (today's: the run's), its rows and its day.
+_DAY_SEGMENT = (
+    "SELECT tableoid::regclass::text AS partition, segment AS day, count(*) AS n FROM events "
+    "WHERE segment <> 'infinity' GROUP BY 1, 2 ORDER BY 3 DESC LIMIT 1"
+)
+
+
+async def day_figures(dsn: str, *, seal: bool) -> tuple[float | None, float | None]:
+    """Bytes per event of the day segment the run wrote to (table, TOAST, indexes), as it stands
+    and, with `seal`, once sealed by the product's own `seal_segment`."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        row = await conn.fetchrow(_DAY_SEGMENT)
+        if row is None:
+            return None, None
+        size = "SELECT pg_total_relation_size($1::regclass)"
+        day_open = await conn.fetchval(size, row["partition"]) / row["n"]
+        if not seal:
+            return day_open, None
+        from ledger.sealing import seal_segment
+
+        await seal_segment(conn, row["day"], row["partition"])
+        return day_open, await conn.fetchval(size, row["partition"]) / row["n"]
     finally:
         await conn.close()
 
@@ -105,11 +140,14 @@ async def _send(target: Target, agents: list[Any], reports: int, connections: in
 STORAGE_REPORTS_PER_NODE = 128
 
 
-async def steady_window(target: Target, reports: int, connections: int, wal: WalInspector) -> Steady:
+async def steady_window(
+    target: Target, reports: int, connections: int, wal: WalInspector, *, seal: bool = False
+) -> Steady:
     """`reports` telemetry reports (no inventory report among them) to `target`'s server alone,
     closed loop, every node in turn: the WAL per report. Then, for the log's bytes per snapshot,
     as many reports of only as many nodes as get STORAGE_REPORTS_PER_NODE each (at least one per
-    connection). The other checkout's server idles meanwhile."""
+    connection); and the whole day segment's bytes per event, sealed too with `seal` (its appends
+    afterwards, the ceiling's, go into a sealed day). The other checkout's server idles meanwhile."""
     start = await wal.position()
     accepted, errors = await _send(target, target.agents, reports, connections)
     end = await wal.position()
@@ -120,7 +158,10 @@ async def steady_window(target: Target, reports: int, connections: int, wal: Wal
         target, target.agents[:nodes], nodes * STORAGE_REPORTS_PER_NODE, connections
     )
     size1, snapshots1 = await log_figures(target.db.dsn)
-    return Steady(accepted, errors + failed, snapshots1 - snapshots0, size1 - size0, share)
+    day_open, day_sealed = await day_figures(target.db.dsn, seal=seal)
+    return Steady(
+        accepted, errors + failed, snapshots1 - snapshots0, size1 - size0, share, day_open, day_sealed
+    )
 
 
 def print_per_report(who: str, steady: Steady | None, http: h.Sample) -> None:
@@ -132,6 +173,9 @@ def print_per_report(who: str, steady: Steady | None, http: h.Sample) -> None:
     print(f"{who}:")
     print(f"  WAL per report: {'n/a' if wal is None else f'{wal:,.0f}'} B")
     print(f"  storage per snapshot: {'n/a' if storage is None else f'{storage:,.0f}'} B")
+    if steady is not None and steady.day_open is not None:
+        sealed = "" if steady.day_sealed is None else f", sealed {steady.day_sealed:,.0f} B"
+        print(f"  storage per event of the day segment: {steady.day_open:,.0f} B as it stands{sealed}")
     print(f"  server CPU per report: {'n/a' if server is None else f'{server:.3f}'} ms")
     print(f"  PostgreSQL CPU per report: {'n/a' if db is None else f'{db:.3f}'} ms")
 
@@ -146,6 +190,7 @@ def this_over_baseline(
 
     report.ratio(h.Ratio("WAL per steady report, this / baseline", over(steady.wal_per_report, bsteady.wal_per_report), 0.35, at_least=False))  # fmt: skip
     report.ratio(h.Ratio("storage per snapshot, this / baseline", over(steady.storage_per_snapshot, bsteady.storage_per_snapshot), 0.35, at_least=False))  # fmt: skip
+    report.ratio(h.Ratio("storage per event of a sealed day, this / baseline's day", over(steady.day_sealed, bsteady.day_open), 0.35, at_least=False))  # fmt: skip
     report.ratio(h.Ratio("this checkout / baseline (http reports/s)", over(http.rate, base.rate), 0.95, h.cost_ratio(http, base)))  # fmt: skip
     report.ratio(h.Ratio("p99, this / baseline (closed loop)", over(http.ms(99), base.ms(99)), 1 / 0.95, at_least=False))  # fmt: skip
     for attr, label, target in (("server_cpu", "server", 0.5), ("db_cpu", "PostgreSQL", 0.6)):

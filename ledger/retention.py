@@ -31,7 +31,7 @@ from ledger.segments import LOCK_TIMEOUT, ensure_segments, finish_interrupted_de
 log = structlog.get_logger(__name__)
 
 DEFAULT_KEEP = timedelta(hours=24)
-_RETENTION_LOCK_KEY = (
+RETENTION_LOCK_KEY = (
     7305820115  # beside the rebuild gate (7305820111), migrate (..12), rebuild (..13), segments (..14)
 )
 _BATCH = 20_000
@@ -304,12 +304,12 @@ async def prune_observations(
     returns at once, `skipped`."""
     cutoff = (now or datetime.now(UTC)) - keep
     async with pool.acquire() as guard:
-        if not await guard.fetchval("SELECT pg_try_advisory_lock($1)", _RETENTION_LOCK_KEY):
+        if not await guard.fetchval("SELECT pg_try_advisory_lock($1)", RETENTION_LOCK_KEY):
             return RetentionReport(deleted=0, batches=0, cutoff=cutoff, skipped=True)
         try:
             return await _pass(pool, cutoff, batch, progress, step, rest)
         finally:
-            await guard.execute("SELECT pg_advisory_unlock($1)", _RETENTION_LOCK_KEY)
+            await guard.execute("SELECT pg_advisory_unlock($1)", RETENTION_LOCK_KEY)
 
 
 async def _pass(

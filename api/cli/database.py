@@ -220,7 +220,7 @@ def retention_run(
     retention_hours: RetentionHours = None,
     as_json: Annotated[bool, json_flag()] = False,
 ) -> int:
-    """prune observation events now"""
+    """prune observation events now, and seal the day segments whose day is over"""
     config = server_config(
         database_url=database_url, state_dir=state_dir, log_level=log_level, retention_hours=retention_hours
     )
@@ -229,6 +229,7 @@ def retention_run(
         from datetime import timedelta
 
         from ledger.retention import prune_observations
+        from ledger.sealing import seal_segments
 
         def show(deleted: int, batches: int) -> None:
             sys.stderr.write(f"\r  {deleted:,} observation events pruned ({batches} batches)   ")
@@ -238,6 +239,7 @@ def retention_run(
             pool, keep=timedelta(hours=config.retention_hours), progress=show if sys.stderr.isatty() else None
         )
         erase_progress()
+        sealed = await seal_segments(pool)
         if as_json:
             print_json(report)
         else:
@@ -245,6 +247,8 @@ def retention_run(
                 f"pruned {report.deleted} observation events received before {report.cutoff.isoformat()} "
                 f"({report.batches} batches); lifecycle events are never pruned"
             )
+            if sealed:
+                print(f"sealed the day segments of {', '.join(d.isoformat() for d in sealed)}")
         return 0
 
     return with_database(config, work)
