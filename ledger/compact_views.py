@@ -237,23 +237,33 @@ def _keys(
         if any(body[1] == FORMAT_3 for body in bodies):
             raise UndecodableBody("a body of format 3 read without its GPU set")
         return [key] * len(bodies), [body.count(encoded) for body in bodies]
+    if sets.count(sets[0]) == len(sets) and bytes(body[1] for body in bodies).count(FORMAT_3) == len(bodies):
+        # A node's usual day: every snapshot of format 3, naming one set.
+        k = _key_in(sets[0], gpu_uuid)
+        return [key if k is None else k] * len(bodies), [0 if k is None else 1] * len(bodies)
     keys: list[msgspec.Raw] = []
     held: list[int] = []
-    of_set: dict[str, msgspec.Raw | None] = {}
+    of_set: dict[str | None, msgspec.Raw | None] = {}
     for body, joined in zip(bodies, sets, strict=True):
         if body[1] != FORMAT_3:
             keys.append(key)
             held.append(body.count(encoded))
             continue
-        if joined is None:
-            raise UndecodableBody("a body of format 3 read without its GPU set")
         if joined not in of_set:
-            names = gpu_names(joined)
-            of_set[joined] = msgspec.Raw(ENCODER.encode(names.index(gpu_uuid))) if gpu_uuid in names else None
+            of_set[joined] = _key_in(joined, gpu_uuid)
         k = of_set[joined]
         keys.append(key if k is None else k)
         held.append(0 if k is None else 1)
     return keys, held
+
+
+def _key_in(joined: str | None, gpu_uuid: str) -> msgspec.Raw | None:
+    """The GPU's key in snapshots of format 3 naming the set `joined`: its index there, encoded;
+    None where the set lacks it."""
+    if joined is None:
+        raise UndecodableBody("a body of format 3 read without its GPU set")
+    names = gpu_names(joined)
+    return msgspec.Raw(ENCODER.encode(names.index(gpu_uuid))) if gpu_uuid in names else None
 
 
 # Of the snapshots read: their indices, times and the GPU's groups, and which groups have units

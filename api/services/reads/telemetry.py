@@ -128,7 +128,7 @@ def _split(
     """The compact rows' positions, bodies and GPU sets (of format 3), and the jsonb rows."""
     positions: list[int] = []
     bodies: list[bytes] = []
-    named: list[str | None] = []
+    set_ids: list[uuid.UUID | None] = []
     jsonb: list[ObservationRow] = []
     for r in rows:
         body = r["body"]
@@ -137,8 +137,13 @@ def _split(
         else:
             positions.append(r["global_position"])
             bodies.append(body)
-            set_id = r["gpu_set_id"]
-            named.append(None if set_id is None else sets.get(set_id))
+            set_ids.append(r["gpu_set_id"])
+    distinct = set(set_ids)
+    if len(distinct) == 1:  # a day of one set, or of older formats: the one name for every row
+        (only,) = distinct
+        named: list[str | None] = [None if only is None else sets.get(only)] * len(set_ids)
+    else:
+        named = [None if i is None else sets.get(i) for i in set_ids]
     return positions, bodies, named, jsonb
 
 
