@@ -73,27 +73,32 @@ DECLARE
     i              integer;
     j              integer;
     k              integer := 0;
+    v_misshapen    boolean;
+    v_set_missing  boolean;
 BEGIN
     IF v_streams = 0 THEN
         RETURN;
     END IF;
-    IF coalesce(array_length(p_expected_versions, 1), 0) <> v_streams
-       OR coalesce(array_length(p_counts, 1), 0) <> v_streams
-       OR (SELECT sum(c) FROM unnest(p_counts) AS c) IS DISTINCT FROM v_n::bigint
-       OR (SELECT min(c) FROM unnest(p_counts) AS c) < 1
-       OR (SELECT count(DISTINCT x) FROM unnest(p_stream_ids) AS x) <> v_streams
-       OR coalesce(array_length(p_bodies, 1), 0) <> v_n
-       OR coalesce(array_length(p_received, 1), 0) <> v_n
-       OR coalesce(array_length(p_sampled, 1), 0) <> v_n THEN
+    -- The arguments' shape, and (in the same statement: one query instead of two) whether a
+    -- snapshot of format 3 (a body's second byte) names a GPU set that is not stored: it lists its
+    -- GPUs by their index in the set its `sampled` names, and would be unreadable (MF424: the
+    -- writer remembered a set whose commit a failover lost; it stores it again, ledger/gpu_sets.py).
+    SELECT coalesce(array_length(p_expected_versions, 1), 0) <> v_streams
+           OR coalesce(array_length(p_counts, 1), 0) <> v_streams
+           OR (SELECT sum(c) <> v_n OR min(c) < 1 FROM unnest(p_counts) AS c)
+           OR (SELECT count(DISTINCT x) FROM unnest(p_stream_ids) AS x) <> v_streams
+           OR coalesce(array_length(p_bodies, 1), 0) <> v_n
+           OR coalesce(array_length(p_received, 1), 0) <> v_n
+           OR coalesce(array_length(p_sampled, 1), 0) <> v_n,
+           EXISTS (SELECT 1 FROM unnest(p_bodies, p_sampled) AS b(body, sampled)
+                   WHERE get_byte(b.body, 1) = 3
+                     AND NOT EXISTS (SELECT 1 FROM gpu_sets g WHERE g.sampled = b.sampled))
+        INTO v_misshapen, v_set_missing;
+    IF v_misshapen IS NOT FALSE THEN
         RAISE EXCEPTION 'an append names each stream once, with one count of at least 1 per stream '
                         'and as many events as the counts add up to' USING ERRCODE = '22023';
     END IF;
-    -- A snapshot of format 3 (a body's second byte) lists its GPUs by their index in the set its
-    -- `sampled` names: a set not stored would leave it unreadable (MF424: the writer remembered a
-    -- set whose commit a failover lost; it stores it again, ledger/gpu_sets.py).
-    IF EXISTS (SELECT 1 FROM unnest(p_bodies, p_sampled) AS b(body, sampled)
-               WHERE get_byte(b.body, 1) = 3
-                 AND NOT EXISTS (SELECT 1 FROM gpu_sets g WHERE g.sampled = b.sampled)) THEN
+    IF v_set_missing THEN
         RAISE EXCEPTION 'a snapshot of format 3 names a GPU set that is not stored'
             USING ERRCODE = 'MF424';
     END IF;
