@@ -6,8 +6,9 @@ PostgreSQL parses and compresses on every append, most of it the same names agai
 compact, the event is one msgpack document of positions instead of names: each group of facts
 (a GPU's telemetry, its health signals, the host's telemetry) is a list of values in the order of
 a fixed codebook, a fact's availability state told by the value's shape, GPU UUIDs and ids as 16
-raw bytes. About 0.55 KB for eight GPUs, small enough that PostgreSQL stores the row as it is,
-never compresses it and never parses it. Lifecycle events stay jsonb, readable in SQL and
+raw bytes, or (format 3) each GPU as its index in the snapshot's stored GPU set. About 0.4 KB for
+eight GPUs, small enough that PostgreSQL stores the row as it is, never compresses it and never
+parses it. Lifecycle events stay jsonb, readable in SQL and
 hash-chained (docs/storage.md).
 
 Format 1, a msgpack array `[1, metadata, payload]`:
