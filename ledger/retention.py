@@ -26,6 +26,7 @@ import asyncpg
 import msgspec
 import structlog
 
+from ledger.sealing import seal_due
 from ledger.segments import LOCK_TIMEOUT, ensure_segments, finish_interrupted_detaches, quote_table
 
 log = structlog.get_logger(__name__)
@@ -199,6 +200,8 @@ class RetentionReport(msgspec.Struct, frozen=True):
     kept_past_day: int = 0
     skipped: bool = False  # another server's pass was running
     steps: int = 0  # transactions the retired days were decided in (docs/retention.md)
+    # Day segments whose day is over, sealed by this pass (their day, oldest first; ledger/sealing.py).
+    segments_sealed: list[date] = []
 
 
 async def _day_partitions(conn: asyncpg.Connection) -> list[tuple[date, str, bool]]:
@@ -300,14 +303,17 @@ async def prune_observations(
 ) -> RetentionReport:
     """Prune in batches; `progress(deleted so far, batches)` after each one. A retired day is
     decided in steps of about `step` observations, resting `rest` times each step's length in
-    between. One pass at a time over the database: a pass that finds another server's running
-    returns at once, `skipped`."""
-    cutoff = (now or datetime.now(UTC)) - keep
+    between. Then the day segments whose day is over are sealed (ledger/sealing.py). One pass at
+    a time over the database: a pass that finds another server's running returns at once,
+    `skipped`."""
+    at = now or datetime.now(UTC)
+    cutoff = at - keep
     async with pool.acquire() as guard:
         if not await guard.fetchval("SELECT pg_try_advisory_lock($1)", RETENTION_LOCK_KEY):
             return RetentionReport(deleted=0, batches=0, cutoff=cutoff, skipped=True)
         try:
-            return await _pass(pool, cutoff, batch, progress, step, rest)
+            report = await _pass(pool, cutoff, batch, progress, step, rest)
+            return msgspec.structs.replace(report, segments_sealed=await seal_due(pool, now=at))
         finally:
             await guard.execute("SELECT pg_advisory_unlock($1)", RETENTION_LOCK_KEY)
 

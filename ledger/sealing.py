@@ -9,8 +9,8 @@ segment is the day it was received), and its indexes are rebuilt packed: each in
 appends. About 110 bytes less per snapshot; the heap is packed already (appends only).
 
 A segment is sealed one hour after its day ended (a transaction that took its received time just
-before midnight has committed by then), by the server's retention loop, one pass at a time over
-the database (the retention pass's lock: a segment is never rebuilt while retention detaches it).
+before midnight has committed by then), by the retention pass (its last step, under its lock: a
+segment is never rebuilt while retention detaches it), one pass at a time over the database.
 A rebuild cut short leaves an invalid copy of its index (named `..._ccnew`), which the next pass
 drops before it seals the segment again; `event_segments.sealed_at` is set once every index is
 rebuilt.
@@ -18,12 +18,11 @@ rebuilt.
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import asyncpg
 import structlog
 
-from ledger.retention import RETENTION_LOCK_KEY
 from ledger.segments import quote_table
 
 log = structlog.get_logger(__name__)
@@ -46,21 +45,16 @@ _INDEXES = (
 _SIZE = "SELECT pg_total_relation_size($1::regclass)"
 
 
-async def seal_segments(pool: asyncpg.Pool, *, now: datetime | None = None) -> list[date]:
+async def seal_due(pool: asyncpg.Pool, *, now: datetime | None = None) -> list[date]:
     """Seal every day segment whose day ended at least GRACE ago and is not sealed yet; the days
-    sealed, oldest first. Returns at once (nothing sealed) while a retention pass runs."""
+    sealed, oldest first. The retention pass runs it, under its lock (ledger/retention.py): a
+    segment is never rebuilt while a pass retires it."""
     cutoff = ((now or datetime.now(UTC)) - GRACE).date()
     sealed: list[date] = []
-    async with pool.acquire() as guard:
-        if not await guard.fetchval("SELECT pg_try_advisory_lock($1)", RETENTION_LOCK_KEY):
-            return sealed
-        try:
-            for row in await guard.fetch(_DUE, cutoff):
-                async with pool.acquire() as conn:
-                    await seal_segment(conn, row["day"], row["partition"])
-                sealed.append(row["day"])
-        finally:
-            await guard.execute("SELECT pg_advisory_unlock($1)", RETENTION_LOCK_KEY)
+    async with pool.acquire() as conn:
+        for row in await conn.fetch(_DUE, cutoff):
+            await seal_segment(conn, row["day"], row["partition"])
+            sealed.append(row["day"])
     return sealed
 
 
@@ -82,8 +76,3 @@ async def seal_segment(conn: asyncpg.Connection, day: date, partition: str) -> N
     await conn.execute("UPDATE event_segments SET sealed_at = now() WHERE day = $1", day)
     after = await conn.fetchval(_SIZE, quote_table(partition))
     log.info("segments.sealed", day=day.isoformat(), bytes_before=before, bytes_after=after)
-
-
-def sealed_from(day: date) -> datetime:
-    """When a segment of `day` becomes due for sealing."""
-    return datetime.combine(day + timedelta(days=1), time(), UTC) + GRACE

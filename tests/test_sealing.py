@@ -12,8 +12,7 @@ import asyncpg
 from collectors.facts import Known
 from ledger.events import AcceleratorSample, EventMetadata, NewEvent, NodeTelemetryObserved
 from ledger.reading import EVENT_COLUMNS, event_from_row
-from ledger.retention import RETENTION_LOCK_KEY
-from ledger.sealing import seal_segments
+from ledger.retention import RETENTION_LOCK_KEY, prune_observations
 from ledger.segments import ensure_segments
 from ledger.store import AppendRequest, EventStore
 
@@ -57,6 +56,12 @@ async def indexes(pool: asyncpg.Pool) -> dict[str, tuple[int, bool, list[str] | 
             PARTITION,
         )
     return {r["relname"]: (r["size"], r["indisvalid"], r["reloptions"]) for r in rows}
+
+
+async def seal_segments(pool: asyncpg.Pool, *, now: datetime) -> list[date]:
+    """A retention pass at `now` that keeps a week (no day of these retired): the days it sealed."""
+    report = await prune_observations(pool, keep=timedelta(days=7), now=now)
+    return report.segments_sealed
 
 
 async def sealed_days(pool: asyncpg.Pool) -> list[date]:

@@ -229,7 +229,6 @@ def retention_run(
         from datetime import timedelta
 
         from ledger.retention import prune_observations
-        from ledger.sealing import seal_segments
 
         def show(deleted: int, batches: int) -> None:
             sys.stderr.write(f"\r  {deleted:,} observation events pruned ({batches} batches)   ")
@@ -239,7 +238,6 @@ def retention_run(
             pool, keep=timedelta(hours=config.retention_hours), progress=show if sys.stderr.isatty() else None
         )
         erase_progress()
-        sealed = await seal_segments(pool)
         if as_json:
             print_json(report)
         else:
@@ -247,8 +245,10 @@ def retention_run(
                 f"pruned {report.deleted} observation events received before {report.cutoff.isoformat()} "
                 f"({report.batches} batches); lifecycle events are never pruned"
             )
-            if sealed:
-                print(f"sealed the day segments of {', '.join(d.isoformat() for d in sealed)}")
+            if report.segments_sealed:
+                print(
+                    f"sealed the day segments of {', '.join(d.isoformat() for d in report.segments_sealed)}"
+                )
         return 0
 
     return with_database(config, work)

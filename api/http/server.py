@@ -24,7 +24,6 @@ from api.services.webhook_delivery import DeliverySettings, WebhookDispatcher
 from api.wiring import build_services, prepare_database
 from ledger.db import Database, close_pool, create_pool
 from ledger.retention import prune_observations
-from ledger.sealing import seal_segments
 from runtime.process import settle_garbage_collector
 from runtime.supervisor import EmbeddedSupervisor, run_with_supervisor
 
@@ -46,8 +45,8 @@ def build_context(
 
 async def retention_loop(pool: asyncpg.Pool, config: ServerConfig) -> None:
     """Bounded telemetry, applied continuously: small batches in short transactions, so ingest
-    never waits on it; then the day segments whose day is over are sealed. A failed pass is
-    logged and retried at the next interval."""
+    never waits on it (and the day segments whose day is over sealed: ledger/sealing.py). A
+    failed pass is logged and retried at the next interval."""
     if config.retention_interval <= 0:
         return
     keep = timedelta(hours=config.retention_hours)
@@ -57,8 +56,6 @@ async def retention_loop(pool: asyncpg.Pool, config: ServerConfig) -> None:
             report = await prune_observations(pool, keep=keep)
             if report.deleted:
                 log.info("retention.pruned", deleted=report.deleted, cutoff=report.cutoff.isoformat())
-            # The days that ended: their indexes rebuilt packed (ledger/sealing.py).
-            await seal_segments(pool)
         except (asyncpg.PostgresError, OSError) as exc:
             log.warning("retention.failed", error=str(exc))
 
