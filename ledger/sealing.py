@@ -45,11 +45,17 @@ _INDEXES = (
 _SIZE = "SELECT pg_total_relation_size($1::regclass)"
 
 
+def sealing_due(now: datetime) -> date:
+    """The first day whose segment is not due for sealing at `now`: every day before it ended at
+    least GRACE ago."""
+    return (now - GRACE).astimezone(UTC).date()
+
+
 async def seal_due(pool: asyncpg.Pool, *, now: datetime | None = None) -> list[date]:
     """Seal every day segment whose day ended at least GRACE ago and is not sealed yet; the days
     sealed, oldest first. The retention pass runs it, under its lock (ledger/retention.py): a
     segment is never rebuilt while a pass retires it."""
-    cutoff = ((now or datetime.now(UTC)) - GRACE).date()
+    cutoff = sealing_due(now or datetime.now(UTC))
     sealed: list[date] = []
     async with pool.acquire() as conn:
         for row in await conn.fetch(_DUE, cutoff):

@@ -9,6 +9,9 @@ from datetime import UTC, date, datetime, timedelta
 
 import asyncpg
 
+from api.services.metrics.exposition import render
+from api.services.metrics.snapshot import read_snapshot
+from api.services.reads.liveness import LivenessPolicy
 from collectors.facts import Known
 from ledger.events import AcceleratorSample, EventMetadata, NewEvent, NodeTelemetryObserved
 from ledger.reading import EVENT_COLUMNS, event_from_row
@@ -64,6 +67,13 @@ async def seal_segments(pool: asyncpg.Pool, *, now: datetime) -> list[date]:
     return report.segments_sealed
 
 
+async def unsealed_days(pool: asyncpg.Pool, now: datetime) -> int:
+    """`modelforge_log_unsealed_day_segments` as a scrape at `now` shows it."""
+    text = render(await read_snapshot(pool, LivenessPolicy(), {}, now)).decode()
+    (line,) = [x for x in text.splitlines() if x.startswith("modelforge_log_unsealed_day_segments ")]
+    return int(float(line.split()[1]))
+
+
 async def sealed_days(pool: asyncpg.Pool) -> list[date]:
     async with pool.acquire() as conn:
         return [
@@ -77,7 +87,10 @@ async def test_a_day_over_is_sealed_packed_and_reads_as_before(pool: asyncpg.Poo
     before = await indexes(pool)
     # not before its day is over and an hour has passed
     assert await seal_segments(pool, now=AFTER_THE_DAY - timedelta(hours=1)) == []
+    assert await unsealed_days(pool, AFTER_THE_DAY - timedelta(hours=1)) == 0
+    assert await unsealed_days(pool, AFTER_THE_DAY) == 1  # what an operator's alert watches
     assert await seal_segments(pool, now=AFTER_THE_DAY) == [DAY]
+    assert await unsealed_days(pool, AFTER_THE_DAY) == 0
     after = await indexes(pool)
     assert set(after) == set(before)
     assert all(valid and options == ["fillfactor=100"] for _size, valid, options in after.values())

@@ -328,6 +328,13 @@ PROJECTION_LAG = MetricSpec(
     "Events in the log not yet folded into the read models (inline folding: 0).",
     (),
 )
+UNSEALED_DAYS = MetricSpec(
+    "modelforge_log_unsealed_day_segments",
+    "gauge",
+    "Day segments of the log whose day is over and whose indexes are not yet rebuilt packed (the"
+    " retention pass seals them an hour after their day: 0 unless it fails).",
+    (),
+)
 REPLAY_LAG = MetricSpec(
     "modelforge_database_replay_lag_seconds",
     "gauge",
@@ -396,6 +403,7 @@ METRICS: tuple[MetricSpec, ...] = (
     *COUNTERS,
     LOG_HEAD,
     PROJECTION_LAG,
+    UNSEALED_DAYS,
     *WEBHOOKS,
     REPLAY_LAG,
 )

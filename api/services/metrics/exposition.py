@@ -40,6 +40,7 @@ from api.services.metrics.catalog import (
     PROJECTION_LAG,
     REPLAY_LAG,
     STORAGE,
+    UNSEALED_DAYS,
     VERSION,
     WEBHOOK_DELIVERIES,
     WEBHOOK_FAILED_ATTEMPTS,
@@ -192,7 +193,11 @@ def _lines(s: Snapshot) -> Iterator[str]:
     for spec in COUNTERS:
         yield _header(spec)
         yield _line(spec, "", s.counters.get(spec.source, 0))
-    for spec, value in ((LOG_HEAD, s.head), (PROJECTION_LAG, max(0, s.head - s.folded))):
+    for spec, value in (
+        (LOG_HEAD, s.head),
+        (PROJECTION_LAG, max(0, s.head - s.folded)),
+        (UNSEALED_DAYS, s.unsealed_days),
+    ):
         yield _header(spec)
         yield _line(spec, "", value)
     yield from _webhook_lines(s)

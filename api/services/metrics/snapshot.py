@@ -17,6 +17,7 @@ from api.services.reads.samples import Sample, samples_at
 from api.services.reads.statement import Query
 from collectors.facts import Fact
 from collectors.gpu_health import AcceleratorHealthSignals
+from ledger.sealing import sealing_due
 from runtime.process import older_collections_deferred
 
 
@@ -68,6 +69,8 @@ class Snapshot(msgspec.Struct, frozen=True):
     folded: int
     counters: dict[str, int]
     webhooks: list[WebhookRow] = []
+    # Day segments whose day is over and that are not sealed yet (ledger/sealing.py).
+    unsealed_days: int = 0
     # Seconds the read standby is behind (None: no read standby, or it is not answering).
     replay_lag: float | None = None
 
@@ -154,6 +157,9 @@ async def _read_snapshot(
         counts = await conn.fetch("SELECT status, count(*) AS n FROM hw_accelerators GROUP BY status")
         head = await conn.fetchval("SELECT coalesce(max(global_position), 0) FROM events")
         folded = await conn.fetchval("SELECT coalesce(max(position), 0) FROM projection_state")
+        unsealed = await conn.fetchval(
+            "SELECT count(*) FROM event_segments WHERE sealed_at IS NULL AND day < $1::date", sealing_due(now)
+        )
         webhooks = await conn.fetch(
             "SELECT subscription_id, state, delivered, rejected, retried, attempts, last_delivered_at "
             "FROM webhook_subscriptions WHERE state <> 'deleted' ORDER BY subscription_id"
@@ -173,5 +179,6 @@ async def _read_snapshot(
         head=int(head),
         folded=int(folded),
         counters=counters,
+        unsealed_days=int(unsealed),
         webhooks=[WebhookRow(**dict(r)) for r in webhooks],
     )
