@@ -91,7 +91,11 @@ def reference_text(s: Snapshot) -> bytes:
             counter = family(spec)
             counter.add_metric([], s.counters.get(spec.source, 0))
             yield counter
-        for spec, value in ((m.LOG_HEAD, s.head), (m.PROJECTION_LAG, max(0, s.head - s.folded))):
+        for spec, value in (
+            (m.LOG_HEAD, s.head),
+            (m.PROJECTION_LAG, max(0, s.head - s.folded)),
+            (m.UNSEALED_DAYS, s.unsealed_days),
+        ):
             single = family(spec)
             single.add_metric([], value)
             yield single
@@ -187,6 +191,7 @@ webhook_rows = st.builds(
     behind=st.integers(-5, 5),
     webhooks=st.lists(webhook_rows, max_size=2),
     lag=st.none() | st.floats(0, 1e6, allow_nan=False),
+    unsealed=st.integers(0, 3),
 )
 def test_the_text_is_what_prometheus_clients_writer_makes_of_the_same_snapshot(
     nodes: list[NodeRow],
@@ -197,6 +202,7 @@ def test_the_text_is_what_prometheus_clients_writer_makes_of_the_same_snapshot(
     behind: int,
     webhooks: list[WebhookRow],
     lag: float | None,
+    unsealed: int,
 ) -> None:
     snapshot = Snapshot(
         nodes=nodes,
@@ -207,5 +213,6 @@ def test_the_text_is_what_prometheus_clients_writer_makes_of_the_same_snapshot(
         counters=counters,
         webhooks=webhooks,
         replay_lag=lag,
+        unsealed_days=unsealed,
     )
     assert render(snapshot) == reference_text(snapshot)
