@@ -87,7 +87,7 @@ async def fill_by_fold(pool: Any, nodes: int, rng: random.Random) -> int:
     from ledger.compact import gpu_set
     from ledger.events import SCHEMA_VERSION, NodeTelemetryObserved, RecordedEvent
     from ledger.gpu_sets import GpuSets
-    from ledger.store import stored_form
+    from ledger.stored_form import stored_form
     from projections.framework import STATE_TABLE
     from projections.inventory import INVENTORY
 

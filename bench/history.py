@@ -66,7 +66,7 @@ async def fill_history(pool: Any, node: int, hours: float, interval: float, now:
     from ledger.compact import gpu_set
     from ledger.events import SCHEMA_VERSION, EventMetadata, NewEvent
     from ledger.gpu_sets import GpuSets
-    from ledger.store import stored_form
+    from ledger.stored_form import stored_form
 
     node_id = node_id_for(node_key(node))
     count = int(hours * 3600 / interval)

@@ -12,22 +12,18 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, Protocol
 
 import asyncpg
 import msgspec
 import structlog
 
-from ledger.compact import GpuSet, encode_body, gpu_set
+from ledger.compact import GpuSet, gpu_set
 from ledger.events import (
     SCHEMA_VERSION,
-    EventMetadata,
-    EventPayload,
     NewEvent,
     NodeTelemetryObserved,
     RecordedEvent,
-    validate_metadata,
-    validate_payload,
 )
 from ledger.gpu_sets import GpuSets
 from ledger.group_commit import GroupCommit, TryAgain
@@ -40,6 +36,7 @@ from ledger.reading import (
     read_log,
 )
 from ledger.state_cache import STATE_CACHE_STREAMS, KeptState, StateCache
+from ledger.stored_form import StoredForm, stored_form
 
 __all__ = ["Checkpoint", "EventStore", "UndecodableEvent", "event_from_row"]
 
@@ -185,31 +182,6 @@ _STREAM_EVENTS = (
     "SELECT " + EVENT_COLUMNS + " FROM events WHERE stream_id = $1 AND stream_version > $2 "
     "ORDER BY stream_version"
 )
-
-
-class StoredForm(NamedTuple):
-    """An event as validated for the log: its jsonb (data, metadata) or its compact body (with
-    the digest of the GPUs it samples), and the payload and metadata decoded back from them."""
-
-    data: bytes | None
-    metadata_json: bytes | None
-    body: bytes | None
-    sampled: uuid.UUID | None
-    payload: EventPayload
-    metadata: EventMetadata
-
-
-def stored_form(event: NewEvent, stream_id: str, usable: set[uuid.UUID] | None = None) -> StoredForm:
-    """How the log stores an event of stream `stream_id` (what mf_append_many takes for it),
-    validated: a snapshot whose GPU set is `usable` (stored: ledger/gpu_sets.py) in format 3."""
-    if isinstance(event.payload, NodeTelemetryObserved):
-        gpus = gpu_set(event.payload)
-        named = gpus if usable is not None and gpus.sampled in usable else None
-        body, payload, meta = encode_body(event.payload, event.metadata, stream_id, named)
-        return StoredForm(None, None, body, gpus.sampled, payload, meta)
-    data, payload = validate_payload(event.payload)
-    metadata_json, meta = validate_metadata(event.metadata)
-    return StoredForm(data, metadata_json, None, None, payload, meta)
 
 
 class EventStore:
@@ -382,14 +354,17 @@ class EventStore:
     ) -> list[list[StoredForm]]:
         if any(not r.events for r in requests):
             raise ValueError("append needs at least one event per stream")
-        sets: list[GpuSet] = [
-            gpu_set(e.payload)
+        # Each snapshot's GPU set, worked out once for both the store's memory and the encoding.
+        sets: list[list[GpuSet | None]] = [
+            [gpu_set(e.payload) if isinstance(e.payload, NodeTelemetryObserved) else None for e in r.events]
             for r in requests
-            for e in r.events
-            if isinstance(e.payload, NodeTelemetryObserved)
         ]
-        usable = await self.gpu_sets.usable(conn, sets) if sets else None
-        return [[stored_form(e, r.stream_id, usable) for e in r.events] for r in requests]
+        named = [g for per in sets for g in per if g is not None]
+        usable = await self.gpu_sets.usable(conn, named) if named else None
+        return [
+            [stored_form(e, r.stream_id, usable, gpus=g) for e, g in zip(r.events, per, strict=True)]
+            for r, per in zip(requests, sets, strict=True)
+        ]
 
     async def _send(
         self,
