@@ -1,4 +1,4 @@
--- ModelForge hardware plane: the database schema of this release, schema version 18, whole.
+-- ModelForge hardware plane: the database schema of this release, schema version 19, whole.
 --
 -- `modelforge-hw migrate` (and `serve`, at start) creates a new database from this file, in one
 -- transaction. A database made by an older release is brought to the same schema by the numbered
@@ -150,7 +150,7 @@ CREATE INDEX events_permanent_gpu_failed_idx
     WHERE event_type = 'ACCELERATOR_HEALTH_CHANGED' AND data->>'after' = 'failed';
 ALTER TABLE events ATTACH PARTITION events_permanent FOR VALUES FROM ('infinity') TO (MAXVALUE);
 COMMENT ON COLUMN events.body IS
-    'A compact observation (ledger/compact.py): msgpack [format, metadata, payload], format 1, 2 or 3.';
+    'A compact observation (ledger/compact.py): msgpack [format, metadata, payload], format 1, 2, 3 or 4.';
 
 -- The GPU sets compact snapshots of format 3 name by their `sampled` digest: a node's GPU UUIDs,
 -- distinct, in byte order, joined by ',' (what the digest is the md5 of, which the check holds).
@@ -523,5 +523,5 @@ CREATE INDEX webhook_deliveries_subscription_idx ON webhook_deliveries (subscrip
 \ir sql/triggers/gpu_sets_immutable.sql
 \ir sql/triggers/gpu_sets_no_truncate.sql
 
--- This file is schema version 18: a database made from it has what every numbered step gives.
-INSERT INTO schema_version (version) SELECT generate_series(1, 18);
+-- This file is schema version 19: a database made from it has what every numbered step gives.
+INSERT INTO schema_version (version) SELECT generate_series(1, 19);

@@ -119,7 +119,7 @@ async def fill_by_fold(pool: Any, nodes: int, rng: random.Random) -> int:
     async with pool.acquire() as conn, conn.transaction():
         for i in range(nodes):
             node_id, new = node_events(i, rng, now)
-            # The GPU sets the snapshots name, stored as the server stores them (format 3).
+            # The GPU sets the snapshots name, stored as the server stores them (formats 3 and 4).
             usable = await sets.usable(
                 conn, [gpu_set(e.payload) for e in new if isinstance(e.payload, NodeTelemetryObserved)]
             )

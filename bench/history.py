@@ -80,7 +80,7 @@ async def fill_history(pool: Any, node: int, hours: float, interval: float, now:
         days = {r["day"] for r in await conn.fetch("SELECT day FROM event_segments")}
         position = await conn.fetchval("SELECT max(global_position) FROM events")
         version = await conn.fetchval("SELECT version FROM streams WHERE stream_id = $1", node_id)
-        # The GPU sets the snapshots name, stored as the server stores them (format 3).
+        # The GPU sets the snapshots name, stored as the server stores them (formats 3 and 4).
         usable = await GpuSets().usable(conn, [gpu_set(p) for p in payloads])
         rows: list[tuple[Any, ...]] = []
         for k in range(count):

@@ -39,12 +39,20 @@ Format 2, `[2, metadata, payload]`, what an append writes without a stored GPU s
             memory as /proc/meminfo counts it, MiB for a GPU's as NVML does, 4 KiB blocks for
             storage), a known float of watts that is a whole number of milliwatts (NVML's unit)
             as that int; any other known int there as [4, value]; the rest as in format 1
-Format 3, `[3, metadata, payload]`, what an append writes where the snapshot's GPU set is stored
+Format 3, `[3, metadata, payload]`, what an append wrote where the snapshot's GPU set is stored,
+before format 4
 (table `gpu_sets`, ledger/gpu_sets.py): format 2 but for
   accelerator [index, telemetry, health or nil, accelerator_id or nil]: the GPU's index in its
             set, the snapshot's distinct GPU UUIDs in byte order (what `sampled` digests, the
             row's column naming the set), instead of its UUID; written where the snapshot lists
             each GPU once
+Format 4, `[4, metadata, payload]`, what an append writes where the snapshot's GPU set is stored:
+format 3 but for
+  a GPU's telemetry  the codebook GPU_TELEMETRY_4 (format 2's names and units, those a node's GPUs
+            most often share last); in a GPU's entry after the first, where its values from some
+            position to the end are the first GPU's (the same types and values, its map of other
+            names included), those values as one `[]` (an empty array, which no fact is)
+  health    `[]` in an entry after the first: the first GPU's health as stored
 A released format never changes: a new encoding takes a new format number and the old ones stay
 readable, so every stored body decodes. Round trips are exact (tests/test_compact.py). Here the
 encoding; ledger/compact_decode.py decodes a body whole, ledger/compact_views.py the parts of many
@@ -85,7 +93,9 @@ from ledger.events import (
 # The event types stored compact: observations only (not hash-chained, not meant for SQL).
 COMPACT_EVENT_TYPES: frozenset[str] = frozenset({"NODE_TELEMETRY_OBSERVED"})
 
-FORMAT_1, FORMAT_2, FORMAT_3 = 1, 2, 3
+FORMAT_1, FORMAT_2, FORMAT_3, FORMAT_4 = 1, 2, 3, 4
+# The formats that list GPUs by their index in a stored set (the row's `sampled` names it).
+SET_FORMATS: frozenset[int] = frozenset({FORMAT_3, FORMAT_4})
 
 # Format 1's codebooks, format 2's too. Frozen: a name is only ever appended in a new format.
 GPU_TELEMETRY_1: tuple[str, ...] = (
@@ -251,6 +261,27 @@ def _layout(codebook: Sequence[str], units: Sequence[int]) -> Layout:
 
 GPU_LAYOUT_2 = _layout(GPU_TELEMETRY_1, GPU_UNITS_2)
 HOST_LAYOUT_2 = _layout(HOST_TELEMETRY_1, HOST_UNITS_2)
+# Format 4's GPU codebook: format 2's names and units, those a node's GPUs most often share last
+# (each GPU after the first refers to the first's values from where they are the same).
+GPU_TELEMETRY_4: tuple[str, ...] = (
+    "memory_used_bytes",
+    "utilization_gpu_percent",
+    "utilization_memory_percent",
+    "temperature_celsius",
+    "power_watts",
+    "clock_graphics_mhz",
+    "clock_sm_mhz",
+    "fan_speed_percent",
+    "clock_memory_mhz",
+    "memory_total_bytes",
+    "performance_state",
+)
+GPU_UNITS_4: tuple[int, ...] = tuple(GPU_UNITS_2[GPU_TELEMETRY_1.index(n)] for n in GPU_TELEMETRY_4)
+GPU_LAYOUT_4 = _layout(GPU_TELEMETRY_4, GPU_UNITS_4)
+GPU_GROUP_2 = (GPU_TELEMETRY_1, GPU_LAYOUT_2)
+GPU_GROUP_4 = (GPU_TELEMETRY_4, GPU_LAYOUT_4)
+_NAMES[GPU_TELEMETRY_4] = frozenset(GPU_TELEMETRY_4)
+POSITIONS[GPU_TELEMETRY_4] = {n: i for i, n in enumerate(GPU_TELEMETRY_4)}
 
 
 def _group_2(facts: Mapping[str, Fact], codebook: Sequence[str], layout: Layout) -> Dense:
@@ -367,10 +398,12 @@ def _metadata_2(m: EventMetadata) -> Dense:
     return out
 
 
-def _accelerator_2(a: AcceleratorSample, node_id: str, gpus: GpuSet | None) -> Dense:
+def _accelerator_2(
+    a: AcceleratorSample, node_id: str, gpus: GpuSet | None, group: tuple[Sequence[str], Layout]
+) -> Dense:
     out: Dense = [
         gpu_id(a.uuid) if gpus is None else gpus.index[a.uuid],
-        _group_2(a.telemetry, GPU_TELEMETRY_1, GPU_LAYOUT_2),
+        _group_2(a.telemetry, *group),
         None if a.health is None else health(a.health),
     ]
     if a.accelerator_id != accelerator_id_for(node_id, a.uuid):
@@ -380,15 +413,62 @@ def _accelerator_2(a: AcceleratorSample, node_id: str, gpus: GpuSet | None) -> D
     return out
 
 
-def _payload_2(p: NodeTelemetryObserved, node_id: str, gpus: GpuSet | None) -> Dense:
+def _payload_2(p: NodeTelemetryObserved, node_id: str, gpus: GpuSet | None, form: int) -> Dense:
+    layout = GPU_GROUP_4 if form == FORMAT_4 else GPU_GROUP_2
+    accelerators = [_accelerator_2(a, node_id, gpus, layout) for a in p.accelerators]
+    if form == FORMAT_4 and len(accelerators) > 1:
+        _refer_to_first(accelerators)
     return [
         _group_2(p.telemetry, HOST_TELEMETRY_1, HOST_LAYOUT_2),
         [
             [s.mount, in_units(s.used_bytes, STORAGE_UNIT_2), in_units(s.total_bytes, STORAGE_UNIT_2)]
             for s in p.storage
         ],
-        [_accelerator_2(a, node_id, gpus) for a in p.accelerators],
+        accelerators,
     ]
+
+
+# Format 4's reference to the first GPU: an empty array, which no fact is.
+AS_FIRST: Dense = []
+
+
+def _same(v: Any, first: Any) -> bool:
+    """Whether `v` is stored as `first` is (the same type and value, -0.0 told from 0.0)."""
+    t = type(v)
+    if t is not type(first):
+        return False
+    if t is float:
+        return v == first and math.copysign(1.0, v) == math.copysign(1.0, first)
+    if t is list or t is dict:
+        return bool(ENCODER.encode(v) == ENCODER.encode(first))
+    return bool(v == first)
+
+
+def _refer_to_first(entries: list[Dense]) -> None:
+    """Format 4: in the entries after the first, the telemetry values from where they are the
+    first entry's to the end as one reference, and health that is the first entry's as one."""
+    first = entries[0]
+    values = first[1]
+    n = len(values)
+    signals = first[2] if len(first) > 2 else None
+    packed = None if signals is None else ENCODER.encode(signals)
+    for entry in entries[1:]:
+        telemetry = entry[1]
+        if len(telemetry) == n:
+            i = n
+            while i > 0 and _same(telemetry[i - 1], values[i - 1]):
+                i -= 1
+            # worth it where the rest takes more than the reference's byte
+            if n - i > 1 or (n - i == 1 and len(ENCODER.encode(telemetry[i])) > 1):
+                del telemetry[i:]
+                telemetry.append(AS_FIRST)
+        if (
+            packed is not None
+            and len(entry) > 2
+            and entry[2] is not None
+            and ENCODER.encode(entry[2]) == packed
+        ):
+            entry[2] = AS_FIRST
 
 
 def encode_body(
@@ -397,19 +477,32 @@ def encode_body(
     """The stored body of an event of stream `stream_id` (a node's: its id), and the payload and
     metadata the log gives back for it: the ones given, which the body holds exactly
     (tests/test_compact.py proves the round trip over arbitrary snapshots; times come back in
-    UTC, the same instants). Format 3 with `gpus`, the snapshot's GPU set (`gpu_set`) as stored,
+    UTC, the same instants). Format 4 with `gpus`, the snapshot's GPU set (`gpu_set`) as stored,
     else format 2. Decoding the body again here would cost an append more than the encoding
     itself."""
+    return encode_body_of(FORMAT_2 if gpus is None else FORMAT_4, payload, metadata, stream_id, gpus)
+
+
+def encode_body_of(
+    form: int, payload: EventPayload, metadata: EventMetadata, stream_id: str, gpus: GpuSet | None
+) -> tuple[bytes, EventPayload, EventMetadata]:
+    """`encode_body` in format 2, 3 or 4 (3 and 4 need `gpus`; a snapshot they cannot hold is
+    written in format 2). Every release reads the formats earlier ones wrote: the upgrade tests
+    write them with this."""
     if not isinstance(payload, NodeTelemetryObserved):
         raise EventValidationError(f"{type(payload).__name__} is not stored compact")
-    if gpus is not None and len(payload.accelerators) != len(gpus.index):
-        gpus = None  # a GPU listed twice (or a set of other GPUs): format 3 lists each GPU once
+    if form not in (FORMAT_2, FORMAT_3, FORMAT_4):
+        raise ValueError(f"format {form} is not written by this release")
+    if form == FORMAT_2 or (gpus is not None and len(payload.accelerators) != len(gpus.index)):
+        gpus = None  # a GPU listed twice (or a set of other GPUs): a set's formats list each GPU once
+    if gpus is None:
+        form = FORMAT_2
     try:
         body = ENCODER.encode(
             [
-                FORMAT_2 if gpus is None else FORMAT_3,
+                form,
                 _metadata_2(metadata),
-                _payload_2(payload, stream_id, gpus),
+                _payload_2(payload, stream_id, gpus, form),
             ]
         )
     except (msgspec.EncodeError, TypeError, AttributeError, ValueError, OverflowError) as exc:

@@ -23,7 +23,9 @@ from ledger.compact import (
     FORMAT_1,
     FORMAT_2,
     FORMAT_3,
+    FORMAT_4,
     GPU_LAYOUT_2,
+    GPU_LAYOUT_4,
     GPU_TELEMETRY_1,
     HOST_LAYOUT_2,
     HOST_TELEMETRY_1,
@@ -205,13 +207,13 @@ def _unaccelerator_1(g: Dense) -> AcceleratorSample:
     )
 
 
-def _unaccelerator_2(g: Dense, node_id: str, gpu: str) -> AcceleratorSample:
+def _unaccelerator_2(g: Dense, node_id: str, gpu: str, layout: Layout = GPU_LAYOUT_2) -> AcceleratorSample:
     h = g[2] if len(g) > 2 else None
     given = g[3] if len(g) > 3 else None
     return AcceleratorSample(
         accelerator_id=accelerator_id_for(node_id, gpu) if given is None else _unid(given, ""),
         uuid=gpu,
-        telemetry=_ungroup_2(g[1], GPU_LAYOUT_2),
+        telemetry=_ungroup_2(g[1], layout),
         health=None if h is None else _unhealth(h),
     )
 
@@ -229,15 +231,42 @@ def _indexed(i: Any, names: tuple[str, ...]) -> str:
     return names[i]
 
 
+def resolved(values: Dense, first: Dense) -> Dense:
+    """A GPU's telemetry values of format 4 with a reference (`[]`, last) replaced by the first
+    GPU's values from its position to the end, in place."""
+    if values and type(values[-1]) is list and not values[-1]:
+        i = len(values) - 1
+        rest = first[i:]
+        if not rest:
+            raise UndecodableBody(f"a reference to the first GPU's values from {i}, which it lacks")
+        values[i:] = rest
+    return values
+
+
+def _resolved_entries(entries: list[Dense]) -> list[Dense]:
+    """Format 4's entries with their references to the first one's values and health resolved."""
+    if len(entries) < 2:
+        return entries
+    first = entries[0]
+    signals = first[2] if len(first) > 2 else None
+    for entry in entries[1:]:
+        resolved(entry[1], first[1])
+        if len(entry) > 2 and type(entry[2]) is list and not entry[2]:
+            if type(signals) is not list or not signals:
+                raise UndecodableBody("a reference to the first GPU's health, which it lacks")
+            entry[2] = signals
+    return entries
+
+
 def decode_body(
     body: bytes, stream_id: str, gpus: str | None = None
 ) -> tuple[NodeTelemetryObserved, EventMetadata]:
     """The payload and metadata of a stored compact body of stream `stream_id`; of format 3 with
-    `gpus`, the stored set its `sampled` names (`gpu_sets.gpus`)."""
+    `gpus`, the stored set its `sampled` names (`gpu_sets.gpus`); the same for format 4."""
     try:
         doc = msgspec.msgpack.decode(body)
-        if type(doc) is not list or len(doc) != 3 or doc[0] not in (FORMAT_1, FORMAT_2, FORMAT_3):
-            raise UndecodableBody("not a compact body of format 1, 2 or 3")
+        if type(doc) is not list or len(doc) != 3 or doc[0] not in (FORMAT_1, FORMAT_2, FORMAT_3, FORMAT_4):
+            raise UndecodableBody("not a compact body of format 1, 2, 3 or 4")
         form, m, p = doc
         host, storage, entries = p
         if form == FORMAT_1:
@@ -250,10 +279,15 @@ def decode_body(
             if form == FORMAT_2:
                 accelerators = [_unaccelerator_2(g, stream_id, _gpu_uuid(g[0])) for g in entries]
             elif gpus is None:
-                raise UndecodableBody("a body of format 3 read without its GPU set")
+                raise UndecodableBody(f"a body of format {form} read without its GPU set")
             else:
                 names = gpu_names(gpus)
-                accelerators = [_unaccelerator_2(g, stream_id, _indexed(g[0], names)) for g in entries]
+                layout = GPU_LAYOUT_2
+                if form == FORMAT_4:
+                    entries, layout = _resolved_entries(entries), GPU_LAYOUT_4
+                accelerators = [
+                    _unaccelerator_2(g, stream_id, _indexed(g[0], names), layout) for g in entries
+                ]
             payload = NodeTelemetryObserved(
                 telemetry=_ungroup_2(host, HOST_LAYOUT_2),
                 storage=[_storage(s, STORAGE_UNIT_2) for s in storage],

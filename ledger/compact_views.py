@@ -1,6 +1,6 @@
 """What a telemetry history reads of thousands of compact snapshots (ledger/compact.py).
 
-Typed views of formats 1, 2 and 3 that decode the times and the one group of facts a history counts:
+Typed views of formats 1 to 4 that decode the times and the one group of facts a history counts:
 the parts in between stay undecoded (msgspec.Raw: no object for what they hold), the parts after
 it are not looked at (an array_like Struct skips trailing elements), and the groups of every
 snapshot are decoded together in one call. The views that hold no container are not tracked by
@@ -11,24 +11,30 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from operator import attrgetter
-from typing import Any, Literal, TypeAlias
+from itertools import compress
+from operator import attrgetter, itemgetter
+from typing import Any, Literal
 
 import msgspec
 
 from ledger.compact import (
     ABSENT,
     ABSENT_FACT,
+    AS_FIRST,
     ENCODER,
     FORMAT_1,
     FORMAT_2,
     FORMAT_3,
+    FORMAT_4,
     GPU_TELEMETRY_1,
+    GPU_TELEMETRY_4,
     GPU_UNITS_2,
+    GPU_UNITS_4,
     HOST_TELEMETRY_1,
     HOST_UNITS_2,
     NONE,
     POSITIONS,
+    SET_FORMATS,
     TEMPORARILY_FAILED,
     UNAVAILABLE,
     UNSUPPORTED_KIND,
@@ -92,6 +98,12 @@ class _GpusView3(msgspec.Struct, array_like=True):
     payload: _Gpus2
 
 
+class _GpusView4(msgspec.Struct, array_like=True):
+    format: Literal[4]
+    metadata: _Times2
+    payload: _Gpus2
+
+
 class _Host(msgspec.Struct, array_like=True, gc=False):
     host: msgspec.Raw
 
@@ -114,16 +126,24 @@ class _HostView3(msgspec.Struct, array_like=True, gc=False):
     payload: _Host
 
 
+class _HostView4(msgspec.Struct, array_like=True, gc=False):
+    format: Literal[4]
+    metadata: _Times2
+    payload: _Host
+
+
 # A body's second byte is its format, after the marker of a 3-element array.
-_gpus_views: dict[int, Callable[[bytes], _GpusView1 | _GpusView2 | _GpusView3]] = {
+_gpus_views: dict[int, Callable[[bytes], _GpusView1 | _GpusView2 | _GpusView3 | _GpusView4]] = {
     1: msgspec.msgpack.Decoder(_GpusView1).decode,
     2: msgspec.msgpack.Decoder(_GpusView2).decode,
     3: msgspec.msgpack.Decoder(_GpusView3).decode,
+    4: msgspec.msgpack.Decoder(_GpusView4).decode,
 }
-_host_views: dict[int, Callable[[bytes], _HostView1 | _HostView2 | _HostView3]] = {
+_host_views: dict[int, Callable[[bytes], _HostView1 | _HostView2 | _HostView3 | _HostView4]] = {
     1: msgspec.msgpack.Decoder(_HostView1).decode,
     2: msgspec.msgpack.Decoder(_HostView2).decode,
     3: msgspec.msgpack.Decoder(_HostView3).decode,
+    4: msgspec.msgpack.Decoder(_HostView4).decode,
 }
 _time = msgspec.msgpack.Decoder(datetime)
 _groups = msgspec.msgpack.Decoder(list[list[Any]])
@@ -207,24 +227,72 @@ def gpu_values(
     (observed, else received) and the GPU's telemetry (its last entry, as the fold takes it) as
     values of `names`, one each in that order: each fact as format 1 stores it (a scalar known,
     nil unknown, else what `value_state` tells; ABSENT where the GPU lacks the name). `sets`: of
-    each body of format 3, the stored GPU set its row names (`gpu_sets.gpus`), else None.
+    each body of format 3 or 4, the stored GPU set its row names (`gpu_sets.gpus`), else None.
 
     Every entry of the GPU holds its key: its encoded UUID (formats 1 and 2), or its index in the
-    snapshot's set (format 3, which lists each GPU once). So a snapshot of format 1 or 2 without
+    snapshot's set (formats 3 and 4, which list each GPU once). So a snapshot of format 1 or 2 without
     those bytes does not sample it, and one that holds them once and lists the GPU at some index
     lists it there only."""
     encoded = gpu_key(gpu_uuid)
     try:
         keys, held = _keys(bodies, encoded, gpu_uuid, sets)
-        indices, times, groups, with_units = _at_one_index(bodies, held, keys) or _one_by_one(
-            bodies, held, keys
-        )
-        dense = _decoded(groups)
-        _in_format_1(dense, with_units, GPU_UNITS_2)
+        read = _at_one_index(bodies, held, keys) or _one_by_one(bodies, held, keys)
+        dense = _decoded(read.groups)
+        if read.firsts:
+            _resolve_references(dense, read.firsts)
+        _in_format_1(dense, read.with_units, GPU_UNITS_2)
+        if read.of_format_4:
+            _in_format_1(dense, read.of_format_4, GPU_UNITS_4)
+            dense = _in_order_1(dense, read.of_format_4)
         dense = _values(dense, GPU_TELEMETRY_1, names)
     except _BAD_VIEW as exc:
         raise UndecodableBody(f"compact body: {exc}") from exc
-    return Values(indices, times, dense)
+    return Values(read.indices, read.times, dense)
+
+
+def _resolve_references(dense: list[Dense], firsts: dict[int, msgspec.Raw]) -> None:
+    """The groups of format 4 that end in a reference (`[]`) with the first GPU's values from
+    there on (`firsts`: the first GPU's entries, by the group's index); only the entries of those
+    that refer are decoded."""
+    keys = list(firsts)
+    tails = map(_LAST, map(dense.__getitem__, keys))
+    referring = list(compress(keys, map(_REFERENCE.__eq__, tails)))
+    if not referring:
+        return
+    for k, entry in zip(referring, _decoded([firsts[k] for k in referring]), strict=True):
+        d = dense[k]
+        i = len(d) - 1
+        rest = entry[1][i:]
+        if not rest:
+            raise UndecodableBody(f"a reference to the first GPU's values from {i}, which it lacks")
+        d[i:] = rest
+
+
+_LAST = itemgetter(slice(-1, None))
+_REFERENCE = [AS_FIRST]
+# Format 4's codebook positions in format 1's order.
+_TO_ORDER_1 = itemgetter(*(GPU_TELEMETRY_4.index(n) for n in GPU_TELEMETRY_1))
+_ORDER_1_OF_4 = tuple(GPU_TELEMETRY_1.index(n) for n in GPU_TELEMETRY_4)
+
+
+def _in_order_1(dense: list[Dense], of_format_4: list[int]) -> list[Dense]:
+    """The groups with those of format 4 (their indexes) in format 1's codebook order: where every
+    group is of format 4 and holds its whole codebook and nothing else (a node's usual day), in
+    one call into C."""
+    whole = len(GPU_TELEMETRY_4)
+    if len(of_format_4) == len(dense) and set(map(len, dense)) == {whole}:
+        if dict not in set(map(type, map(itemgetter(-1), dense))):
+            return list(map(_TO_ORDER_1, dense))
+    for k in of_format_4:
+        d = dense[k]
+        extra = d[-1] if d and type(d[-1]) is dict else None
+        out: Dense = [ABSENT_FACT] * len(GPU_TELEMETRY_1)
+        for j, v in enumerate(d if extra is None else d[:-1]):
+            out[_ORDER_1_OF_4[j]] = v
+        if extra is not None:
+            out.append(extra)
+        dense[k] = out
+    return dense
 
 
 def _keys(
@@ -234,18 +302,18 @@ def _keys(
     format 1 and 2 the count of its encoded UUID's bytes, for format 3 one where its set has it."""
     key = msgspec.Raw(encoded)
     if sets is None or all(s is None for s in sets):
-        if any(body[1] == FORMAT_3 for body in bodies):
-            raise UndecodableBody("a body of format 3 read without its GPU set")
+        if any(body[1] in SET_FORMATS for body in bodies):
+            raise UndecodableBody("a body of format 3 or 4 read without its GPU set")
         return [key] * len(bodies), [body.count(encoded) for body in bodies]
-    if sets.count(sets[0]) == len(sets) and bytes(body[1] for body in bodies).count(FORMAT_3) == len(bodies):
-        # A node's usual day: every snapshot of format 3, naming one set.
+    if sets.count(sets[0]) == len(sets) and all(body[1] in SET_FORMATS for body in bodies):
+        # A node's usual day: every snapshot naming one set.
         k = _key_in(sets[0], gpu_uuid)
         return [key if k is None else k] * len(bodies), [0 if k is None else 1] * len(bodies)
     keys: list[msgspec.Raw] = []
     held: list[int] = []
     of_set: dict[str | None, msgspec.Raw | None] = {}
     for body, joined in zip(bodies, sets, strict=True):
-        if body[1] != FORMAT_3:
+        if body[1] not in SET_FORMATS:
             keys.append(key)
             held.append(body.count(encoded))
             continue
@@ -258,18 +326,45 @@ def _keys(
 
 
 def _key_in(joined: str | None, gpu_uuid: str) -> msgspec.Raw | None:
-    """The GPU's key in snapshots of format 3 naming the set `joined`: its index there, encoded;
-    None where the set lacks it."""
+    """The GPU's key in snapshots of format 3 or 4 naming the set `joined`: its index there,
+    encoded; None where the set lacks it."""
     if joined is None:
-        raise UndecodableBody("a body of format 3 read without its GPU set")
+        raise UndecodableBody("a body of format 3 or 4 read without its GPU set")
     names = gpu_names(joined)
     return msgspec.Raw(ENCODER.encode(names.index(gpu_uuid))) if gpu_uuid in names else None
 
 
-# Of the snapshots read: their indices, times and the GPU's groups, and which groups have units
-# (formats 2 and 3).
-_Read: TypeAlias = tuple[list[int], list[datetime], list[msgspec.Raw], list[int]]
+class _Read:
+    """Of the snapshots read: their indices, times and the GPU's groups, which groups are of
+    formats 2 and 3 (format 2's units) and which of format 4 (its codebook and units), and of
+    format 4 past a snapshot's first GPU, that GPU's entry (what a reference names), by the
+    group's index."""
+
+    __slots__ = ("firsts", "groups", "indices", "of_format_4", "times", "with_units")
+
+    def __init__(self) -> None:
+        self.indices: list[int] = []
+        self.times: list[datetime] = []
+        self.groups: list[msgspec.Raw] = []
+        self.with_units: list[int] = []
+        self.of_format_4: list[int] = []
+        self.firsts: dict[int, msgspec.Raw] = {}
+
+    def add(self, i: int, form: int, at: datetime, group: msgspec.Raw, first: msgspec.Raw | None) -> None:
+        k = len(self.groups)
+        if form in (FORMAT_2, FORMAT_3):
+            self.with_units.append(k)
+        elif form == FORMAT_4:
+            self.of_format_4.append(k)
+            if first is not None:
+                self.firsts[k] = first
+        self.indices.append(i)
+        self.times.append(at)
+        self.groups.append(group)
+
+
 _ENTRY = attrgetter("payload.accelerators.entry")
+_FIRST_ENTRY = attrgetter("payload.accelerators.first")
 _UUID_OF = attrgetter("uuid")
 _TELEMETRY = attrgetter("telemetry")
 _METADATA = attrgetter("metadata")
@@ -281,17 +376,19 @@ _ENTRY_VIEWS: dict[tuple[int, int], Callable[[bytes], Any]] = {}
 def _entry_view(form: int, index: int) -> Callable[[bytes], Any]:
     """The decoder of a view of format `form` that skips the first `index` GPU entries whole (a
     Raw each) and decodes the one after: a node lists its GPUs in the same order report after
-    report, so one GPU's history is mostly read at one index, without an object per other GPU."""
+    report, so one GPU's history is mostly read at one index, without an object per other GPU.
+    Of format 4 past the first GPU, the first entry is kept too (`first`: what the entry's
+    references name)."""
     decode = _ENTRY_VIEWS.get((form, index))
     if decode is None:
-        if form not in (FORMAT_1, FORMAT_2, FORMAT_3):
-            raise UndecodableBody(f"not a compact body of format 1, 2 or 3: format {form}")
+        if form not in (FORMAT_1, FORMAT_2, FORMAT_3, FORMAT_4):
+            raise UndecodableBody(f"not a compact body of format 1 to 4: format {form}")
+        skipped: list[tuple[str, Any]] = [(f"skipped_{j}", msgspec.Raw) for j in range(index)]
+        if form == FORMAT_4 and index > 0:
+            skipped[0] = ("first", msgspec.Raw)
         entries = msgspec.defstruct(
             f"_Entries{form}At{index}",
-            [
-                *((f"skipped_{j}", msgspec.Raw) for j in range(index)),
-                ("entry", _Entry1 if form == 1 else _Entry2),
-            ],
+            [*skipped, ("entry", _Entry1 if form == 1 else _Entry2)],
             array_like=True,
             gc=False,
         )
@@ -317,12 +414,15 @@ def _entry_view(form: int, index: int) -> Callable[[bytes], Any]:
 
 def _format(body: bytes) -> int:
     if len(body) < 2 or body[1] not in _gpus_views:
-        raise UndecodableBody("not a compact body of format 1, 2 or 3")
+        raise UndecodableBody("not a compact body of format 1 to 4")
     return body[1]
 
 
-def _whole(body: bytes, key: msgspec.Raw) -> tuple[int, _Times1 | _Times2, int | None, msgspec.Raw | None]:
-    """A snapshot read whole: its format, times, and the GPU's last index and group."""
+def _whole(
+    body: bytes, key: msgspec.Raw
+) -> tuple[int, _Times1 | _Times2, int | None, msgspec.Raw | None, msgspec.Raw | None]:
+    """A snapshot read whole: its format, times, the GPU's last index and group, and of format 4
+    past the first GPU, the first GPU's entry."""
     form = _format(body)
     view = _gpus_views[form](body)
     index, group = None, None
@@ -330,7 +430,10 @@ def _whole(body: bytes, key: msgspec.Raw) -> tuple[int, _Times1 | _Times2, int |
     for j, g in enumerate(entries):
         if g.uuid == key:
             index, group = j, g.telemetry
-    return form, view.metadata, index, group
+    first = None
+    if form == FORMAT_4 and index:
+        first = msgspec.Raw(ENCODER.encode([entries[0].uuid, entries[0].telemetry]))
+    return form, view.metadata, index, group, first
 
 
 _FIRST, _SECOND, _OBSERVED = attrgetter("first"), attrgetter("second"), attrgetter("observed_at")
@@ -354,7 +457,7 @@ def _at_one_index(bodies: Sequence[bytes], held: list[int], keys: list[msgspec.R
     any other day."""
     if not bodies or held.count(1) != len(held):
         return None
-    form, _, index, _ = _whole(bodies[0], keys[0])
+    form, _, index, _, _ = _whole(bodies[0], keys[0])
     if index is None or index >= _MOST_INDEXED:
         return None
     try:
@@ -364,20 +467,26 @@ def _at_one_index(bodies: Sequence[bytes], held: list[int], keys: list[msgspec.R
     entries = list(map(_ENTRY, views))
     if list(map(_UUID_OF, entries)) != keys:
         return None
-    times = _times_of(list(map(_METADATA, views)))
-    return (
-        list(range(len(bodies))),
-        times,
+    read = _Read()
+    every = list(range(len(bodies)))
+    read.indices, read.times, read.groups = (
+        every,
+        _times_of(list(map(_METADATA, views))),
         list(map(_TELEMETRY, entries)),
-        list(range(len(bodies))) if form != FORMAT_1 else [],
     )
+    if form in (FORMAT_2, FORMAT_3):
+        read.with_units = every
+    elif form == FORMAT_4:
+        read.of_format_4 = every
+        if index > 0:
+            read.firsts = dict(enumerate(map(_FIRST_ENTRY, views)))
+    return read
 
 
 def _one_by_one(bodies: Sequence[bytes], held: list[int], keys: list[msgspec.Raw]) -> _Read:
     """Each snapshot that holds the GPU's key read at the index it had in the one before (read
     whole where the entry there is not the GPU's or the key occurs more than once)."""
-    read: _Read = ([], [], [], [])
-    indices, times, groups, with_units = read
+    read = _Read()
     index = 0
     for i, body in enumerate(bodies):
         if not held[i]:
@@ -392,19 +501,12 @@ def _one_by_one(bodies: Sequence[bytes], held: list[int], keys: list[msgspec.Raw
             else:
                 entry: _Entry1 | _Entry2 = view.payload.accelerators.entry
                 if entry.uuid == key:
-                    if form != FORMAT_1:
-                        with_units.append(len(groups))
-                    indices.append(i)
-                    times.append(_at_of(view.metadata))
-                    groups.append(entry.telemetry)
+                    first = view.payload.accelerators.first if form == FORMAT_4 and index > 0 else None
+                    read.add(i, form, _at_of(view.metadata), entry.telemetry, first)
                     continue
-        form, metadata, last, group = _whole(body, key)
+        form, metadata, last, group, first = _whole(body, key)
         if group is not None:
-            if form != FORMAT_1:
-                with_units.append(len(groups))
-            indices.append(i)
-            times.append(_at_of(metadata))
-            groups.append(group)
+            read.add(i, form, _at_of(metadata), group, first)
             if last is not None and last < _MOST_INDEXED:
                 index = last
     return read

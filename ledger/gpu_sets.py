@@ -1,7 +1,7 @@
-"""The GPU sets compact snapshots of format 3 name (table `gpu_sets`, ledger/compact.py).
+"""The GPU sets compact snapshots of formats 3 and 4 name (table `gpu_sets`, ledger/compact.py).
 
-A snapshot of format 3 lists each GPU as its index in the set of GPUs it samples, the set stored
-once under its digest (`sampled`, which the snapshot's row carries anyway): an eight-GPU node's
+A snapshot of format 3 or 4 lists each GPU as its index in the set of GPUs it samples, the set
+stored once under its digest (`sampled`, which the snapshot's row carries anyway): an eight-GPU node's
 report is about 130 bytes smaller than with the UUIDs in every body. A set is written in the
 transaction of the first snapshot that names it, and never changed nor removed (the database
 refuses both), so a set this store saw committed by another transaction is stored for good: the

@@ -37,14 +37,14 @@ from ledger.events import (
 
 # The one column list of an event row. JSON columns come back as text under names of their own
 # (decoding them with msgspec is faster than asyncpg's json codec, and no alias shadows a column);
-# an event stored compact has its body instead (ledger/compact.py), and one of format 3 (its second
-# byte) the GPU set its `sampled` names (ledger/gpu_sets.py).
+# an event stored compact has its body instead (ledger/compact.py), and one of format 3 or 4 (its
+# second byte) the GPU set its `sampled` names (ledger/gpu_sets.py).
 EVENT_COLUMNS = (
     "events.global_position, events.stream_id, events.stream_version, events.event_id, "
     "events.event_type, events.event_class, events.schema_version, "
     "events.data::text AS data_json, events.metadata::text AS metadata_json, events.body, "
     "events.recorded_at, (SELECT g.gpus FROM gpu_sets g WHERE g.sampled = events.sampled "
-    "AND get_byte(events.body, 1) = 3) AS gpu_set"
+    "AND get_byte(events.body, 1) IN (3, 4)) AS gpu_set"
 )
 
 # xid8 is unsigned 64-bit, but a cluster consuming a million ids a second needs 290,000 years to

@@ -33,7 +33,7 @@ def stored_form(
     event: NewEvent, stream_id: str, usable: set[uuid.UUID] | None = None, *, gpus: GpuSet | None = None
 ) -> StoredForm:
     """How the log stores an event of stream `stream_id` (what mf_append_many takes for it),
-    validated: a snapshot whose GPU set is `usable` (stored: ledger/gpu_sets.py) in format 3.
+    validated: a snapshot whose GPU set is `usable` (stored: ledger/gpu_sets.py) in format 4.
     `gpus`: the snapshot's set (`gpu_set`) where the caller has it already."""
     if isinstance(event.payload, NodeTelemetryObserved):
         gpus = gpus or gpu_set(event.payload)

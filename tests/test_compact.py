@@ -20,15 +20,20 @@ from collectors.identity import accelerator_id_for
 from collectors.observations import StorageObservation
 from domain.telemetry_history import reading
 from ledger.compact import (
+    ENCODER,
+    FORMAT_3,
+    FORMAT_4,
     GPU_TELEMETRY_1,
     HOST_TELEMETRY_1,
     Dense,
     GpuSet,
     UndecodableBody,
     encode_body,
+    encode_body_of,
     gpu_set,
     sampled_digest,
 )
+from ledger.compact import health as dense_health
 from ledger.compact_decode import decode_body
 from ledger.compact_views import Values, gpu_values, host_values
 from ledger.events import AcceleratorSample, EventMetadata, EventValidationError, NodeTelemetryObserved
@@ -142,13 +147,18 @@ def test_every_snapshot_comes_back_exactly(
     assert decoded == payload and decoded_meta == meta
     # the same JSON an auditor reads off /events, states, types and names included
     assert as_json(decoded) == as_json(payload) and as_json(decoded_meta) == as_json(meta)
-    # format 3, its GPUs named by their index in the stored set, where it lists each GPU once
+    # formats 3 and 4, the GPUs named by their index in the stored set, where it lists each GPU
+    # once (4: what the GPUs after the first share with it as references)
     gpus = gpu_set(payload)
     if gpus.storable:
-        body_3, _, _ = encode_body(payload, meta, stream, gpus)
-        assert body_3[1] == (3 if len(payload.accelerators) == len(gpus.index) else 2)
-        assert decode_body(body_3, stream, gpus.joined) == (payload, meta)
-        assert as_json(decode_body(body_3, stream, gpus.joined)) == as_json((payload, meta))
+        once = len(payload.accelerators) == len(gpus.index)
+        for form, body_n in (
+            (FORMAT_3, encode_body_of(FORMAT_3, payload, meta, stream, gpus)[0]),
+            (FORMAT_4, encode_body(payload, meta, stream, gpus)[0]),
+        ):
+            assert body_n[1] == (form if once else 2)
+            assert decode_body(body_n, stream, gpus.joined) == (payload, meta)
+            assert as_json(decode_body(body_n, stream, gpus.joined)) == as_json((payload, meta))
 
 
 @settings(max_examples=200, deadline=None)
@@ -186,11 +196,11 @@ def expected_values(
 
 
 @settings(max_examples=200, deadline=None)
-@given(stream_ids, st.lists(st.tuples(snapshots, metadata, st.sampled_from([1, 2, 3])), max_size=4))
+@given(stream_ids, st.lists(st.tuples(snapshots, metadata, st.sampled_from([1, 2, 3, 4])), max_size=4))
 def test_a_history_reads_one_gpu_or_the_host_as_the_whole_decode_does(
     stream: str, events: list[tuple[NodeTelemetryObserved, EventMetadata, int]]
 ) -> None:
-    # a log of every format: formats 1 and 2 of earlier releases, format 3 where its set is stored
+    # a log of every format: formats 1 to 3 of earlier releases, format 4 where its set is stored
     bodies, sets = stored_in(events, stream)
     decoded = [decode_body(b, stream, s) for b, s in zip(bodies, sets, strict=True)]
     every_gpu = {a.uuid for payload, _ in decoded for a in payload.accelerators}
@@ -214,8 +224,8 @@ def test_a_history_reads_one_gpu_or_the_host_as_the_whole_decode_does(
 def stored_in(
     events: list[tuple[NodeTelemetryObserved, EventMetadata, int]], stream: str
 ) -> tuple[list[bytes], list[str | None]]:
-    """Each snapshot's body in the format given (3: where it names a storable set and lists each
-    GPU once, else 2) and the stored set a body of format 3 names (None for the others)."""
+    """Each snapshot's body in the format given (3 and 4: where it names a storable set and lists
+    each GPU once, else 2) and the stored set a body of format 3 or 4 names (None for the others)."""
     bodies: list[bytes] = []
     sets: list[str | None] = []
     for payload, meta, form in events:
@@ -223,10 +233,9 @@ def stored_in(
         if form == 1:
             bodies.append(encode_body_1(payload, meta))
         else:
-            bodies.append(
-                encode_body(payload, meta, stream, gpus if form == 3 and gpus.storable else None)[0]
-            )
-        sets.append(gpus.joined if bodies[-1][1] == 3 else None)
+            named = gpus if form in (FORMAT_3, FORMAT_4) and gpus.storable else None
+            bodies.append(encode_body_of(form, payload, meta, stream, named)[0])
+        sets.append(gpus.joined if bodies[-1][1] in (FORMAT_3, FORMAT_4) else None)
     return bodies, sets
 
 
@@ -241,7 +250,7 @@ DAY_CHANGES = ["as usual"] * 6 + ["without it", "twice", "moved", "its uuid as a
     st.lists(st.uuids().map(lambda u: f"GPU-{u}"), min_size=1, max_size=5, unique=True),
     st.data(),
     st.lists(st.tuples(st.sampled_from(DAY_CHANGES), groups, times, st.booleans()), min_size=1, max_size=12),
-    st.sampled_from(["format 3", "format 2", "format 1", "all three"]),
+    st.sampled_from(["format 4", "format 3", "format 2", "format 1", "all four"]),
 )
 def test_a_day_of_one_nodes_snapshots_reads_as_the_whole_decode_does(
     stream: str,
@@ -269,7 +278,7 @@ def test_a_day_of_one_nodes_snapshots_reads_as_the_whole_decode_does(
             entries = [mine]
         meta = EventMetadata(received_at=at, source="agent", observed_at=at if observed else None)
         payload = NodeTelemetryObserved(telemetry={}, storage=[], accelerators=entries)
-        form = int(formats[-1]) if formats != "all three" else 3 - k % 3
+        form = int(formats[-1]) if formats != "all four" else 4 - k % 4
         day_events.append((payload, meta, form))
     bodies, sets = stored_in(day_events, stream)
     decoded = [decode_body(b, stream, s) for b, s in zip(bodies, sets, strict=True)]
@@ -377,9 +386,14 @@ def test_the_formats_are_frozen() -> None:
     assert decode_body(bytes.fromhex(FORMAT_2_REPORTED_ONE_GPU), NODE) == (payload, meta)
     payload, meta = reported(2)
     gpus = gpu_set(payload)
-    assert encode_body(payload, meta, NODE, gpus)[0].hex() == FORMAT_3_REPORTED_TWO_GPUS
+    assert encode_body_of(FORMAT_3, payload, meta, NODE, gpus)[0].hex() == FORMAT_3_REPORTED_TWO_GPUS
     assert gpus.joined == FORMAT_3_REPORTED_SET
     assert decode_body(bytes.fromhex(FORMAT_3_REPORTED_TWO_GPUS), NODE, FORMAT_3_REPORTED_SET) == (
+        payload,
+        meta,
+    )
+    assert encode_body(payload, meta, NODE, gpus)[0].hex() == FORMAT_4_REPORTED_TWO_GPUS
+    assert decode_body(bytes.fromhex(FORMAT_4_REPORTED_TWO_GPUS), NODE, FORMAT_3_REPORTED_SET) == (
         payload,
         meta,
     )
@@ -388,11 +402,52 @@ def test_the_formats_are_frozen() -> None:
 def test_a_steady_report_of_format_3_stores_the_gpus_uuids_once_per_set() -> None:
     payload, meta = reported()
     gpus = gpu_set(payload)
-    body, _, _ = encode_body(payload, meta, NODE, gpus)
+    body, _, _ = encode_body_of(FORMAT_3, payload, meta, NODE, gpus)
     format_2, _, _ = encode_body(payload, meta, NODE)
     assert decode_body(body, NODE, gpus.joined) == (payload, meta)
     # each GPU's UUID, 18 bytes (16 and their header), against its index's one
     assert len(format_2) - len(body) == 8 * 17, (len(body), len(format_2))
+
+
+def test_a_steady_report_of_format_4_stores_what_its_gpus_share_with_the_first_once() -> None:
+    payload, meta = reported()
+    gpus = gpu_set(payload)
+    body, _, _ = encode_body(payload, meta, NODE, gpus)
+    format_3, _, _ = encode_body_of(FORMAT_3, payload, meta, NODE, gpus)
+    assert body[1] == FORMAT_4 and decode_body(body, NODE, gpus.joined) == (payload, meta)
+    # per GPU after the first: what it shares with the first from its power on (power 5 bytes,
+    # the fan 2, three clocks 3 each, the memory total 5, the performance state 3) as one byte
+    assert len(format_3) - len(body) == 7 * (5 + 2 + 3 * 3 + 5 + 3 - 1), (len(body), len(format_3))
+    # the same health signals on every GPU: stored once
+    with_health = msgspec.structs.replace(
+        payload, accelerators=[msgspec.structs.replace(a, health=signals()) for a in payload.accelerators]
+    )
+    healthy, _, _ = encode_body(with_health, meta, NODE, gpus)
+    healthy_3, _, _ = encode_body_of(FORMAT_3, with_health, meta, NODE, gpus)
+    assert decode_body(healthy, NODE, gpus.joined) == (with_health, meta)
+    # the first GPU's health whole, each other GPU's as a one-byte reference
+    assert len(healthy) - len(body) == len(ENCODER.encode(dense_health(signals()))) + 7
+    assert len(healthy_3) > len(healthy) + 7 * 30
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [[0, [[]]], [1, [1]]],  # the first GPU refers to itself
+        [[0, [1]], [1, [1, 2, []]]],  # to values past the first's
+        [[0, [1, 2]], [1, [[], 2]]],  # a reference before the end
+        [[0, [1]], [1, [1], []]],  # to health the first lacks
+    ],
+    ids=["first", "past the first's values", "not last", "health"],
+)
+def test_a_body_of_format_4_with_a_reference_to_nothing_is_refused_by_name(entries: list[Dense]) -> None:
+    payload, meta = reported(2)
+    gpus = gpu_set(payload)
+    body = encode_body(payload, meta, NODE, gpus)[0]
+    doc = msgspec.msgpack.decode(body)
+    doc[2][2] = entries
+    with pytest.raises(UndecodableBody):
+        decode_body(ENCODER.encode(doc), NODE, gpus.joined)
 
 
 def test_a_body_of_format_3_without_its_set_or_with_another_is_refused_by_name() -> None:
@@ -437,6 +492,12 @@ FORMAT_3_REPORTED_TWO_GPUS = (
     "ababababababababababc0c410000000000000000000000000000000079392ce58c8996cce800000009193a12fce0148"
     "0000ce0df800009292009bcd7ed5ce00014000612938ce00064b66cd07bccd07bccd0a3b9102a2503092019bcd7ed6ce"
     "00014000612939ce00064b66cd07bccd07bccd0a3b9102a25030"
+)
+FORMAT_4_REPORTED_TWO_GPUS = (
+    "930499d7ffe4e1c0006b11217f01cd9c4001cd21c0cd4e20c420abababababababababababababababababababababab"
+    "ababababababababababc0c410000000000000000000000000000000079392ce58c8996cce800000009193a12fce0148"
+    "0000ce0df800009292009bcd7ed5612938ce00064b66cd07bccd07bc9102cd0a3bce00014000a25030920195cd7ed661"
+    "293990"
 )
 FORMAT_2_REPORTED_ONE_GPU = (
     "930299d7ffe4e1c0006b11217f01cd9c4001cd21c0cd4e20c420abababababababababababababababababababababab"

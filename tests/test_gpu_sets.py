@@ -1,4 +1,4 @@
-"""A snapshot of format 3 names its GPUs by their index in a stored set (ledger/gpu_sets.py,
+"""A snapshot of format 4 (as of 3) names its GPUs by their index in a stored set (ledger/gpu_sets.py,
 docs/storage.md): the store writes the set with the first snapshot that names it, every reader
 gets the snapshot back exactly, a set is never changed or removed, and neither a rolled-back
 append nor a set lost to a failover leaves a snapshot that cannot be read."""
@@ -51,7 +51,7 @@ async def test_snapshots_name_their_stored_set_and_read_back_exactly(pool: async
     for t in (40, 41, 42):
         await append(store, stream, t)
     got = await logged(pool, stream)
-    assert [form for form, _ in got] == [3, 3, 3]
+    assert [form for form, _ in got] == [4, 4, 4]
     assert [e.payload for _, e in got] == [snapshot(t) for t in (40, 41, 42)]
     async with pool.acquire() as conn:
         stored = await conn.fetch("SELECT sampled, gpus FROM gpu_sets")
@@ -61,7 +61,7 @@ async def test_snapshots_name_their_stored_set_and_read_back_exactly(pool: async
     # another node's store (another server) finds the set stored and names it too
     other = str(uuid.uuid4())
     await append(EventStore(pool), other, 50)
-    assert [form for form, _ in await logged(pool, other)] == [3]
+    assert [form for form, _ in await logged(pool, other)] == [4]
 
 
 async def test_a_rolled_back_append_leaves_no_snapshot_naming_a_set_that_is_not_stored(
@@ -78,7 +78,7 @@ async def test_a_rolled_back_append_leaves_no_snapshot_naming_a_set_that_is_not_
     await append(store, stream, 41)
     await append(store, stream, 42)
     got = await logged(pool, stream)
-    assert [(form, e.payload) for form, e in got] == [(3, snapshot(41)), (3, snapshot(42))]
+    assert [(form, e.payload) for form, e in got] == [(4, snapshot(41)), (4, snapshot(42))]
 
 
 async def test_a_set_a_failover_lost_is_stored_again_before_a_snapshot_names_it(pool: asyncpg.Pool) -> None:
@@ -93,7 +93,7 @@ async def test_a_set_a_failover_lost_is_stored_again_before_a_snapshot_names_it(
         await conn.execute("ALTER TABLE gpu_sets ENABLE TRIGGER gpu_sets_immutable")
     await append(store, stream, 42)  # refused by the database, then run again at once
     got = await logged(pool, stream)
-    assert [e.payload for _, e in got][2:] == [snapshot(42)] and got[2][0] == 3
+    assert [e.payload for _, e in got][2:] == [snapshot(42)] and got[2][0] == 4
     async with pool.acquire() as conn:
         assert await conn.fetchval("SELECT count(*) FROM gpu_sets") == 1
 

@@ -19,7 +19,7 @@ from api.services.reads.telemetry import accelerator_part, host_part, samples_in
 from collectors.facts import UNKNOWN, UNSUPPORTED, Fact, Known, TemporarilyFailed, Unavailable
 from collectors.observations import ACCELERATOR_METRICS, HOST_METRICS
 from domain.telemetry_history import Bucket, Reading, Series, Window, downsample_columns, reading
-from ledger.compact import encode_body, gpu_set
+from ledger.compact import FORMAT_2, FORMAT_3, FORMAT_4, encode_body_of, gpu_set
 from ledger.compact_decode import decode_body
 from ledger.events import (
     AcceleratorSample,
@@ -100,7 +100,7 @@ windows = st.builds(
 )
 
 
-# The GPU sets the stored snapshots of format 3 name (as `gpu_sets` holds them).
+# The GPU sets the stored snapshots of formats 3 and 4 name (as `gpu_sets` holds them).
 SETS: dict[uuid.UUID, str] = {}
 
 
@@ -120,17 +120,16 @@ def stored(
         )
         if compact:
             assert isinstance(payload, NodeTelemetryObserved)
-            # formats 1 and 2 as earlier releases stored them, 3 as this one does where the
+            # formats 1 to 3 as earlier releases stored them, 4 as this one does where the
             # snapshot lists each GPU once (else 2)
             gpus = gpu_set(payload)
+            form = (FORMAT_4, 1, FORMAT_2, FORMAT_3)[position % 4]
             body = (
                 encode_body_1(payload, meta)
-                if position % 3 == 1
-                else encode_body(payload, meta, NODE, gpus if position % 3 == 0 and gpus.storable else None)[
-                    0
-                ]
+                if form == 1
+                else encode_body_of(form, payload, meta, NODE, gpus if gpus.storable else None)[0]
             )
-            named = body[1] == 3
+            named = body[1] in (FORMAT_3, FORMAT_4)
             if named:
                 SETS[gpus.sampled] = gpus.joined
             row = {

@@ -27,7 +27,7 @@ from api.services.reads.telemetry import TelemetryReads
 from collectors.identity import NodeIdentity
 from collectors.observations import HardwareObservation
 from domain.telemetry_history import window
-from ledger.compact import encode_body
+from ledger.compact import FORMAT_2, FORMAT_3, FORMAT_4, encode_body_of, gpu_set
 from ledger.compact_decode import decode_body
 from ledger.db import create_pool
 from ledger.events import EventMetadata, RecordedEvent
@@ -245,8 +245,8 @@ async def test_a_version_7_log_holding_jsonb_snapshots_reads_the_same_with_compa
                     identity, obs, EventMetadata(received_at=at, source="agent", observed_at=at)
                 )
         async with pool.acquire() as conn:
-            # the first two as the releases that wrote format 1 stored them, the third as those
-            # that wrote format 2 did, the fourth as this one writes it (format 3)
+            # the first as the releases that wrote format 1 stored it, the second and third as
+            # those that wrote formats 2 and 3 did, the fourth as this one writes it (format 4)
             for k, row in enumerate(
                 await conn.fetch(
                     "SELECT global_position, stream_id, body, "
@@ -254,14 +254,16 @@ async def test_a_version_7_log_holding_jsonb_snapshots_reads_the_same_with_compa
                     "FROM events WHERE body IS NOT NULL ORDER BY global_position LIMIT 3"
                 )
             ):
-                assert row["body"][1] == 3
+                assert row["body"][1] == FORMAT_4
                 payload, meta = decode_body(row["body"], row["stream_id"], row["gpus"])
                 await conn.execute(
                     "UPDATE events SET body = $2 WHERE global_position = $1",
                     row["global_position"],
                     encode_body_1(payload, meta)
-                    if k < 2
-                    else encode_body(payload, meta, row["stream_id"])[0],
+                    if k == 0
+                    else encode_body_of(
+                        (FORMAT_2, FORMAT_3)[k - 1], payload, meta, row["stream_id"], gpu_set(payload)
+                    )[0],
                 )
             formats = await conn.fetchval(
                 "SELECT array_agg(get_byte(body, 1) ORDER BY global_position) FROM events WHERE body IS NOT NULL"
@@ -284,7 +286,7 @@ async def test_a_version_7_log_holding_jsonb_snapshots_reads_the_same_with_compa
             "the jsonb events are kept byte for byte"
         )
         assert (forms["compact"], forms["jsonb"]) == (4, 8)
-        assert formats == [1, 1, 2, 3]
+        assert formats == [1, 2, 3, 4]
         # the log's reader decodes both forms: every event, none left as undecodable
         assert len(logged) == len(before) + 4 and all(isinstance(e, RecordedEvent) for e in logged)
         temps = {

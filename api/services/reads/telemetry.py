@@ -72,8 +72,8 @@ class TelemetryHistoryBody(msgspec.Struct, frozen=True):
 # PostgreSQL sorting a day of snapshots (7 MB) spilled to disk.
 _OBSERVATIONS: LiteralString = (
     "SELECT e.global_position, e.body, e.data::text AS data_json, e.metadata::text AS metadata_json, "
-    # The GPU set a snapshot of format 3 (a body's second byte) names (ledger/gpu_sets.py).
-    "CASE WHEN get_byte(e.body, 1) = 3 THEN e.sampled END AS gpu_set_id "
+    # The GPU set a snapshot of format 3 or 4 (a body's second byte) names (ledger/gpu_sets.py).
+    "CASE WHEN get_byte(e.body, 1) IN (3, 4) THEN e.sampled END AS gpu_set_id "
     "FROM events e "
     "WHERE e.stream_id = $1 AND e.event_class = 'observation' "
     # An observation's segment is the UTC day it was received, or the permanent one ('infinity'):
@@ -323,7 +323,7 @@ class TelemetryReads:
 
 
 async def _sets(conn: asyncpg.Connection, rows: Sequence[asyncpg.Record]) -> Mapping[uuid.UUID, str]:
-    """The GPU sets the rows of format 3 name (none for a day of older formats)."""
+    """The GPU sets the rows of format 3 or 4 name (none for a day of older formats)."""
     return await stored_sets(conn, {r["gpu_set_id"] for r in rows})
 
 

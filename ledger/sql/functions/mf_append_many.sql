@@ -14,7 +14,7 @@
 --   * an event is stored as jsonb (`p_data[k]`, `p_metadata[k]`) or, an observation only, as a
 --     compact body (`p_bodies[k]`, ledger/compact.py; its data and metadata NULL), with
 --     `p_sampled[k]`, the digest of the GPUs a snapshot samples (retention compares it; a body
---     of format 3 names its stored GPU set by it, MF424 where that set is not stored).
+--     of format 3 or 4 names its stored GPU set by it, MF424 where that set is not stored).
 -- Any refusal fails the whole call (and the caller's transaction).
 --
 -- The streams that take their events are written set-wise: one INSERT of all their events, one
@@ -80,9 +80,10 @@ BEGIN
         RETURN;
     END IF;
     -- The arguments' shape, and (in the same statement: one query instead of two) whether a
-    -- snapshot of format 3 (a body's second byte) names a GPU set that is not stored: it lists its
-    -- GPUs by their index in the set its `sampled` names, and would be unreadable (MF424: the
-    -- writer remembered a set whose commit a failover lost; it stores it again, ledger/gpu_sets.py).
+    -- snapshot of format 3 or 4 (a body's second byte) names a GPU set that is not stored: it
+    -- lists its GPUs by their index in the set its `sampled` names, and would be unreadable (MF424:
+    -- the writer remembered a set whose commit a failover lost; it stores it again,
+    -- ledger/gpu_sets.py).
     SELECT coalesce(array_length(p_expected_versions, 1), 0) <> v_streams
            OR coalesce(array_length(p_counts, 1), 0) <> v_streams
            OR (SELECT sum(c) <> v_n OR min(c) < 1 FROM unnest(p_counts) AS c)
@@ -91,7 +92,7 @@ BEGIN
            OR coalesce(array_length(p_received, 1), 0) <> v_n
            OR coalesce(array_length(p_sampled, 1), 0) <> v_n,
            EXISTS (SELECT 1 FROM unnest(p_bodies, p_sampled) AS b(body, sampled)
-                   WHERE get_byte(b.body, 1) = 3
+                   WHERE get_byte(b.body, 1) IN (3, 4)
                      AND NOT EXISTS (SELECT 1 FROM gpu_sets g WHERE g.sampled = b.sampled))
         INTO v_misshapen, v_set_missing;
     IF v_misshapen IS NOT FALSE THEN
@@ -99,7 +100,7 @@ BEGIN
                         'and as many events as the counts add up to' USING ERRCODE = '22023';
     END IF;
     IF v_set_missing THEN
-        RAISE EXCEPTION 'a snapshot of format 3 names a GPU set that is not stored'
+        RAISE EXCEPTION 'a snapshot of format 3 or 4 names a GPU set that is not stored'
             USING ERRCODE = 'MF424';
     END IF;
     IF NOT p_locked THEN
