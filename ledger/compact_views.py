@@ -299,7 +299,7 @@ def _keys(
     bodies: Sequence[bytes], encoded: bytes, gpu_uuid: str, sets: Sequence[str | None] | None
 ) -> tuple[list[msgspec.Raw], list[int]]:
     """Each body's key of the GPU (an entry of it holds that) and how many entries hold it: for
-    format 1 and 2 the count of its encoded UUID's bytes, for format 3 one where its set has it."""
+    format 1 and 2 the count of its encoded UUID's bytes, for formats 3 and 4 one where its set has it."""
     key = msgspec.Raw(encoded)
     if sets is None or all(s is None for s in sets):
         if any(body[1] in SET_FORMATS for body in bodies):
