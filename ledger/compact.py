@@ -262,19 +262,12 @@ def _layout(codebook: Sequence[str], units: Sequence[int]) -> Layout:
 GPU_LAYOUT_2 = _layout(GPU_TELEMETRY_1, GPU_UNITS_2)
 HOST_LAYOUT_2 = _layout(HOST_TELEMETRY_1, HOST_UNITS_2)
 # Format 4's GPU codebook: format 2's names and units, those a node's GPUs most often share last
-# (each GPU after the first refers to the first's values from where they are the same).
+# (each GPU after the first refers to the first's values from where they are the same). Frozen
+# with GPU_TELEMETRY_1 (the pinned bodies of tests/test_compact.py hold both).
+_SHARED_LAST_4 = ("fan_speed_percent", "clock_memory_mhz", "memory_total_bytes", "performance_state")
 GPU_TELEMETRY_4: tuple[str, ...] = (
-    "memory_used_bytes",
-    "utilization_gpu_percent",
-    "utilization_memory_percent",
-    "temperature_celsius",
-    "power_watts",
-    "clock_graphics_mhz",
-    "clock_sm_mhz",
-    "fan_speed_percent",
-    "clock_memory_mhz",
-    "memory_total_bytes",
-    "performance_state",
+    *(n for n in GPU_TELEMETRY_1 if n not in _SHARED_LAST_4),
+    *_SHARED_LAST_4,
 )
 GPU_UNITS_4: tuple[int, ...] = tuple(GPU_UNITS_2[GPU_TELEMETRY_1.index(n)] for n in GPU_TELEMETRY_4)
 GPU_LAYOUT_4 = _layout(GPU_TELEMETRY_4, GPU_UNITS_4)
