@@ -75,9 +75,17 @@ async def test_200_events_are_delivered_in_commit_order_signed_as_cloudevents(
     store: EventStore, pool: asyncpg.Pool, receiver: Receiver
 ) -> None:
     sub = await subscribe(store, receiver.url)
+
+    async def all_settled() -> asyncpg.Record | None:
+        state = await row(pool, sub.subscription_id)
+        return state if state["delivered"] == 200 else None
+
     async with running(pool):
         positions = await append_tokens(store, 200)
         got = await asyncio.to_thread(receiver.wait_for, 200)
+        # The receiver has the last event before the deliverer, which records it once the answer
+        # is back: the subscription's row is read once it has (and before the deliverer stops).
+        state = await eventually(all_settled)
     assert got == positions, "each event once, in commit order"
     assert all(d.verified for d in receiver.deliveries)
     first = receiver.deliveries[0]
@@ -90,7 +98,7 @@ async def test_200_events_are_delivered_in_commit_order_signed_as_cloudevents(
     assert first.headers["content-type"] == "application/cloudevents+json"
     assert first.headers["webhook-id"] == event["id"]
     assert first.headers["webhook-signature"].startswith("v1,")
-    state = await row(pool, sub.subscription_id)
+    assert state is not None, "the deliverer recorded every delivery"
     assert (
         state["delivered"] == 200 and state["last_position"] == positions[-1] and state["state"] == "active"
     )
