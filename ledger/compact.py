@@ -39,9 +39,8 @@ Format 2, `[2, metadata, payload]`, what an append writes without a stored GPU s
             memory as /proc/meminfo counts it, MiB for a GPU's as NVML does, 4 KiB blocks for
             storage), a known float of watts that is a whole number of milliwatts (NVML's unit)
             as that int; any other known int there as [4, value]; the rest as in format 1
-Format 3, `[3, metadata, payload]`, what an append wrote where the snapshot's GPU set is stored,
-before format 4
-(table `gpu_sets`, ledger/gpu_sets.py): format 2 but for
+Format 3, `[3, metadata, payload]`, read with the snapshot's stored GPU set (table `gpu_sets`,
+ledger/gpu_sets.py): format 2 but for
   accelerator [index, telemetry, health or nil, accelerator_id or nil]: the GPU's index in its
             set, the snapshot's distinct GPU UUIDs in byte order (what `sampled` digests, the
             row's column naming the set), instead of its UUID; written where the snapshot lists
