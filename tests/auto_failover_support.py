@@ -181,6 +181,13 @@ class Keeper:
         except subprocess.TimeoutExpired:
             self.kill()
 
+    def run(self, *command: str) -> subprocess.CompletedProcess[str]:
+        """A program with this keeper's environment and user (a container's healthcheck)."""
+        return subprocess.run(
+            list(command), env=self.env, cwd="/", capture_output=True, text=True, timeout=60,
+            check=False, **_owner(),
+        )  # fmt: skip
+
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 

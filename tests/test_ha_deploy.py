@@ -13,7 +13,11 @@ without one:
   containers run it: it makes a monitor and two nodes with scram-sha-256 and self-signed TLS,
   and the compose file's URL, with this machine's ports for the two hosts, reaches the primary as
   the `modelforge` role, over TLS, with `synchronous_commit = remote_apply`; `modelforge-hw
-  migrate` applies the schema through it.
+  migrate` applies the schema through it. Each container starts once the one before is healthy
+  by the compose file's healthcheck (`pgaf-entrypoint.sh ready`), as compose starts them;
+* a node whose registration the monitor failed at COMMIT (as a monitor restarting then does), or
+  that stopped between pg_autoctl's creation and the entrypoint's own steps, comes up on its next
+  start, with its role and settings once.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -79,6 +84,8 @@ def test_the_pair_the_monitor_and_the_server_with_a_volume_each() -> None:
         assert service["command"] == ["monitor" if name == "monitor" else "node"]
         assert service["hostname"] == service["environment"]["PGAF_HOSTNAME"] == name
         assert service["user"] == "postgres"
+        # Healthy once the entrypoint has created the node, not while it restarts PostgreSQL.
+        assert service["healthcheck"]["test"] == ["CMD", "/usr/local/bin/pgaf-entrypoint.sh", "ready"]
         (volume,) = service["volumes"]
         source, target = volume.split(":")
         assert target == "/var/lib/postgresql", "PGDATA and pg_autoctl's state live there"
@@ -183,43 +190,82 @@ def test_docker_compose_refuses_it_without_a_password(
     assert code != 0 and absent in err, err
 
 
+class Containers:
+    """The three database containers as compose runs them, on this machine: each one the
+    entrypoint under its own pg_autoctl directory, started and restarted by the test."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.root = workdir / "compose-pgaf"
+        self.env = {**paf.prepare(self.root), **PASSWORDS}
+        self.monitor_port = replication.free_port()
+        self.tag = uuid.uuid4().hex[:6]
+        self.monitor = self.keeper("monitor", self.monitor_port)
+        self.nodes = {n: self.keeper(n, replication.free_port()) for n in ("node1", "node2")}
+        self.names = {n: f"{n}-{self.tag}" for n in self.nodes}
+        monitor_dsn = (
+            f"postgresql://autoctl_node:{PASSWORDS['PGAF_AUTOCTL_NODE_PASSWORD']}@127.0.0.1:"
+            f"{self.monitor_port}/pg_auto_failover?sslmode=require"
+        )
+        self.formation = paf.Formation(self.root, self.monitor, self.nodes, self.env, monitor_dsn)
+
+    def keeper(self, name: str, port: int) -> paf.Keeper:
+        role = "monitor" if name == "monitor" else "node"
+        # Each container's hostname is 127.0.0.1 here; names tell the nodes apart on the monitor.
+        own = {"PGDATA": str(self.root / name), "PGAF_HOSTNAME": "127.0.0.1", "PGAF_NAME": f"{name}-{self.tag}",
+               "PGAF_PORT": str(port), "PGAF_MONITOR_HOST": "127.0.0.1", "PGAF_MONITOR_PORT": str(self.monitor_port)}  # fmt: skip
+        return paf.Keeper(name, self.root / name, port, {**self.env, **own}, command=[str(ENTRYPOINT), role])
+
+    def healthy(self, keeper: paf.Keeper) -> bool:
+        """The compose file's healthcheck of that container."""
+        return keeper.run(str(ENTRYPOINT), "ready").returncode == 0
+
+    def wait_healthy(self, keeper: paf.Keeper, within: float) -> None:
+        deadline = time.monotonic() + within
+        while not self.healthy(keeper):
+            assert keeper.running(), f"{keeper.name} exited:\n{keeper.log_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"{keeper.name} not healthy after {within}s"
+            time.sleep(0.1)
+
+    def created_mark(self, keeper: paf.Keeper) -> Path:
+        return Path(self.env["XDG_CONFIG_HOME"], f"pg_autoctl{keeper.pgdata}", "modelforge-created")
+
+    def node_sql(self, name: str, sql: str) -> str:
+        done = subprocess.run(
+            [str(replication.PG_BIN / "psql"), "-X", "-qtA", "-v", "ON_ERROR_STOP=1",
+             "-d", self.nodes[name].dsn(), "-c", sql],
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        return done.stdout.strip()
+
+    def dump_logs(self) -> None:
+        for k in (self.monitor, *self.nodes.values()):
+            print(f"--- {k.name}\n{k.log_text()[-3000:]}")
+
+    def close(self) -> None:
+        self.formation.close()
+
+
 async def test_the_entrypoint_makes_the_formation_the_compose_url_reaches(
     auto_failover_programs: None, workdir: Path
 ) -> None:
-    root = workdir / "compose-pgaf"
-    env = {**paf.prepare(root), **PASSWORDS}
-    monitor_port = replication.free_port()
-    tag = uuid.uuid4().hex[:6]
-
-    def keeper(name: str, port: int) -> paf.Keeper:
-        role = "monitor" if name == "monitor" else "node"
-        # Each container's hostname is 127.0.0.1 here; names tell the nodes apart on the monitor.
-        own = {"PGDATA": str(root / name), "PGAF_HOSTNAME": "127.0.0.1", "PGAF_NAME": f"{name}-{tag}",
-               "PGAF_PORT": str(port), "PGAF_MONITOR_HOST": "127.0.0.1", "PGAF_MONITOR_PORT": str(monitor_port)}  # fmt: skip
-        return paf.Keeper(name, root / name, port, {**env, **own}, command=[str(ENTRYPOINT), role])
-
-    monitor = keeper("monitor", monitor_port)
-    nodes = {n: keeper(n, replication.free_port()) for n in ("node1", "node2")}
-    monitor_dsn = (
-        f"postgresql://autoctl_node:{PASSWORDS['PGAF_AUTOCTL_NODE_PASSWORD']}@127.0.0.1:{monitor_port}"
-        "/pg_auto_failover?sslmode=require"
-    )
-    formation = paf.Formation(root, monitor, nodes, env, monitor_dsn)
-    names = {n: f"{n}-{tag}" for n in nodes}
+    c = Containers(workdir)
+    nodes, names = c.nodes, c.names
     try:
-        monitor.start()
-        await asyncio.to_thread(formation.wait_monitor, 120)  # as autoctl_node, with its password
+        # compose's order: node1 once the monitor is healthy, node2 once node1 is.
+        c.monitor.start()
+        await asyncio.to_thread(c.wait_healthy, c.monitor, 120)
         nodes["node1"].start()
-        await asyncio.to_thread(formation.wait_states, {names["node1"]: "single"}, 120)
-        nodes["node2"].start()  # compose starts it once node1 is healthy
+        await asyncio.to_thread(c.wait_healthy, nodes["node1"], 120)
+        assert c.formation.states() == {names["node1"]: ("single", "single")}
+        nodes["node2"].start()
         await asyncio.to_thread(
-            formation.wait_states, {names["node1"]: "primary", names["node2"]: "secondary"}, 180
+            c.formation.wait_states, {names["node1"]: "primary", names["node2"]: "secondary"}, 180
         )
         # The compose file's URL, with this machine's address and ports for node1 and node2.
         url = server_url().replace(
             "node1:5432,node2:5432", f"127.0.0.1:{nodes['node1'].port},127.0.0.1:{nodes['node2'].port}"
         )
-        printed = formation.monitor_sql(
+        printed = c.formation.monitor_sql(
             "SELECT pgautofailover.formation_uri('default', 'default', 'require')"
         )
         assert printed.replace("postgres://", "postgresql://modelforge:app-s3cret@", 1) == url, printed
@@ -242,8 +288,65 @@ async def test_the_entrypoint_makes_the_formation_the_compose_url_reaches(
         done = await asyncio.to_thread(cli, url, "migrate")
         assert done.returncode == 0, done.stdout + done.stderr
     except BaseException:
-        for k in (monitor, *nodes.values()):
-            print(f"--- {k.name}\n{k.log_text()[-3000:]}")
+        c.dump_logs()
         raise
     finally:
-        await asyncio.to_thread(formation.close)
+        await asyncio.to_thread(c.close)
+
+
+# Fails the COMMIT of the first node registration, as a monitor that restarts then does: the
+# monitor forgets the node, which keeps pg_autoctl's init file and no state file.
+FAIL_FIRST_REGISTRATION = """
+CREATE SEQUENCE public.registrations;
+CREATE FUNCTION public.fail_first_registration() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+  IF nextval('public.registrations') = 1 THEN
+    RAISE EXCEPTION 'the monitor went away';
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER fail_first_registration AFTER INSERT ON pgautofailover.node
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.fail_first_registration();
+"""
+
+
+def test_a_node_comes_up_on_the_start_after_an_interrupted_creation(
+    auto_failover_programs: None, workdir: Path
+) -> None:
+    c = Containers(workdir)
+    node1 = c.nodes["node1"]
+    try:
+        c.monitor.start()
+        c.wait_healthy(c.monitor, 120)
+        done = subprocess.run(
+            [str(replication.PG_BIN / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+             "-d", c.monitor.dsn("pg_auto_failover"), "-c", FAIL_FIRST_REGISTRATION],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        node1.start()
+        assert node1.exited(within=90), "the node's creation went on though its registration failed"
+        assert node1.proc is not None and node1.proc.returncode != 0
+        assert "Failed to COMMIT register_node transaction" in node1.log_text()
+        # The container's restart policy starts it again.
+        node1.start()
+        c.wait_healthy(node1, 120)
+        assert c.formation.states() == {c.names["node1"]: ("single", "single")}
+        assert (
+            c.node_sql("node1", "SELECT rolname FROM pg_roles WHERE rolname = 'modelforge'") == "modelforge"
+        )
+        # Stopped after pg_autoctl's creation and before the entrypoint's own steps: the next
+        # start does them again, and they hold once.
+        node1.stop()
+        c.created_mark(node1).unlink()
+        node1.start()
+        c.wait_healthy(node1, 120)
+        assert c.formation.states() == {c.names["node1"]: ("single", "single")}
+        assert c.node_sql("node1", "SELECT count(*) FROM pg_roles WHERE rolname = 'modelforge'") == "1"
+        assert c.node_sql("node1", "SHOW synchronous_commit") == "remote_apply"
+    except BaseException:
+        c.dump_logs()
+        raise
+    finally:
+        c.close()
