@@ -231,9 +231,10 @@ def _indexed(i: Any, names: tuple[str, ...]) -> str:
     return names[i]
 
 
-def _resolved(values: Dense, first: Dense) -> Dense:
+def resolved(values: Dense, first: Dense) -> Dense:
     """A GPU's telemetry values of format 4 with a reference (`[]`, last) replaced by the first
-    GPU's values from its position to the end, in place."""
+    GPU's values from its position to the end, in place (a whole body's decode and the history
+    views alike)."""
     if values and type(values[-1]) is list and not values[-1]:
         i = len(values) - 1
         rest = first[i:]
@@ -250,7 +251,7 @@ def _resolved_entries(entries: list[Dense]) -> list[Dense]:
     first = entries[0]
     signals = first[2] if len(first) > 2 else None
     for entry in entries[1:]:
-        _resolved(entry[1], first[1])
+        resolved(entry[1], first[1])
         if len(entry) > 2 and type(entry[2]) is list and not entry[2]:
             if type(signals) is not list or not signals:
                 raise UndecodableBody("a reference to the first GPU's health, which it lacks")

@@ -42,7 +42,7 @@ from ledger.compact import (
     UndecodableBody,
     gpu_id,
 )
-from ledger.compact_decode import from_units, gpu_names
+from ledger.compact_decode import from_units, gpu_names, resolved
 
 
 class _Times1(msgspec.Struct, array_like=True, gc=False):
@@ -260,12 +260,7 @@ def _resolve_references(dense: list[Dense], firsts: dict[int, msgspec.Raw]) -> N
     if not referring:
         return
     for k, entry in zip(referring, _decoded([firsts[k] for k in referring]), strict=True):
-        d = dense[k]
-        i = len(d) - 1
-        rest = entry[1][i:]
-        if not rest:
-            raise UndecodableBody(f"a reference to the first GPU's values from {i}, which it lacks")
-        d[i:] = rest
+        resolved(dense[k], entry[1])
 
 
 _LAST = itemgetter(slice(-1, None))
