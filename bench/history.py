@@ -15,6 +15,10 @@ server, against the same server's `GET accelerators/{id}` as the baseline.
    `GET .../accelerators/{id}/telemetry?since=now-24h&until=now` with the default step and with
    `step=60`. Every history response must count every sample of the window.
 
+Also measured around each round of each endpoint: the CPU the server process and the
+database's PostgreSQL backends spent per request (`/proc`, as every benchmark here measures it),
+which moves much less with the machine's other load than a latency does.
+
 Target: the 24 h history p99 < 100 ms (with the default step).
 """
 
@@ -131,7 +135,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 async def timed(conn: HttpConnection, path: str, n: int, sample: h.Sample) -> bytes:
     """`n` sequential GETs of `path`; their latencies into `sample`; the last body."""
     body = b""
-    t_start = time.perf_counter()
     for _ in range(n):
         t0 = time.perf_counter()
         status, body = await conn.request(b"GET", path.encode(), bearer(OPERATOR_TOKEN))
@@ -139,7 +142,6 @@ async def timed(conn: HttpConnection, path: str, n: int, sample: h.Sample) -> by
         sample.ops += 1
         if status != 200:
             sample.error(f"GET {path}: {status} {body[:200]!r}")
-    sample.usage.seconds += time.perf_counter() - t_start
     return body
 
 
@@ -194,6 +196,7 @@ async def run(args: argparse.Namespace) -> int:
                     f"{base}/telemetry?{window}&step=60",
                 ),
             ]
+            meter = await h.Meter.open([db.name], [server.pid])
             conn = await HttpConnection.open(server.port)
             try:
                 # Correctness before speed (and one warm-up each): every sample of the window counted.
@@ -214,24 +217,45 @@ async def run(args: argparse.Namespace) -> int:
                       f"round(s), interleaved")  # fmt: skip
                 for _ in range(args.rounds):
                     for sample, path in endpoints:
-                        await timed(conn, path, per_round, sample)
+                        _, usage = await meter.measure(timed(conn, path, per_round, sample))
+                        sample.usage = sample.usage + usage
             finally:
                 conn.close()
+                await meter.close()
 
             h.table(
-                ["endpoint", "requests", "req/s", "p50 ms", "p99 ms", "errors"],
-                [[s.name, s.ops, s.rate, s.ms(50), s.ms(99), s.errors] for s, _ in endpoints],
+                ["endpoint", "requests", "req/s", "p50 ms", "p99 ms", "errors", "server ms", "PG ms"],
+                [
+                    [
+                        s.name,
+                        s.ops,
+                        s.rate,
+                        s.ms(50),
+                        s.ms(99),
+                        s.errors,
+                        s.per_op("server_cpu"),
+                        s.per_op("db_cpu"),
+                    ]
+                    for s, _ in endpoints
+                ],
             )
+            print("(CPU per request: server = the serve process, PG = the database's backends)")
             baseline = endpoints[0][0]
             print()
             for s, _ in endpoints[1:]:
                 print(f"{s.name} p50 / p99: {s.ms(50):.1f} / {s.ms(99):.1f} ms")
                 print(f"{s.name} p99 / baseline p99: {s.ms(99) / baseline.ms(99):.1f}x")
+                cpu, db = s.per_op("server_cpu"), s.per_op("db_cpu")
+                if cpu is not None and db is not None:
+                    print(f"{s.name} CPU per request: server {cpu:.1f} ms, PostgreSQL {db:.1f} ms")
             for s, _ in endpoints:
                 report.row(**s.as_row())
             for s, _ in endpoints[1:]:
                 report.ratio(h.Ratio(f"{s.name} p99 ms", s.ms(99), TARGET_P99_MS, at_least=False))
                 report.ratio(h.Ratio(f"{s.name} p99 / baseline p99", s.ms(99) / baseline.ms(99), None))
+                cpu = s.per_op("server_cpu")
+                if cpu is not None:
+                    report.ratio(h.Ratio(f"{s.name} server CPU ms per request", cpu, None))
             report.finish(args.json)
             for s, _ in endpoints:
                 for e in s.error_samples:
