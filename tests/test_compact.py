@@ -430,6 +430,42 @@ def test_a_steady_report_of_format_4_stores_what_its_gpus_share_with_the_first_o
     assert len(healthy_3) > len(healthy) + 7 * 30
 
 
+@pytest.mark.parametrize("day", ["one index", "one missing", "one moved"])
+def test_a_gpu_after_the_first_reads_the_values_it_shares_with_the_first_on_any_day(day: str) -> None:
+    # A steady day of format 4: each GPU after the first stores what it shares with the first as
+    # a reference. Its history reads the first GPU's values there, whether the day is read at one
+    # index or snapshot by snapshot (the GPU left out of one, or listed at another index).
+    payload, meta = reported()
+    events: list[tuple[NodeTelemetryObserved, EventMetadata, int]] = []
+    for k in range(6):
+        accelerators = list(payload.accelerators)
+        if k == 2 and day == "one missing":
+            del accelerators[5]
+        elif k == 2 and day == "one moved":
+            accelerators.insert(1, accelerators.pop(5))
+        at = meta.received_at + timedelta(seconds=10 * k)
+        events.append(
+            (
+                msgspec.structs.replace(payload, accelerators=accelerators),
+                msgspec.structs.replace(meta, received_at=at, observed_at=at),
+                FORMAT_4,
+            )
+        )
+    bodies, sets = stored_in(events, NODE)
+    assert all(body[1] == FORMAT_4 for body in bodies)
+    decoded = [decode_body(b, NODE, s) for b, s in zip(bodies, sets, strict=True)]
+    gpu = payload.accelerators[5].uuid
+    names = list(GPU_TELEMETRY_1)
+    got = [
+        (i, at, [as_reading(v) for v in values])
+        for i, at, values in rows(gpu_values(bodies, gpu, names, sets))
+    ]
+    assert got == expected_values(decoded, gpu, names)
+    assert len(got) == (5 if day == "one missing" else 6)
+    # the shared values read as the GPU's: its power, as every GPU of the steady snapshot has it
+    assert {values[names.index("power_watts")] for _, _, values in got} == {as_reading(412.518)}
+
+
 @pytest.mark.parametrize(
     "entries",
     [
