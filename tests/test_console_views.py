@@ -9,18 +9,17 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from api.http.console.labels import KNOWN_SIGNAL_NAMES, fact_label
 from api.http.console.views import (
     age,
     event_lines,
     event_summary,
     fact_view,
     form_moment,
-    human_bytes,
     parse_moment,
     signal_rows,
     xid_meaning,
 )
+from api.services.wording import KNOWN_SIGNAL_NAMES, fact_label, human_bytes
 from collectors.facts import UNSUPPORTED, Known, TemporarilyFailed, Unavailable, Unknown
 from collectors.gpu_health import CLOCK_EVENT_REASONS
 from collectors.observations import (

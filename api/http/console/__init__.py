@@ -20,8 +20,9 @@ class ConsolePlugin(InitPluginProtocol):
         from litestar.plugins.jinja import JinjaTemplateEngine
         from litestar.template.config import TemplateConfig
 
-        from api.http.console import labels, views
+        from api.http.console import views
         from api.http.console.routes import console_routers
+        from api.services import wording
 
         env = Environment(
             loader=FileSystemLoader(TEMPLATE_DIR),
@@ -31,11 +32,11 @@ class ConsolePlugin(InitPluginProtocol):
             lstrip_blocks=True,
         )
         env.filters.update(
-            age=views.age, moment=views.moment, form_moment=views.form_moment, bytes=views.human_bytes
+            age=views.age, moment=views.moment, form_moment=views.form_moment, bytes=wording.human_bytes
         )
         env.globals.update(
             fact_view=views.fact_view,
-            fact_label=labels.fact_label,
+            fact_label=wording.fact_label,
             event_lines=views.event_lines,
             signal_rows=views.signal_rows,
             xid_meaning=views.xid_meaning,

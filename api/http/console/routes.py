@@ -22,7 +22,7 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.params import Body, FromPath, FromQuery, QueryParameter
 from litestar.response import Redirect, Template
 
-from api.http.console import labels, views
+from api.http.console import views
 from api.http.console.charts import CHART_BUCKETS, GPU_CHARTS, HOST_CHARTS, WINDOWS, Chart, charts_of
 from api.http.console.lemons import lemons_page
 from api.http.context import AppContext
@@ -32,6 +32,7 @@ from api.services.reads.fleet import FleetQuery
 from api.services.reads.gpu_health import gpu_health_overview
 from api.services.reads.telemetry import checked_window
 from api.services.scopes import OperatorTokens
+from api.services.wording import fact_label
 from domain.lemons import SinceRefused
 from ledger.events import EventClass
 from runtime.secrets import matches
@@ -330,7 +331,7 @@ async def node_page(
         moment,
         node=node,
         chart_window=chart_window,
-        charts=charts_of(host_history, HOST_CHARTS, labels.fact_label),
+        charts=charts_of(host_history, HOST_CHARTS, fact_label),
         accelerators=accelerators,
         metric_names=metric_names,
         timeline=timeline,
@@ -377,7 +378,7 @@ async def gpu_page(
     gpu_history = await c.repository.telemetry.accelerator(
         accelerator_id, checked_window(chart_window.since, chart_window.until, chart_window.step_seconds)
     )
-    charts: list[Chart] = charts_of(gpu_history, GPU_CHARTS, labels.fact_label)
+    charts: list[Chart] = charts_of(gpu_history, GPU_CHARTS, fact_label)
     return _page(
         "gpu.html.j2",
         moment,

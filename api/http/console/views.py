@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from api.services.reads.bodies import HealthSignalsBody
+from api.services.wording import known_text
 from collectors.facts import Fact, Known, TemporarilyFailed, Unavailable, Unknown, Unsupported
 from collectors.gpu_health import CLOCK_EVENT_REASONS, ECC_COUNTERS, REMAPPED_ROWS, RETIRED_PAGES
 from domain.health import XID_RULES
@@ -23,43 +24,6 @@ class FactView(msgspec.Struct, frozen=True):
     state: str
     text: str
     reason: str = ""
-
-
-_UNITS = (
-    ("_percent", " %"),
-    ("_celsius", " °C"),
-    ("_watts", " W"),
-    ("_mhz", " MHz"),
-)
-
-
-def human_bytes(n: int | float) -> str:
-    """Binary units, as nvidia-smi and free(1) print memory."""
-    value = float(n)
-    if abs(value) < 1024:
-        return f"{int(value)} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        # Decided on the number as printed: 1023.96 MiB prints as 1024.0, which is 1.0 GiB.
-        text = f"{value:.1f}"
-        if abs(float(text)) < 1024 or unit == "TiB":
-            return f"{text} {unit}"
-    raise AssertionError("unreachable")
-
-
-def known_text(name: str, value: Any) -> str:
-    """A known value with its unit, taken from the metric's name (a 0 stays a visible 0)."""
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int | float) and name.endswith("_bytes"):
-        return human_bytes(value)
-    if name == "performance_state" and isinstance(value, int):
-        return f"P{value}"
-    for suffix, unit in _UNITS:
-        if name.endswith(suffix) and isinstance(value, int | float):
-            shown = f"{value:.1f}" if isinstance(value, float) and not value.is_integer() else f"{value:g}"
-            return shown + unit
-    return str(value)
 
 
 def fact_view(name: str, fact: Fact | None) -> FactView:

@@ -1,9 +1,12 @@
-"""What an operator reads beside a fact: "Fan speed", "ECC: uncorrected (volatile)", "Clock event:
-HW thermal slowdown". The API name (`fan_speed_percent`, `ecc_errors.uncorrected_volatile`) stays
-in the page as the label's tooltip and `data-metric`, so a reader can find it in the API and in
-/metrics."""
+"""How a fact reads to an operator, alike in the web console and on the command line: its label
+("Fan speed", "ECC: uncorrected (volatile)", "Clock event: HW thermal slowdown") and a known value
+with its unit ("72 °C", "22.6 GiB"). The API name (`fan_speed_percent`,
+`ecc_errors.uncorrected_volatile`) stays where a reader can find it: the console's tooltip and
+`data-metric`, the command line's `-o json`."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from collectors.gpu_health import CLOCK_EVENT_REASONS, ECC_COUNTERS, REMAPPED_ROWS, RETIRED_PAGES
 
@@ -75,3 +78,40 @@ KNOWN_SIGNAL_NAMES: tuple[str, ...] = (
     *(f"retired_pages.{p}" for p in RETIRED_PAGES),
     *(f"clock_event_reasons.{c}" for c in CLOCK_EVENT_REASONS),
 )
+
+
+_UNITS = (
+    ("_percent", " %"),
+    ("_celsius", " °C"),
+    ("_watts", " W"),
+    ("_mhz", " MHz"),
+)
+
+
+def human_bytes(n: int | float) -> str:
+    """Binary units, as nvidia-smi and free(1) print memory."""
+    value = float(n)
+    if abs(value) < 1024:
+        return f"{int(value)} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        # Decided on the number as printed: 1023.96 MiB prints as 1024.0, which is 1.0 GiB.
+        text = f"{value:.1f}"
+        if abs(float(text)) < 1024 or unit == "TiB":
+            return f"{text} {unit}"
+    raise AssertionError("unreachable")
+
+
+def known_text(name: str, value: Any) -> str:
+    """A known value with its unit, taken from the metric's name (a 0 stays a visible 0)."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int | float) and name.endswith("_bytes"):
+        return human_bytes(value)
+    if name == "performance_state" and isinstance(value, int):
+        return f"P{value}"
+    for suffix, unit in _UNITS:
+        if name.endswith(suffix) and isinstance(value, int | float):
+            shown = f"{value:.1f}" if isinstance(value, float) and not value.is_integer() else f"{value:g}"
+            return shown + unit
+    return str(value)
