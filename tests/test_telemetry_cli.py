@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -74,8 +75,11 @@ async def server(database_dsn: str, pool: asyncpg.Pool, tmp_path: Path) -> Async
         stop_process(process.proc, timeout=60)
 
 
-def _row(stdout: str, metric: str) -> list[str]:
-    return next(line.split() for line in stdout.splitlines() if line.startswith(metric + " "))
+def _row(stdout: str, label: str) -> list[str]:
+    """The table's row of the metric labelled so, its cells (columns are two spaces apart at least)."""
+    return next(
+        re.split(r"\s{2,}", line.strip()) for line in stdout.splitlines() if line.startswith(label + "  ")
+    )
 
 
 async def test_gpu_and_node_telemetry_tables_and_json(server: ServerProcess) -> None:
@@ -86,21 +90,15 @@ async def test_gpu_and_node_telemetry_tables_and_json(server: ServerProcess) -> 
     assert lines[0].startswith(f"accelerator {GPU_UUID}: 2026-11-30 10:00:00Z .. 2026-11-30 11:00:00Z")
     assert "300 s per bucket, 51 samples" in lines[0]
     assert lines[1].split() == ["METRIC", "MIN", "MEAN", "MAX", "HISTORY", "OTHER", "STATES"]
+    # Each metric by its label, each value with its unit, as the console shows them.
     # 40..59 and 70..99 a minute, and 45 delivered late: a mean of 70; the gap is `--`.
-    metric, low, mean, high, spark = _row(shown.stdout, "temperature_celsius")
-    assert (metric, low, mean, high) == ("temperature_celsius", "40", "70", "99")
+    metric, low, mean, high, spark = _row(shown.stdout, "Temperature")
+    assert (metric, low, mean, high) == ("Temperature", "40 °C", "70 °C", "99 °C")
     assert len(spark) == 12 and spark[4:6] == "--" and spark[0] == "▁" and spark[-1] == "█", spark
-    assert _row(shown.stdout, "fan_speed_percent") == [
-        "fan_speed_percent",
-        "-",
-        "-",
-        "-",
-        "-" * 12,
-        "unsupported",
-        "×51",
-    ]
-    assert _row(shown.stdout, "power_watts")[1:4] == ["100.50", "100.50", "100.50"]
-    assert _row(shown.stdout, "clock_sm_mhz") == ["clock_sm_mhz", "-", "-", "-", "-" * 12]
+    assert _row(shown.stdout, "Fan speed") == ["Fan speed", "-", "-", "-", "-" * 12, "unsupported ×51"]
+    assert _row(shown.stdout, "Power draw")[1:4] == ["100.5 W", "100.5 W", "100.5 W"]
+    assert _row(shown.stdout, "SM clock") == ["SM clock", "-", "-", "-", "-" * 12]
+    assert "temperature_celsius" not in shown.stdout
 
     as_json = await hw_async("gpu", "telemetry", GPU_UUID, *RANGE, "-o", "json", env=env)
     assert as_json.returncode == 0, as_json.stderr
@@ -112,13 +110,9 @@ async def test_gpu_and_node_telemetry_tables_and_json(server: ServerProcess) -> 
     node = await hw_async("node", "telemetry", "gpu-alpha", *RANGE, "--step", "600", env=env)
     assert node.returncode == 0, node.stderr
     assert node.stdout.startswith(f"node {node_id_for('key-alpha')}: ")
-    assert _row(node.stdout, "memory_available_bytes")[:4] == [
-        "memory_available_bytes",
-        "1000",
-        "1030",
-        "1059",
-    ]
-    assert _row(node.stdout, "memory_total_bytes")[1:5] == ["4096", "4096", "4096", "▁▁-▁▁▁"]
+    # the seeded host counts 1000..1059 bytes: in binary units as free(1) prints them
+    assert _row(node.stdout, "Memory available")[:4] == ["Memory available", "1000 B", "1.0 KiB", "1.0 KiB"]
+    assert _row(node.stdout, "Memory total")[1:5] == ["4.0 KiB", "4.0 KiB", "4.0 KiB", "▁▁-▁▁▁"]
 
 
 async def test_a_viewer_reads_it_and_a_window_too_fine_is_refused(

@@ -1,6 +1,8 @@
 """`modelforge-hw gpu telemetry` and `node telemetry`: a GPU's or a host's telemetry history over
 the HTTP API, one row per metric with its range over the window and a sparkline of the bucket
-means (`-` where a bucket has no known value: a gap, or a metric the device does not report)."""
+means (`-` where a bucket has no known value: a gap, or a metric the device does not report).
+The table reads as the console does (a metric's label, values with their units); `-o json` is
+the API's document, with the metrics' API names and raw values."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from api.cli.moments import parse_moment
 from api.cli.remote import Api, Server, Token, TokenFile, connect, resolve_gpu, resolve_node
 from api.cli.rendering import Output as Documents
 from api.cli.rendering import emit, table, when
+from api.services.wording import fact_label, known_text
 
 if TYPE_CHECKING:
     from api.services.reads.telemetry import TelemetryHistoryBody
@@ -60,10 +63,11 @@ def sparkline(means: list[float | None]) -> str:
     )
 
 
-def number(value: float | None) -> str:
+def reading(metric: str, value: float | None) -> str:
+    """A value of the metric with its unit (`70 °C`, `22.6 GiB`), `-` for none."""
     if value is None:
         return "-"
-    return str(int(value)) if value.is_integer() else f"{value:.2f}"
+    return known_text(metric, int(value) if value.is_integer() else value)
 
 
 def overall(series: Series) -> tuple[float | None, float | None, float | None]:
@@ -102,10 +106,10 @@ def history_table(body: TelemetryHistoryBody) -> None:
         low, mean, high = overall(series)
         rows.append(
             [
-                series.metric,
-                number(low),
-                number(mean),
-                number(high),
+                fact_label(series.metric),
+                reading(series.metric, low),
+                reading(series.metric, mean),
+                reading(series.metric, high),
                 sparkline([b.mean for b in series.points]),
                 seen(series),
             ]
