@@ -22,9 +22,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from api.cli.moments import parse_moment
+from api.services.wording import fact_label
 from collectors.facts import UNSUPPORTED, Unavailable
 from collectors.gpu_health import RETIRED_PAGES, XidOccurrence
-from collectors.observations import HardwareObservation, NvmlScan
+from collectors.observations import ACCELERATOR_METRICS, HardwareObservation, NvmlScan
 from domain.node import node_id_for
 from tests.agent_support import (
     OPERATOR_TOKEN,
@@ -204,6 +205,9 @@ async def test_node_and_gpu_commands(fleet: tuple[ServerProcess, dict[str, str]]
     assert one["node_id"] == ids["beta"]
     table = await hw_async("gpu", "list", env=env)
     assert table.stdout.splitlines()[0].split()[:2] == ["UUID", "NODE"] and "gpu-beta" in table.stdout
+    # by node, then in index order, as nvidia-smi lists a host's GPUs
+    listed = [(r["NODE"], int(r["INDEX"])) for r in rows_by_header(table.stdout)]
+    assert listed == sorted(listed) and listed[:2] == [("gpu-alpha", 0), ("gpu-alpha", 1)], listed
     none = await hw_async("gpu", "list", "--state", "missing", env=env)
     assert none.returncode == 0 and none.stdout.startswith("no GPUs")
 
@@ -281,15 +285,19 @@ async def test_gpu_health_in_lists_show_and_the_health_filter(
         "xid_63 (degraded, reset_gpu): XID 63: ECC page retirement or row remapping recorded",
     ]
     assert field("xid") == ["63 at 2026-11-30 12:00:00Z"]
-    signal = {
-        name: value.strip()
-        for name, value in (
-            line.split(None, 2)[1:] for line in shown.stdout.splitlines() if line.startswith("signal ")
-        )
-    }
-    assert signal["remapped_rows.pending"] == "yes" and signal["remapped_rows.uncorrectable"] == "1"
-    assert signal["retired_pages.single_bit"] == "(unsupported)", "not supported is never shown as 0"
-    assert signal["clock_event_reasons"] == "none" and signal["xid_events"] == "yes"
+    # Signals and metrics labelled as the console labels them, a state that is not a value in words.
+    labelled = dict(
+        re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        for line in shown.stdout.splitlines()
+        if line.startswith(("signal ", "telemetry "))
+    )
+    signal = {k.removeprefix("signal "): v for k, v in labelled.items() if k.startswith("signal ")}
+    assert signal["Remapped rows: pending"] == "yes" and signal["Remapped rows: uncorrectable"] == "1"
+    assert signal["Retired pages: single bit"] == "not supported", "not supported is never shown as 0"
+    assert signal["Clock event reasons"] == "none" and signal["XID events"] == "yes"
+    telemetry = {k.removeprefix("telemetry "): v for k, v in labelled.items() if k.startswith("telemetry ")}
+    assert list(telemetry) == [fact_label(m) for m in ACCELERATOR_METRICS], telemetry
+    assert "_" not in shown.stdout.split("\nsignal ", 1)[1], "no API name stands as a label"
     beta = await asyncio.to_thread(hw, "gpu", "show", FAILED, env=env, columns=160)
     assert "ecc_uncorrected (failed, service)" in beta.stdout and "\nxid " not in beta.stdout
 
@@ -370,3 +378,53 @@ def test_column_widths_fit_and_keep_the_ids_whole(
     free = [i for i in range(len(natural)) if i not in fixed]
     if sum(natural[i] for i in fixed) + sum(min(natural[i], 3) for i in free) <= available:
         assert sum(widths) <= available
+
+
+def test_gpus_read_by_node_then_in_index_order(capsys: pytest.CaptureFixture[str]) -> None:
+    import random
+
+    import msgspec
+
+    from api.cli.gpus import gpu_table
+    from api.cli.rendering import Output
+    from api.services.reads.bodies import AcceleratorBody
+
+    def body(node: str, index: int | None) -> AcceleratorBody:
+        return msgspec.convert(
+            {
+                "id": f"{node}-{index}",
+                "node_id": node,
+                "uuid": f"GPU-{random.Random(f'{node}{index}').getrandbits(64):016x}",
+                "status": "active",
+                "index": index,
+                "pci_bus_id": None,
+                "name": "NVIDIA H200",
+                "memory_total_bytes": None,
+                "compute_capability": None,
+                "mig_mode": {"state": "unknown"},
+                "driver_version": None,
+                "cuda_driver_version": None,
+                "telemetry": {},
+                "telemetry_observed_at": None,
+                "facts": {},
+                "first_seen_at": "2026-12-01T00:00:00Z",
+                "last_seen_at": "2026-12-01T00:00:00Z",
+                "missing_since": None,
+                "health": {
+                    "status": "healthy",
+                    "action": "none",
+                    "reasons": [],
+                    "recent_xids": [],
+                    "signals": None,
+                },
+            },
+            AcceleratorBody,
+        )
+
+    gpus = [body(node, i) for node in ("node-b", "node-a") for i in (*range(12), None)]
+    random.Random(7).shuffle(gpus)
+    gpu_table(gpus, {}, Output.table)
+    rows = rows_by_header(capsys.readouterr().out)
+    # by node, index 10 after 9 (numbers, not text), a GPU without an index last on its node
+    expected = [(node, str(i)) for node in ("node-a", "node-b") for i in (*range(12), "")]
+    assert [(r["NODE"], r["INDEX"]) for r in rows] == expected

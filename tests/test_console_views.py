@@ -13,13 +13,12 @@ from api.http.console.views import (
     age,
     event_lines,
     event_summary,
-    fact_view,
     form_moment,
     parse_moment,
     signal_rows,
     xid_meaning,
 )
-from api.services.wording import KNOWN_SIGNAL_NAMES, fact_label, human_bytes
+from api.services.wording import KNOWN_SIGNAL_NAMES, fact_label, fact_view, human_bytes
 from collectors.facts import UNSUPPORTED, Known, TemporarilyFailed, Unavailable, Unknown
 from collectors.gpu_health import CLOCK_EVENT_REASONS
 from collectors.observations import (

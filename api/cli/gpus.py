@@ -12,6 +12,7 @@ from api.cli.gpu_history import gpu_history, gpu_lemons
 from api.cli.remote import Server, Token, TokenFile, connect, resolve_gpu, resolve_node
 from api.cli.rendering import Output, driver, emit, gib, nothing, table, when
 from api.cli.telemetry import gpu_telemetry
+from api.services.wording import fact_label, fact_view
 
 if TYPE_CHECKING:
     from api.services.reads.bodies import AcceleratorBody, HealthSignalsBody, NodeBody
@@ -39,22 +40,30 @@ class Health(enum.StrEnum):
     failed = "failed"
 
 
-def fact_text(fact: Fact) -> str:
-    """A known value as it is; any other state named in brackets, so it never reads as a value."""
-    from collectors.facts import Known
+def fact_text(name: str, fact: Fact | None) -> str:
+    """A fact as the console reads it: a known value with its unit (`72 °C`, `yes`), any other state
+    in words (`not supported`, `unavailable: <reason>`), so it never reads as a value."""
+    view = fact_view(name, fact)
+    return f"{view.text}: {view.reason}" if view.state in _WITH_REASON and view.reason else view.text
 
-    if isinstance(fact, Known):
-        return ("yes" if fact.value else "no") if isinstance(fact.value, bool) else str(fact.value)
-    reason = getattr(fact, "reason", None)
-    return f"({fact.__struct_config__.tag}{f': {reason}' if reason else ''})"
+
+# The states whose reason is NVML's or the collector's own words, worth a line of their own.
+_WITH_REASON = ("unavailable", "temporarily_failed")
+
+
+def _host(g: AcceleratorBody, nodes: dict[str, NodeBody]) -> str:
+    node = nodes.get(g.node_id)
+    return (node.hostname if node is not None else None) or g.node_id[:8]
 
 
 def gpu_table(gpus: list[AcceleratorBody], nodes: dict[str, NodeBody], output: Output) -> None:
+    """GPUs by node, then in index order, as nvidia-smi lists a host's."""
     header = ["UUID", "NODE", "INDEX", "NAME", "MEMORY", "STATE", "HEALTH"]
+    gpus = sorted(gpus, key=lambda g: (_host(g, nodes), g.node_id, g.index is None, g.index or 0, g.uuid))
     rows = [
         [
             g.uuid,
-            (nodes[g.node_id].hostname or g.node_id[:8]) if g.node_id in nodes else g.node_id[:8],
+            _host(g, nodes),
             "" if g.index is None else str(g.index),
             g.name or "",
             gib(g.memory_total_bytes),
@@ -118,14 +127,13 @@ def gpu_show(
     output: OutputOpt = Output.table,
 ) -> None:
     """One GPU by UUID (or a prefix of its UUID or id)."""
-    from collectors.facts import Known
+    from collectors.observations import ACCELERATOR_METRICS
 
     api = connect(server, token, token_file)
     found = resolve_gpu(api.accelerators(), gpu)
     if emit(found, output):
         return
-    # Only known values: unsupported or failed readings are not numbers to show.
-    telemetry = {k: v.value for k, v in found.telemetry.items() if isinstance(v, Known)}
+    node = next((n for n in api.nodes() if n.id == found.node_id), None)
     h = found.health
     health = [
         ["health", h.status],
@@ -133,12 +141,20 @@ def gpu_show(
         *[["reason", f"{r.code} ({r.status}, {r.action}): {r.detail}"] for r in h.reasons],
         *[["xid", f"{x.code} at {when(x.at)}"] for x in reversed(h.recent_xids)],
     ]
-    # Every signal, its state named when it is not a value (an unsupported ECC count is not 0).
+    # Every signal and metric labelled as the console labels it, its state in words when it is not
+    # a value (an unsupported ECC count is not 0, a fan without a sensor is not at 0 %).
     signals = [] if h.signals is None else _signal_rows(h.signals)
+    telemetry = [
+        *[(m, found.telemetry.get(m)) for m in ACCELERATOR_METRICS],
+        *sorted((m, f) for m, f in found.telemetry.items() if m not in ACCELERATOR_METRICS),
+    ]
     rows = [
         ["uuid", found.uuid],
         ["id", found.id],
-        ["node", found.node_id],
+        [
+            "node",
+            found.node_id if node is None or not node.hostname else f"{node.hostname} ({found.node_id})",
+        ],
         ["index", "" if found.index is None else str(found.index)],
         ["name", found.name or ""],
         ["state", found.status + (f" since {when(found.missing_since)}" if found.missing_since else "")],
@@ -149,8 +165,9 @@ def gpu_show(
         ["first seen", when(found.first_seen_at)],
         ["last seen", when(found.last_seen_at)],
         *health,
-        *[[f"signal {k}", fact_text(v)] for k, v in signals],
-    ] + [[f"telemetry {k}", str(v)] for k, v in sorted(telemetry.items())]
+        *[[f"signal {fact_label(k)}", fact_text(k, v)] for k, v in signals],
+        *[[f"telemetry {fact_label(m)}", fact_text(m, f)] for m, f in telemetry],
+    ]
     table(["FIELD", "VALUE"], rows, wrap=(1,))
 
 
@@ -162,7 +179,11 @@ def _signal_rows(signals: HealthSignalsBody) -> list[tuple[str, Fact]]:
         out += [(f"{group}.{k}", v) for k, v in sorted(getattr(signals, group).items())]
     out.append(("pcie_replay_count", signals.pcie_replay_count))
     # Only the reasons in effect: the others are the normal case and would be most of the list.
-    active = [k for k, v in signals.clock_event_reasons.items() if isinstance(v, Known) and v.value is True]
+    active = [
+        fact_label(f"clock_event_reasons.{k}").removeprefix("Clock event: ")
+        for k, v in signals.clock_event_reasons.items()
+        if isinstance(v, Known) and v.value is True
+    ]
     unknown = [v for v in signals.clock_event_reasons.values() if not isinstance(v, Known)]
     reasons: Fact = unknown[0] if unknown else Known(", ".join(active) or "none")
     out += [("clock_event_reasons", reasons), ("xid_events", signals.xid_events)]

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
+from collectors.facts import Fact, Known, TemporarilyFailed, Unavailable, Unknown, Unsupported
 from collectors.gpu_health import CLOCK_EVENT_REASONS, ECC_COUNTERS, REMAPPED_ROWS, RETIRED_PAGES
 
 # Units are named by the value's rendering ("41 %", "72 °C"), so labels carry none.
@@ -115,3 +118,28 @@ def known_text(name: str, value: Any) -> str:
             shown = f"{value:.1f}" if isinstance(value, float) and not value.is_integer() else f"{value:g}"
             return shown + unit
     return str(value)
+
+
+class FactView(msgspec.Struct, frozen=True):
+    """A fact as the page shows it: `state` styles it, `text` is what is read, `reason` why."""
+
+    state: str
+    text: str
+    reason: str = ""
+
+
+def fact_view(name: str, fact: Fact | None) -> FactView:
+    """Unsupported, unavailable, failed, unknown and a measured value never read alike."""
+    if fact is None:
+        return FactView("unknown", "not reported")
+    if isinstance(fact, Known):
+        return FactView("known", known_text(name, fact.value))
+    if isinstance(fact, Unsupported):
+        return FactView("unsupported", "not supported", "the device does not have this sensor or feature")
+    if isinstance(fact, Unavailable):
+        return FactView("unavailable", "unavailable", fact.reason)
+    if isinstance(fact, TemporarilyFailed):
+        return FactView("temporarily_failed", "read failed", fact.reason)
+    if isinstance(fact, Unknown):
+        return FactView("unknown", "unknown")
+    raise TypeError(f"not a fact: {fact!r}")

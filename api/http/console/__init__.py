@@ -35,7 +35,7 @@ class ConsolePlugin(InitPluginProtocol):
             age=views.age, moment=views.moment, form_moment=views.form_moment, bytes=wording.human_bytes
         )
         env.globals.update(
-            fact_view=views.fact_view,
+            fact_view=wording.fact_view,
             fact_label=wording.fact_label,
             event_lines=views.event_lines,
             signal_rows=views.signal_rows,

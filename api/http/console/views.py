@@ -12,35 +12,9 @@ from urllib.parse import urlsplit
 import msgspec
 
 from api.services.reads.bodies import HealthSignalsBody
-from api.services.wording import known_text
-from collectors.facts import Fact, Known, TemporarilyFailed, Unavailable, Unknown, Unsupported
+from collectors.facts import Fact
 from collectors.gpu_health import CLOCK_EVENT_REASONS, ECC_COUNTERS, REMAPPED_ROWS, RETIRED_PAGES
 from domain.health import XID_RULES
-
-
-class FactView(msgspec.Struct, frozen=True):
-    """A fact as the page shows it: `state` styles it, `text` is what is read, `reason` why."""
-
-    state: str
-    text: str
-    reason: str = ""
-
-
-def fact_view(name: str, fact: Fact | None) -> FactView:
-    """Unsupported, unavailable, failed, unknown and a measured value never read alike."""
-    if fact is None:
-        return FactView("unknown", "not reported")
-    if isinstance(fact, Known):
-        return FactView("known", known_text(name, fact.value))
-    if isinstance(fact, Unsupported):
-        return FactView("unsupported", "not supported", "the device does not have this sensor or feature")
-    if isinstance(fact, Unavailable):
-        return FactView("unavailable", "unavailable", fact.reason)
-    if isinstance(fact, TemporarilyFailed):
-        return FactView("temporarily_failed", "read failed", fact.reason)
-    if isinstance(fact, Unknown):
-        return FactView("unknown", "unknown")
-    raise TypeError(f"not a fact: {fact!r}")
 
 
 def age(then: datetime | None, now: datetime | None = None) -> str:
