@@ -242,7 +242,7 @@ def row_of(stdout: str, column: str, value: str) -> dict[str, str]:
 async def test_gpu_health_in_lists_show_and_the_health_filter(
     fleet: tuple[ServerProcess, dict[str, str]],
 ) -> None:
-    server, _ = fleet
+    server, ids = fleet
     env = env_for(server)
 
     listed = await hw_async("gpu", "list", env=env)
@@ -279,6 +279,7 @@ async def test_gpu_health_in_lists_show_and_the_health_filter(
     def field(name: str) -> list[str]:
         return [value.strip() for key, value in fields if key == name]
 
+    assert field("node") == [f"gpu-alpha ({ids['alpha']})"], "the node by its host, then its id"
     assert field("health") == ["degraded"] and field("action") == ["reset_gpu"]
     assert field("reason") == [
         "row_remap_pending (degraded, reset_gpu): row remapping pending: reset the GPU",

@@ -133,7 +133,7 @@ def gpu_show(
     found = resolve_gpu(api.accelerators(), gpu)
     if emit(found, output):
         return
-    node = next((n for n in api.nodes() if n.id == found.node_id), None)
+    node = api.node(found.node_id)
     h = found.health
     health = [
         ["health", h.status],
@@ -153,7 +153,7 @@ def gpu_show(
         ["id", found.id],
         [
             "node",
-            found.node_id if node is None or not node.hostname else f"{node.hostname} ({found.node_id})",
+            f"{node.hostname} ({found.node_id})" if node.hostname else found.node_id,
         ],
         ["index", "" if found.index is None else str(found.index)],
         ["name", found.name or ""],

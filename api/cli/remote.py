@@ -114,6 +114,11 @@ class Api:
 
         return self.every("/hardware/nodes", [], NodePage)
 
+    def node(self, node_id: str) -> NodeBody:
+        from api.services.reads.bodies import NodeBody
+
+        return msgspec.json.decode(self.get(f"/hardware/nodes/{node_id}"), type=NodeBody)
+
     def accelerators(
         self, node_id: str | None = None, state: str | None = None, health: str | None = None
     ) -> list[AcceleratorBody]:
