@@ -121,7 +121,7 @@ def known_text(name: str, value: Any) -> str:
 
 
 class FactView(msgspec.Struct, frozen=True):
-    """A fact as the page shows it: `state` styles it, `text` is what is read, `reason` why."""
+    """A fact as people read it: `state` styles it (the console), `text` is what is read, `reason` why."""
 
     state: str
     text: str
