@@ -381,6 +381,16 @@ def test_column_widths_fit_and_keep_the_ids_whole(
         assert sum(widths) <= available
 
 
+def test_a_table_prints_its_cells_as_they_are(capsys: pytest.CaptureFixture[str]) -> None:
+    from api.cli.rendering import table
+
+    # A GPU on PCI bus 0xAB holds rich's emoji code `:AB:`; a reason may hold `[...]`.
+    cells = ["00000000:AB:00.0", "[bold]unavailable[/bold]: NVML", ":smile: x"]
+    table(["PCI", "REASON", "NOTE"], [cells])
+    out = capsys.readouterr().out
+    assert all(cell in out for cell in cells), out
+
+
 def test_gpus_read_by_node_then_in_index_order(capsys: pytest.CaptureFixture[str]) -> None:
     import random
 

@@ -137,11 +137,15 @@ def table(
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(soft_wrap=False, highlight=False)
+    # Cells are data, never markup: a PCI bus id `00000000:AB:00.0` holds the emoji code `:AB:`, and a
+    # reason may hold `[...]`, which rich would otherwise render as an emoji or a style.
+    console = Console(soft_wrap=False, highlight=False, markup=False, emoji=False)
     natural = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
     gaps = 2 * (len(header) - 1)  # the padding rich puts between columns
     if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(soft_wrap=False, highlight=False, width=sum(natural) + gaps)
+        console = Console(
+            soft_wrap=False, highlight=False, markup=False, emoji=False, width=sum(natural) + gaps
+        )
         wrap = ()
     widths = fit_widths(natural, set(ids) | set(wrap), console.width - gaps)
     if wrap:
