@@ -319,6 +319,12 @@ async def test_events_filters_and_follow(fleet: tuple[ServerProcess, dict[str, s
     assert {e["class"] for e in beta} == {"lifecycle"}
     typed = json.loads((await hw_async("events", "--type", "NODE_DISCOVERED", "-o", "json", env=env)).stdout)
     assert sorted(e["node_id"] for e in typed) == sorted(ids.values())
+    # The table says what each event says, as the console's event list does.
+    discovered = await asyncio.to_thread(
+        hw, "events", "--node", "gpu-beta", "--type", "ACCELERATOR_DISCOVERED", env=env, columns=250
+    )
+    (row,) = rows_by_header(discovered.stdout)
+    assert row["SUMMARY"].startswith("discovered ") and " at index 7, PCI " in row["SUMMARY"], row
     future = await hw_async("events", "--since", "2999-01-01T00:00:00", env=env)
     assert future.returncode == 0 and future.stdout == "no events match\n"
     bad = await hw_async("events", "--since", "yesterday", env=env)

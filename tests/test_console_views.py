@@ -9,16 +9,16 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from api.http.console.views import (
-    age,
+from api.http.console.views import age, form_moment, parse_moment, signal_rows
+from api.services.wording import (
+    KNOWN_SIGNAL_NAMES,
     event_lines,
     event_summary,
-    form_moment,
-    parse_moment,
-    signal_rows,
+    fact_label,
+    fact_view,
+    human_bytes,
     xid_meaning,
 )
-from api.services.wording import KNOWN_SIGNAL_NAMES, fact_label, fact_view, human_bytes
 from collectors.facts import UNSUPPORTED, Known, TemporarilyFailed, Unavailable, Unknown
 from collectors.gpu_health import CLOCK_EVENT_REASONS
 from collectors.observations import (

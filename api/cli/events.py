@@ -16,6 +16,7 @@ from api.cli.gpus import NodeOpt, OutputOpt
 from api.cli.moments import parse_moment
 from api.cli.remote import FOLLOW_WAIT_SECONDS, Api, Server, Token, TokenFile, connect, resolve_node
 from api.cli.rendering import Output, emit, nothing, plain, table, when, yaml_text
+from api.services.wording import event_lines
 
 if TYPE_CHECKING:
     from api.services.reads.bodies import EventBody
@@ -35,6 +36,8 @@ def event_row(e: EventBody, wide: bool) -> list[str]:
         e.node_id[:8] if not wide else e.node_id,
         e.event_type,
         e.event_class,
+        # what the event says, as the console's event list says it
+        "; ".join(event_lines(e.event_type, e.data)) if e.undecodable is None else "undecodable",
     ]
     if wide:
         data = plain(e.data) if e.undecodable is None else {"undecodable": plain(e.undecodable)}
@@ -102,7 +105,9 @@ def events(
     if until:
         params.append(("until", parse_moment(until, now).isoformat()))
     wide = output is Output.wide
-    header = ["POSITION", "RECORDED", "NODE", "TYPE", "CLASS"] + (["VERSION", "DATA"] if wide else [])
+    header = ["POSITION", "RECORDED", "NODE", "TYPE", "CLASS", "SUMMARY"] + (
+        ["VERSION", "DATA"] if wide else []
+    )
     collected: list[EventBody] = []
     for page in read_events(api, params, limit, follow):
         if follow:

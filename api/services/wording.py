@@ -12,6 +12,7 @@ import msgspec
 
 from collectors.facts import Fact, Known, TemporarilyFailed, Unavailable, Unknown, Unsupported
 from collectors.gpu_health import CLOCK_EVENT_REASONS, ECC_COUNTERS, REMAPPED_ROWS, RETIRED_PAGES
+from domain.health import XID_RULES
 
 # Units are named by the value's rendering ("41 %", "72 °C"), so labels carry none.
 _PLAIN: dict[str, str] = {
@@ -143,3 +144,62 @@ def fact_view(name: str, fact: Fact | None) -> FactView:
     if isinstance(fact, Unknown):
         return FactView("unknown", "unknown")
     raise TypeError(f"not a fact: {fact!r}")
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, dict) and "state" in value:
+        return str(value["value"]) if value["state"] == "known" else str(value["state"])
+    if value is None:
+        return "—"
+    return str(value)
+
+
+def xid_meaning(code: int) -> str:
+    """What an XID says about the GPU: the rule's text, or that it is not a GPU fault."""
+    rule = XID_RULES.get(code)
+    if rule is None:
+        return f"XID {code}: not in the health rules (usually a program's fault): recorded only"
+    return rule[2]
+
+
+def _reason_text(reason: Any) -> str:
+    if isinstance(reason, dict) and "code" in reason:
+        return f"{reason['code']} ({reason.get('detail', '')})"
+    return str(reason)
+
+
+def event_summary(event_type: str, data: dict[str, Any]) -> list[str]:
+    """One line per thing the event says; changes read `field: before -> after`."""
+    lines: list[str] = []
+    changes = data.get("changes")
+    if isinstance(changes, dict):
+        for field, change in sorted(changes.items()):
+            before = change.get("before") if isinstance(change, dict) else None
+            after = change.get("after") if isinstance(change, dict) else None
+            lines.append(f"{field}: {_plain(before)} -> {_plain(after)}")
+    if event_type == "ACCELERATOR_DISCOVERED":
+        name, index, pci = (_plain(data.get(k)) for k in ("name", "index", "pci_bus_id"))
+        what = f"{name} at index {index}, PCI {pci}"
+        lines.append(("rediscovered " if data.get("rediscovered") else "discovered ") + what)
+    if event_type == "ACCELERATOR_HEALTH_CHANGED":
+        lines.append(f"health: {data.get('before')} -> {data.get('after')}, action {data.get('action')}")
+    if event_type == "ACCELERATOR_XID_OBSERVED" and isinstance(data.get("code"), int):
+        lines.append(xid_meaning(data["code"]))
+    if event_type == "NODE_TELEMETRY_OBSERVED" and isinstance(data.get("accelerators"), list):
+        n = len(data["accelerators"])
+        lines.append(f"telemetry of the host and {n} GPU{'' if n == 1 else 's'}")
+    for key in ("reason", "status", "stage", "detail", "hostname", "owner", "actor"):
+        if key in data and isinstance(data[key], str | int) and not isinstance(data[key], bool):
+            lines.append(f"{key}: {data[key]}")
+    if data.get("reasons"):
+        lines.append("reasons: " + "; ".join(_reason_text(r) for r in data["reasons"]))
+    uuid = data.get("uuid") or data.get("accelerator_uuid")
+    if uuid:
+        lines.append(f"GPU {uuid}")
+    return lines
+
+
+def event_lines(event_type: str, data: Any) -> list[str]:
+    """`event_summary` of an event's payload (a msgspec Struct, a dict or nothing)."""
+    plain = msgspec.to_builtins(data) if data is not None else {}
+    return event_summary(event_type, plain if isinstance(plain, dict) else {})

@@ -37,9 +37,9 @@ class ConsolePlugin(InitPluginProtocol):
         env.globals.update(
             fact_view=wording.fact_view,
             fact_label=wording.fact_label,
-            event_lines=views.event_lines,
+            event_lines=wording.event_lines,
             signal_rows=views.signal_rows,
-            xid_meaning=views.xid_meaning,
+            xid_meaning=wording.xid_meaning,
         )
         app_config.template_config = TemplateConfig(instance=JinjaTemplateEngine(engine_instance=env))
         app_config.route_handlers.extend(console_routers())

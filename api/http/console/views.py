@@ -6,15 +6,11 @@ No I/O here, so every rule is tested without a server (tests/test_console_views.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 from urllib.parse import urlsplit
-
-import msgspec
 
 from api.services.reads.bodies import HealthSignalsBody
 from collectors.facts import Fact
 from collectors.gpu_health import CLOCK_EVENT_REASONS, ECC_COUNTERS, REMAPPED_ROWS, RETIRED_PAGES
-from domain.health import XID_RULES
 
 
 def age(then: datetime | None, now: datetime | None = None) -> str:
@@ -37,22 +33,6 @@ def moment(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _plain(value: Any) -> str:
-    if isinstance(value, dict) and "state" in value:
-        return str(value["value"]) if value["state"] == "known" else str(value["state"])
-    if value is None:
-        return "—"
-    return str(value)
-
-
-def xid_meaning(code: int) -> str:
-    """What an XID says about the GPU: the rule's text, or that it is not a GPU fault."""
-    rule = XID_RULES.get(code)
-    if rule is None:
-        return f"XID {code}: not in the health rules (usually a program's fault): recorded only"
-    return rule[2]
-
-
 def _ordered(group: str, facts: dict[str, Fact], names: tuple[str, ...]) -> list[tuple[str, Fact]]:
     # The collector's order first (how nvidia-smi -q lists them), then anything newer.
     keys = [n for n in names if n in facts] + sorted(set(facts) - set(names))
@@ -70,49 +50,6 @@ def signal_rows(signals: HealthSignalsBody) -> list[tuple[str, Fact]]:
         *_ordered("clock_event_reasons", signals.clock_event_reasons, tuple(CLOCK_EVENT_REASONS)),
         ("xid_events", signals.xid_events),
     ]
-
-
-def _reason_text(reason: Any) -> str:
-    if isinstance(reason, dict) and "code" in reason:
-        return f"{reason['code']} ({reason.get('detail', '')})"
-    return str(reason)
-
-
-def event_summary(event_type: str, data: dict[str, Any]) -> list[str]:
-    """One line per thing the event says; changes read `field: before -> after`."""
-    lines: list[str] = []
-    changes = data.get("changes")
-    if isinstance(changes, dict):
-        for field, change in sorted(changes.items()):
-            before = change.get("before") if isinstance(change, dict) else None
-            after = change.get("after") if isinstance(change, dict) else None
-            lines.append(f"{field}: {_plain(before)} -> {_plain(after)}")
-    if event_type == "ACCELERATOR_DISCOVERED":
-        name, index, pci = (_plain(data.get(k)) for k in ("name", "index", "pci_bus_id"))
-        what = f"{name} at index {index}, PCI {pci}"
-        lines.append(("rediscovered " if data.get("rediscovered") else "discovered ") + what)
-    if event_type == "ACCELERATOR_HEALTH_CHANGED":
-        lines.append(f"health: {data.get('before')} -> {data.get('after')}, action {data.get('action')}")
-    if event_type == "ACCELERATOR_XID_OBSERVED" and isinstance(data.get("code"), int):
-        lines.append(xid_meaning(data["code"]))
-    if event_type == "NODE_TELEMETRY_OBSERVED" and isinstance(data.get("accelerators"), list):
-        n = len(data["accelerators"])
-        lines.append(f"telemetry of the host and {n} GPU{'' if n == 1 else 's'}")
-    for key in ("reason", "status", "stage", "detail", "hostname", "owner", "actor"):
-        if key in data and isinstance(data[key], str | int) and not isinstance(data[key], bool):
-            lines.append(f"{key}: {data[key]}")
-    if data.get("reasons"):
-        lines.append("reasons: " + "; ".join(_reason_text(r) for r in data["reasons"]))
-    uuid = data.get("uuid") or data.get("accelerator_uuid")
-    if uuid:
-        lines.append(f"GPU {uuid}")
-    return lines
-
-
-def event_lines(event_type: str, data: Any) -> list[str]:
-    """`event_summary` of an event's payload (a msgspec Struct, a dict or nothing)."""
-    plain = msgspec.to_builtins(data) if data is not None else {}
-    return event_summary(event_type, plain if isinstance(plain, dict) else {})
 
 
 def parse_moment(text: str | None) -> datetime | None:
