@@ -1,8 +1,9 @@
-"""How a fact reads to an operator, alike in the web console and on the command line: its label
-("Fan speed", "ECC: uncorrected (volatile)", "Clock event: HW thermal slowdown") and a known value
-with its unit ("72 °C", "22.6 GiB"). The API name (`fan_speed_percent`,
-`ecc_errors.uncorrected_volatile`) stays where a reader can find it: the console's tooltip and
-`data-metric`, the command line's `-o json`."""
+"""How facts and events read to an operator, alike in the web console and on the command line: a
+fact's label ("Fan speed", "ECC: uncorrected (volatile)", "Clock event: HW thermal slowdown"), a
+known value with its unit ("72 °C", "22.6 GiB"), a state that is not a value in words ("not
+supported"), what an event says ("discovered NVIDIA H200 at index 3, PCI ...") and what an XID
+means. The API name (`fan_speed_percent`, `ecc_errors.uncorrected_volatile`) stays where a reader
+can find it: the console's tooltip and `data-metric`, the command line's `-o json`."""
 
 from __future__ import annotations
 
