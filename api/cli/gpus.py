@@ -40,15 +40,15 @@ class Health(enum.StrEnum):
     failed = "failed"
 
 
+# The states whose reason is NVML's or the collector's own words, worth a line of their own.
+_WITH_REASON = ("unavailable", "temporarily_failed")
+
+
 def fact_text(name: str, fact: Fact | None) -> str:
     """A fact as the console reads it: a known value with its unit (`72 °C`, `yes`), any other state
     in words (`not supported`, `unavailable: <reason>`), so it never reads as a value."""
     view = fact_view(name, fact)
     return f"{view.text}: {view.reason}" if view.state in _WITH_REASON and view.reason else view.text
-
-
-# The states whose reason is NVML's or the collector's own words, worth a line of their own.
-_WITH_REASON = ("unavailable", "temporarily_failed")
 
 
 def _host(g: AcceleratorBody, nodes: dict[str, NodeBody]) -> str:
