@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from itertools import accumulate, islice
 from operator import le, truediv
@@ -320,6 +320,14 @@ def downsample_columns(
     """`downsample_values` of samples inside the window. A metric is tallied a column at a time:
     where the column holds numbers only (a GPU's usual day), or only one kind of non-number,
     every bucket is a few calls into C."""
+    return list(series_of_columns(w, samples, metrics, state_of))
+
+
+def series_of_columns(
+    w: Window, samples: SampleColumns, metrics: Sequence[str], state_of: Callable[[object], str | None]
+) -> Iterator[Series]:
+    """`downsample_columns` one series at a time, in the order of `metrics`: a caller that shares
+    its thread with other work (an event loop) lets it run in between."""
     since, until = w.since, w.until
     times, rows = samples.times, samples.values
     k = len(metrics)
@@ -335,7 +343,6 @@ def downsample_columns(
     cuts = [slice(a, b) for _, a, b in spans]
     counts = [b - a for _, a, b in spans]
     columns: list[tuple[object, ...]] = list(zip(*rows, strict=True)) if rows else [() for _ in metrics]
-    series: list[Series] = []
     for metric, column in zip(metrics, columns, strict=True):
         buckets = _buckets(column, cuts, counts, full, state_of)
         if len(buckets) < len(starts):
@@ -343,5 +350,4 @@ def downsample_columns(
             buckets = [
                 filled.get(i) or Bucket(start, 0, {}, None, None, None) for i, start in enumerate(starts)
             ]
-        series.append(Series(metric=metric, points=buckets))
-    return series
+        yield Series(metric=metric, points=buckets)

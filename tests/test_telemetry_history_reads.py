@@ -215,16 +215,15 @@ def test_the_read_counts_what_the_whole_decode_says(
     order = list(range(len(given_events)))
     rnd.shuffle(order)
     rows, decoded = stored(given_events, order)
-    # the log read in two parts, as a long window is, or whole
-    cut = data.draw(st.integers(0, len(rows)))
+    # the log read in parts, as a long window is and as a read decodes its rows (a slice at a
+    # time), or whole
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(rows)), max_size=3)))
+    pieces = [rows[a:b] for a, b in zip([0, *cuts], [*cuts, len(rows)], strict=True)]
     if gpu is None:
-        metrics, parts = (
-            HOST_METRICS,
-            [host_part(rows[:cut], HOST_METRICS), host_part(rows[cut:], HOST_METRICS)],
-        )
+        metrics, parts = HOST_METRICS, [host_part(piece, HOST_METRICS) for piece in pieces]
     else:
         metrics = ACCELERATOR_METRICS
-        parts = [accelerator_part(part, gpu, ACCELERATOR_METRICS, SETS) for part in (rows[:cut], rows[cut:])]
+        parts = [accelerator_part(piece, gpu, ACCELERATOR_METRICS, SETS) for piece in pieces]
     samples = samples_in_window(w, parts)
     series = downsample_columns(w, samples, metrics, state_of)
     ordered, expected = counted(w, decoded, gpu, metrics)

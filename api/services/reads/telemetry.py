@@ -32,9 +32,9 @@ from domain.telemetry_history import (
     Series,
     Window,
     WindowRefused,
-    downsample_columns,
     fact_state,
     fact_value,
+    series_of_columns,
     window,
 )
 from ledger.compact_views import Values, gpu_values, host_values, value_state
@@ -88,6 +88,10 @@ LATER = timedelta(hours=24)
 # A window at least this long is read in two parts on two connections where the pool has one
 # idle: PostgreSQL sends the later part while this process decodes the earlier one.
 SPLIT_FROM = timedelta(hours=2)
+# The rows are decoded this many at a time and the series bucketed one at a time, the event loop
+# let run in between: a day of one GPU is tens of milliseconds of CPU, and the agents' reports
+# and every other request of this process wait on that loop (docs/telemetry.md).
+SLICE = 256
 ACCELERATOR_SAMPLES: LiteralString = (
     _OBSERVATIONS + "AND e.event_type IN ('NODE_TELEMETRY_OBSERVED', 'ACCELERATOR_TELEMETRY_OBSERVED')"
 )
@@ -252,7 +256,7 @@ class TelemetryReads:
         query: LiteralString,
         node_id: str,
         w: Window,
-        part: Callable[[list[asyncpg.Record], Mapping[uuid.UUID, str]], Part],
+        part: Callable[[Sequence[asyncpg.Record], Mapping[uuid.UUID, str]], Part],
     ) -> tuple[list[Part], list[asyncpg.Record], Mapping[uuid.UUID, str]]:
         """The node's observations in the padded window: the parts decoded so far, and the rows
         left to decode (after the connections are back in the pool) with the GPU sets they name."""
@@ -265,9 +269,9 @@ class TelemetryReads:
             later = asyncio.ensure_future(other.fetch(query, node_id, middle, high))
             try:
                 rows = await conn.fetch(query, node_id, low, middle)
-                earlier = part(rows, await _sets(conn, rows))
+                earlier = await in_slices(rows, await _sets(conn, rows), part)
                 rows = await later
-                return [earlier], rows, await _sets(conn, rows)
+                return earlier, rows, await _sets(conn, rows)
             finally:
                 if not later.done():  # the earlier part failed: the later one is not wanted
                     later.cancel()
@@ -283,11 +287,11 @@ class TelemetryReads:
             node_id: str = row["node_id"]
             gpu_uuid: str = row["uuid"]
 
-            def part(rows: list[asyncpg.Record], sets: Mapping[uuid.UUID, str]) -> Part:
+            def part(rows: Sequence[asyncpg.Record], sets: Mapping[uuid.UUID, str]) -> Part:
                 return accelerator_part(rows, gpu_uuid, ACCELERATOR_METRICS, sets)
 
             parts, rows, sets = await self._parts(conn, ACCELERATOR_SAMPLES, node_id, w, part)
-        samples = samples_in_window(w, [*parts, part(rows, sets)])
+        samples = samples_in_window(w, [*parts, *await in_slices(rows, sets, part)])
         return TelemetryHistoryBody(
             subject="accelerator",
             id=accelerator_id,
@@ -297,18 +301,18 @@ class TelemetryReads:
             until=w.until,
             step_seconds=w.step_seconds,
             samples=len(samples.times),
-            series=downsample_columns(w, samples, ACCELERATOR_METRICS, state_of),
+            series=await series_in_turns(w, samples, ACCELERATOR_METRICS),
         )
 
     async def node(self, node_id: str, w: Window) -> TelemetryHistoryBody:
-        def part(rows: list[asyncpg.Record], _sets: Mapping[uuid.UUID, str]) -> Part:
+        def part(rows: Sequence[asyncpg.Record], _sets: Mapping[uuid.UUID, str]) -> Part:
             return host_part(rows, HOST_METRICS)
 
         async with self.pool.acquire() as conn:
             if await conn.fetchval("SELECT 1 FROM hw_nodes WHERE node_id = $1", node_id) is None:
                 raise _not_found("node", node_id)
             parts, rows, _ = await self._parts(conn, HOST_SAMPLES, node_id, w, part)
-        samples = samples_in_window(w, [*parts, part(rows, {})])
+        samples = samples_in_window(w, [*parts, *await in_slices(rows, {}, part)])
         return TelemetryHistoryBody(
             subject="node",
             id=node_id,
@@ -318,8 +322,32 @@ class TelemetryReads:
             until=w.until,
             step_seconds=w.step_seconds,
             samples=len(samples.times),
-            series=downsample_columns(w, samples, HOST_METRICS, state_of),
+            series=await series_in_turns(w, samples, HOST_METRICS),
         )
+
+
+async def in_slices(
+    rows: Sequence[asyncpg.Record],
+    sets: Mapping[uuid.UUID, str],
+    part: Callable[[Sequence[asyncpg.Record], Mapping[uuid.UUID, str]], Part],
+) -> list[Part]:
+    """The rows decoded SLICE at a time (`part`), the event loop let run between two slices."""
+    parts: list[Part] = []
+    for start in range(0, len(rows), SLICE):
+        if parts:
+            await asyncio.sleep(0)
+        parts.append(part(rows[start : start + SLICE], sets))
+    return parts
+
+
+async def series_in_turns(w: Window, samples: SampleColumns, metrics: Sequence[str]) -> list[Series]:
+    """The samples downsampled a series at a time, the event loop let run between two."""
+    series: list[Series] = []
+    for one in series_of_columns(w, samples, metrics, state_of):
+        series.append(one)
+        if len(series) < len(metrics):  # the next one is bucketed when this generator resumes
+            await asyncio.sleep(0)
+    return series
 
 
 async def _sets(conn: asyncpg.Connection, rows: Sequence[asyncpg.Record]) -> Mapping[uuid.UUID, str]:
