@@ -6,7 +6,9 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from ledger.schema import LATEST_SCHEMA_VERSION
 
@@ -88,3 +90,40 @@ def test_lists_have_headers_and_say_when_empty(database_dsn: str, tmp_path: Path
     lines = cli("token", "list", *db, env_extra=env).stdout.splitlines()
     assert lines[0].split() == ["TOKEN", "ID", "STATUS", "USES", "LEFT", "EXPIRES", "DESCRIPTION"]
     assert "1/1" in lines[1] and "rack 7" in lines[1]
+
+
+def test_token_create_without_a_ttl_lives_an_hour(database_dsn: str, tmp_path: Path) -> None:
+    """The documented default lifetime, not a crash on the default's own type."""
+    env = {"MODELFORGE_STATE_DIR": str(tmp_path)}
+    before = datetime.now(UTC)
+    r = cli("token", "create", "--json", "--database-url", database_dsn, env_extra=env)
+    assert r.returncode == 0, r.stderr
+    expires = datetime.fromisoformat(json.loads(r.stdout)["expires_at"])
+    assert timedelta(minutes=59) < expires - before < timedelta(minutes=61)
+
+
+def test_every_option_default_goes_through_its_own_parser() -> None:
+    """Typer passes an option's default through the option's parser too: a parser that takes
+    only what an operator types (text) would crash every run that leaves the option out."""
+    import typer.main
+
+    from api.cli.main import app
+
+    def commands(cmd: Any, path: str) -> list[tuple[str, Any]]:
+        if hasattr(cmd, "commands"):  # a group
+            return [c for name, sub in cmd.commands.items() for c in commands(sub, f"{path} {name}")]
+        return [(path, cmd)]
+
+    checked = 0
+    for path, cmd in commands(typer.main.get_command(app), "modelforge-hw"):
+        ctx = cmd.context_class(cmd)
+        for param in cmd.params:
+            default = param.get_default(ctx)
+            if default is None:
+                continue
+            try:
+                param.process_value(ctx, default)
+            except Exception as exc:
+                raise AssertionError(f"{path} {param.opts}: default {default!r}: {exc!r}") from exc
+            checked += 1
+    assert checked > 50

@@ -35,8 +35,11 @@ def moment(text: str | None) -> datetime | None:
     return None if text is None else parse_moment(text, datetime.now(UTC))
 
 
-def parse_duration(text: str) -> float:
-    """'90', '90s', '15m', '1h', '7d' -> seconds (a usage error naming the flag otherwise)."""
+def parse_duration(text: str | float) -> float:
+    """'90', '90s', '15m', '1h', '7d' -> seconds (a usage error naming the flag otherwise). A
+    number is seconds already: click passes an option's default through its parser too."""
+    if isinstance(text, int | float):
+        return float(text)
     match = _TTL.match(text.lower())
     if not match:
         raise typer.BadParameter(f"not a duration: {text!r} (examples: 90s, 15m, 1h, 7d)")
