@@ -296,6 +296,17 @@ async def test_gpu_health_in_lists_show_and_the_health_filter(
     assert signal["Remapped rows: pending"] == "yes" and signal["Remapped rows: uncorrectable"] == "1"
     assert signal["Retired pages: single bit"] == "not supported", "not supported is never shown as 0"
     assert signal["Clock event reasons"] == "none" and signal["XID events"] == "yes"
+    # each group in nvidia-smi's order, as the console lists them, not alphabetically
+    assert [k for k in signal if k.startswith(("ECC:", "Retired"))] == [
+        "ECC: corrected (volatile)",
+        "ECC: uncorrected (volatile)",
+        "ECC: corrected (aggregate)",
+        "ECC: uncorrected (aggregate)",
+        "Retired pages: single bit",
+        "Retired pages: double bit",
+        "Retired pages: pending",
+    ]
+    assert list(signal)[-3:] == ["PCIe replays", "Clock event reasons", "XID events"]
     telemetry = {k.removeprefix("telemetry "): v for k, v in labelled.items() if k.startswith("telemetry ")}
     assert list(telemetry) == [fact_label(m) for m in ACCELERATOR_METRICS], telemetry
     assert "_" not in shown.stdout.split("\nsignal ", 1)[1], "no API name stands as a label"

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from api.http.console.views import age, form_moment, parse_moment, signal_rows
+from api.http.console.views import age, form_moment, parse_moment
 from api.services.wording import (
     KNOWN_SIGNAL_NAMES,
     event_lines,
@@ -17,6 +17,7 @@ from api.services.wording import (
     fact_label,
     fact_view,
     human_bytes,
+    signal_rows,
     xid_meaning,
 )
 from collectors.facts import UNSUPPORTED, Known, TemporarilyFailed, Unavailable, Unknown

@@ -12,7 +12,7 @@ from api.cli.gpu_history import gpu_history, gpu_lemons
 from api.cli.remote import Server, Token, TokenFile, connect, resolve_gpu, resolve_node
 from api.cli.rendering import Output, driver, emit, gib, nothing, table, when
 from api.cli.telemetry import gpu_telemetry
-from api.services.wording import fact_label, fact_view
+from api.services.wording import fact_label, fact_view, signal_rows
 
 if TYPE_CHECKING:
     from api.services.reads.bodies import AcceleratorBody, HealthSignalsBody, NodeBody
@@ -172,22 +172,23 @@ def gpu_show(
 
 
 def _signal_rows(signals: HealthSignalsBody) -> list[tuple[str, Fact]]:
+    """The console's rows, in its order, with the clock event reasons as one row: only those in
+    effect (the others are the normal case and would be most of the list)."""
     from collectors.facts import Known
 
-    out: list[tuple[str, Fact]] = [("ecc_mode", signals.ecc_mode)]
-    for group in ("ecc_errors", "remapped_rows", "retired_pages"):
-        out += [(f"{group}.{k}", v) for k, v in sorted(getattr(signals, group).items())]
-    out.append(("pcie_replay_count", signals.pcie_replay_count))
-    # Only the reasons in effect: the others are the normal case and would be most of the list.
+    rows = signal_rows(signals)
+    reasons = [(k, v) for k, v in rows if k.startswith("clock_event_reasons.")]
     active = [
-        fact_label(f"clock_event_reasons.{k}").removeprefix("Clock event: ")
-        for k, v in signals.clock_event_reasons.items()
+        fact_label(k).removeprefix("Clock event: ")
+        for k, v in reasons
         if isinstance(v, Known) and v.value is True
     ]
-    unknown = [v for v in signals.clock_event_reasons.values() if not isinstance(v, Known)]
-    reasons: Fact = unknown[0] if unknown else Known(", ".join(active) or "none")
-    out += [("clock_event_reasons", reasons), ("xid_events", signals.xid_events)]
-    return out
+    unknown = [v for _, v in reasons if not isinstance(v, Known)]
+    collapsed: Fact = unknown[0] if unknown else Known(", ".join(active) or "none")
+    at = rows.index(reasons[0]) if reasons else len(rows) - 1
+    rows = [r for r in rows if not r[0].startswith("clock_event_reasons.")]
+    rows.insert(at, ("clock_event_reasons", collapsed))
+    return rows
 
 
 gpu_app.command("telemetry")(gpu_telemetry)

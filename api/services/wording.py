@@ -1,8 +1,8 @@
 """How facts and events read to an operator, alike in the web console and on the command line: a
 fact's label ("Fan speed", "ECC: uncorrected (volatile)", "Clock event: HW thermal slowdown"), a
 known value with its unit ("72 °C", "22.6 GiB"), a state that is not a value in words ("not
-supported"), what an event says ("discovered NVIDIA H200 at index 3, PCI ...") and what an XID
-means. The API name (`fan_speed_percent`, `ecc_errors.uncorrected_volatile`) stays where a reader
+supported"), the health signals in nvidia-smi's order, what an event says ("discovered NVIDIA
+H200 at index 3, PCI ...") and what an XID means. The API name (`fan_speed_percent`, `ecc_errors.uncorrected_volatile`) stays where a reader
 can find it: the console's tooltip and `data-metric`, the command line's `-o json`."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from api.services.reads.bodies import HealthSignalsBody
 from collectors.facts import Fact, Known, TemporarilyFailed, Unavailable, Unknown, Unsupported
 from collectors.gpu_health import CLOCK_EVENT_REASONS, ECC_COUNTERS, REMAPPED_ROWS, RETIRED_PAGES
 from domain.health import XID_RULES
@@ -204,3 +205,23 @@ def event_lines(event_type: str, data: Any) -> list[str]:
     """`event_summary` of an event's payload (a msgspec Struct, a dict or nothing)."""
     plain = msgspec.to_builtins(data) if data is not None else {}
     return event_summary(event_type, plain if isinstance(plain, dict) else {})
+
+
+def _ordered(group: str, facts: dict[str, Fact], names: tuple[str, ...]) -> list[tuple[str, Fact]]:
+    # The collector's order first (how nvidia-smi -q lists them), then anything newer.
+    keys = [n for n in names if n in facts] + sorted(set(facts) - set(names))
+    return [(f"{group}.{k}", facts[k]) for k in keys]
+
+
+def signal_rows(signals: HealthSignalsBody) -> list[tuple[str, Fact]]:
+    """The health signals as (name, fact) rows, grouped as docs/gpu-health.md lists them and each
+    group in nvidia-smi's order."""
+    return [
+        ("ecc_mode", signals.ecc_mode),
+        *_ordered("ecc_errors", signals.ecc_errors, ECC_COUNTERS),
+        *_ordered("remapped_rows", signals.remapped_rows, REMAPPED_ROWS),
+        *_ordered("retired_pages", signals.retired_pages, RETIRED_PAGES),
+        ("pcie_replay_count", signals.pcie_replay_count),
+        *_ordered("clock_event_reasons", signals.clock_event_reasons, tuple(CLOCK_EVENT_REASONS)),
+        ("xid_events", signals.xid_events),
+    ]

@@ -38,7 +38,7 @@ class ConsolePlugin(InitPluginProtocol):
             fact_view=wording.fact_view,
             fact_label=wording.fact_label,
             event_lines=wording.event_lines,
-            signal_rows=views.signal_rows,
+            signal_rows=wording.signal_rows,
             xid_meaning=wording.xid_meaning,
         )
         app_config.template_config = TemplateConfig(instance=JinjaTemplateEngine(engine_instance=env))

@@ -8,10 +8,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
-from api.services.reads.bodies import HealthSignalsBody
-from collectors.facts import Fact
-from collectors.gpu_health import CLOCK_EVENT_REASONS, ECC_COUNTERS, REMAPPED_ROWS, RETIRED_PAGES
-
 
 def age(then: datetime | None, now: datetime | None = None) -> str:
     """How long ago, in the largest unit that keeps it short ("never" when it never happened)."""
@@ -31,25 +27,6 @@ def moment(value: datetime | None) -> str:
     if value is None:
         return "—"
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _ordered(group: str, facts: dict[str, Fact], names: tuple[str, ...]) -> list[tuple[str, Fact]]:
-    # The collector's order first (how nvidia-smi -q lists them), then anything newer.
-    keys = [n for n in names if n in facts] + sorted(set(facts) - set(names))
-    return [(f"{group}.{k}", facts[k]) for k in keys]
-
-
-def signal_rows(signals: HealthSignalsBody) -> list[tuple[str, Fact]]:
-    """The health signals as (name, fact) rows, grouped as docs/gpu-health.md lists them."""
-    return [
-        ("ecc_mode", signals.ecc_mode),
-        *_ordered("ecc_errors", signals.ecc_errors, ECC_COUNTERS),
-        *_ordered("remapped_rows", signals.remapped_rows, REMAPPED_ROWS),
-        *_ordered("retired_pages", signals.retired_pages, RETIRED_PAGES),
-        ("pcie_replay_count", signals.pcie_replay_count),
-        *_ordered("clock_event_reasons", signals.clock_event_reasons, tuple(CLOCK_EVENT_REASONS)),
-        ("xid_events", signals.xid_events),
-    ]
 
 
 def parse_moment(text: str | None) -> datetime | None:
