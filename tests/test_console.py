@@ -454,3 +454,29 @@ async def test_gpu_and_node_pages_chart_the_window_with_gaps_as_gaps(console: Co
     node = await console.page(f"/console/nodes/{node_id(CHART_HOST)}")
     host = node.split('data-chart="memory_available_bytes"', 1)[1].split("</svg>", 1)[0]
     assert len(re.findall(r'<polyline class="line"', host)) == 2
+
+
+async def test_an_event_off_a_node_stream_names_its_stream_and_links_to_no_node_page(
+    console: Console,
+) -> None:
+    """An enrollment token's events are on the token's stream: the event list says `token ...`,
+    not a node called `enrollme` whose link answers 404; a node's events link to its page."""
+    await seed_fleet(console.pool)
+    await console.login()
+    r = await console.client.post(
+        "/api/v1/enrollment-tokens", json={}, headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert r.status_code == 201, r.text
+    token_id = r.json()["token_id"]
+    events = await console.page("/console/events?class=lifecycle")
+    rows = re.findall(r'<tr data-position="\d+" data-event-type="([A-Z_]+)">(.*?)</tr>', events, re.S)
+    token_rows = [html for kind, html in rows if kind == "ENROLLMENT_TOKEN_CREATED"]
+    assert len(token_rows) == 1
+    assert f">token {token_id[:8]}</code>" in token_rows[0]
+    assert "/console/nodes/" not in token_rows[0]
+    node_rows = [html for kind, html in rows if kind == "NODE_DISCOVERED"]
+    assert node_rows and all(
+        re.search(r'<a href="/console/nodes/([^"]+)"><code title="\1">', html) for html in node_rows
+    )
+    for link in {m for html in node_rows for m in re.findall(r'href="(/console/nodes/[^"]+)"', html)}:
+        await console.page(link)  # every link the list makes answers 200

@@ -12,12 +12,14 @@ from hypothesis import strategies as st
 from api.http.console.views import age, form_moment, parse_moment
 from api.services.wording import (
     KNOWN_SIGNAL_NAMES,
+    StreamView,
     event_lines,
     event_summary,
     fact_label,
     fact_view,
     human_bytes,
     signal_rows,
+    stream_view,
     xid_meaning,
 )
 from collectors.facts import UNSUPPORTED, Known, TemporarilyFailed, Unavailable, Unknown
@@ -206,3 +208,22 @@ def test_labels_read_as_nvidia_smi_names_them() -> None:
     assert fact_label("clock_event_reasons.hw_thermal_slowdown") == "Clock event: HW thermal slowdown"
     # A name newer than this table still reads as words, never as the raw name.
     assert fact_label("nvlink_errors.crc_flit") == "Nvlink errors crc flit"
+
+
+def test_a_stream_reads_as_its_node_or_as_what_else_it_is() -> None:
+    from ledger.events import (
+        HEALTH_POLICY_STREAM,
+        WEBHOOKS_STREAM,
+        decommission_audit_stream,
+        enrollment_token_stream,
+    )
+
+    node = "aa144260-b7aa-51cd-a21e-d821a15cf0c6"
+    assert stream_view(node) == StreamView("aa144260", node, node)
+    token = enrollment_token_stream("76d4be55fba24e8e9da89c5f2943afb4")
+    assert stream_view(token) == StreamView("token 76d4be55", token, None)
+    audit = decommission_audit_stream(node)
+    assert stream_view(audit) == StreamView("audit of aa144260", audit, node)
+    assert stream_view(HEALTH_POLICY_STREAM).text == "health policy"
+    assert stream_view(WEBHOOKS_STREAM).text == "webhooks"
+    assert stream_view(HEALTH_POLICY_STREAM).node_id is None and stream_view(WEBHOOKS_STREAM).node_id is None

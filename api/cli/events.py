@@ -16,7 +16,7 @@ from api.cli.gpus import NodeOpt, OutputOpt
 from api.cli.moments import parse_moment
 from api.cli.remote import FOLLOW_WAIT_SECONDS, Api, Server, Token, TokenFile, connect, resolve_node
 from api.cli.rendering import Output, emit, nothing, plain, table, when, yaml_text
-from api.services.wording import event_lines
+from api.services.wording import event_lines, stream_view
 
 if TYPE_CHECKING:
     from api.services.reads.bodies import EventBody
@@ -33,7 +33,7 @@ def event_row(e: EventBody, wide: bool) -> list[str]:
     row = [
         str(e.global_position),
         when(e.recorded_at),
-        e.node_id[:8] if not wide else e.node_id,
+        stream_view(e.stream_id).text if not wide else e.stream_id,
         e.event_type,
         e.event_class,
         # what the event says, as the console's event list says it

@@ -2,8 +2,9 @@
 fact's label ("Fan speed", "ECC: uncorrected (volatile)", "Clock event: HW thermal slowdown"), a
 known value with its unit ("72 °C", "22.6 GiB"), a state that is not a value in words ("not
 supported"), the health signals in nvidia-smi's order, what an event says ("discovered NVIDIA
-H200 at index 3, PCI ...") and what an XID means. The API name (`fan_speed_percent`, `ecc_errors.uncorrected_volatile`) stays where a reader
-can find it: the console's tooltip and `data-metric`, the command line's `-o json`."""
+H200 at index 3, PCI ...") and whose stream it is on, and what an XID means. The API name
+(`fan_speed_percent`, `ecc_errors.uncorrected_volatile`) stays where a reader can find it: the
+console's tooltip and `data-metric`, the command line's `-o json`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,14 @@ from api.services.reads.bodies import HealthSignalsBody
 from collectors.facts import Fact, Known, TemporarilyFailed, Unavailable, Unknown, Unsupported
 from collectors.gpu_health import CLOCK_EVENT_REASONS, ECC_COUNTERS, REMAPPED_ROWS, RETIRED_PAGES
 from domain.health import XID_RULES
+from ledger.events import (
+    DECOMMISSION_AUDIT_STREAM_PREFIX,
+    ENROLLMENT_TOKEN_STREAM_PREFIX,
+    is_decommission_audit_stream,
+    is_enrollment_token_stream,
+    is_health_policy_stream,
+    is_webhook_stream,
+)
 
 # Units are named by the value's rendering ("41 %", "72 °C"), so labels carry none.
 _PLAIN: dict[str, str] = {
@@ -225,3 +234,30 @@ def signal_rows(signals: HealthSignalsBody) -> list[tuple[str, Fact]]:
         *_ordered("clock_event_reasons", signals.clock_event_reasons, tuple(CLOCK_EVENT_REASONS)),
         ("xid_events", signals.xid_events),
     ]
+
+
+class StreamView(msgspec.Struct, frozen=True):
+    """An event's stream as a reader names it: a short text, the stream id in full, and the node
+    whose page the event belongs on (None where there is no such node: a token's, the health
+    policy's or the webhooks' stream)."""
+
+    text: str
+    stream_id: str
+    node_id: str | None
+
+
+def stream_view(stream_id: str) -> StreamView:
+    """Most streams are a node's (its id, shortened); the others say what they are, so that an
+    enrollment token's events do not read as a node called `enrollme`."""
+    if is_enrollment_token_stream(stream_id):
+        return StreamView(
+            "token " + stream_id.removeprefix(ENROLLMENT_TOKEN_STREAM_PREFIX)[:8], stream_id, None
+        )
+    if is_decommission_audit_stream(stream_id):
+        node_id = stream_id.removeprefix(DECOMMISSION_AUDIT_STREAM_PREFIX)
+        return StreamView("audit of " + node_id[:8], stream_id, node_id)
+    if is_health_policy_stream(stream_id):
+        return StreamView("health policy", stream_id, None)
+    if is_webhook_stream(stream_id):
+        return StreamView("webhooks", stream_id, None)
+    return StreamView(stream_id[:8], stream_id, stream_id)

@@ -39,6 +39,7 @@ class ConsolePlugin(InitPluginProtocol):
             fact_label=wording.fact_label,
             event_lines=wording.event_lines,
             signal_rows=wording.signal_rows,
+            stream_view=wording.stream_view,
             xid_meaning=wording.xid_meaning,
         )
         app_config.template_config = TemplateConfig(instance=JinjaTemplateEngine(engine_instance=env))
