@@ -227,3 +227,31 @@ def test_a_stream_reads_as_its_node_or_as_what_else_it_is() -> None:
     assert stream_view(HEALTH_POLICY_STREAM).text == "health policy"
     assert stream_view(WEBHOOKS_STREAM).text == "webhooks"
     assert stream_view(HEALTH_POLICY_STREAM).node_id is None and stream_view(WEBHOOKS_STREAM).node_id is None
+
+
+def test_the_events_off_a_node_say_what_they_did() -> None:
+    created = {"token_id": "t1", "secret_sha256": "ab" * 32, "expires_at": "2026-12-04T05:56:25Z", "uses": 3}
+    assert event_summary("ENROLLMENT_TOKEN_CREATED", {**created, "description": "rack 7"}) == [
+        "3 uses, expires 2026-12-04T05:56:25Z",
+        "description: rack 7",
+    ]
+    assert event_summary("ENROLLMENT_TOKEN_CREATED", {**created, "uses": 1, "description": ""}) == [
+        "1 use, expires 2026-12-04T05:56:25Z"
+    ]
+    used = {"token_id": "t1", "node_id": "aa144260-b7aa", "credential_id": "c1"}
+    assert event_summary("ENROLLMENT_TOKEN_USED", used) == ["enrolled node aa144260-b7aa"]
+    policy = {"name": "strict-ecc", "digest": "d" * 64, "policy": {}}
+    assert event_summary("HEALTH_POLICY_APPLIED", policy) == ["policy strict-ecc in force"]
+    subscribed = {"subscription_id": "s1", "destination": "https://hooks.example:443", "url_sha256": "e" * 64}
+    assert event_summary("WEBHOOK_SUBSCRIBED", {**subscribed, "event_types": [], "event_classes": []}) == [
+        "to https://hooks.example:443"
+    ]
+    assert event_summary("WEBHOOK_RESUMED", {"subscription_id": "s1", "at_position": 42}) == [
+        "resumed from position 42"
+    ]
+    said = [
+        *event_summary("ENROLLMENT_TOKEN_CREATED", created),
+        *event_summary("HEALTH_POLICY_APPLIED", policy),
+        *event_summary("WEBHOOK_SUBSCRIBED", subscribed),
+    ]
+    assert not any(secret in line for line in said for secret in ("ab" * 32, "d" * 64, "e" * 64)), said

@@ -199,6 +199,7 @@ def event_summary(event_type: str, data: dict[str, Any]) -> list[str]:
     if event_type == "NODE_TELEMETRY_OBSERVED" and isinstance(data.get("accelerators"), list):
         n = len(data["accelerators"])
         lines.append(f"telemetry of the host and {n} GPU{'' if n == 1 else 's'}")
+    lines += _off_node_summary(event_type, data)
     for key in ("reason", "status", "stage", "detail", "hostname", "owner", "actor"):
         if key in data and isinstance(data[key], str | int) and not isinstance(data[key], bool):
             lines.append(f"{key}: {data[key]}")
@@ -208,6 +209,25 @@ def event_summary(event_type: str, data: dict[str, Any]) -> list[str]:
     if uuid:
         lines.append(f"GPU {uuid}")
     return lines
+
+
+def _off_node_summary(event_type: str, data: dict[str, Any]) -> list[str]:
+    """What the events of tokens, the health policy and webhooks say (their ids, digests and
+    hashes stay in the event's data)."""
+    if event_type == "ENROLLMENT_TOKEN_CREATED":
+        uses = data.get("uses")
+        said = [f"{uses} use{'' if uses == 1 else 's'}, expires {_plain(data.get('expires_at'))}"]
+        return said + ([f"description: {data['description']}"] if data.get("description") else [])
+    if event_type == "ENROLLMENT_TOKEN_USED":
+        return [f"enrolled node {_plain(data.get('node_id'))}"]
+    if event_type == "HEALTH_POLICY_APPLIED":
+        return [f"policy {_plain(data.get('name'))} in force"]
+    if event_type == "WEBHOOK_SUBSCRIBED":
+        said = [f"to {_plain(data.get('destination'))}"]
+        return said + ([f"description: {data['description']}"] if data.get("description") else [])
+    if event_type == "WEBHOOK_RESUMED":
+        return [f"resumed from position {_plain(data.get('at_position'))}"]
+    return []
 
 
 def event_lines(event_type: str, data: Any) -> list[str]:
