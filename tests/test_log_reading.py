@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
+from itertools import pairwise
 
 import asyncpg
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collectors.facts import Known
+from ledger import reading
 from ledger.events import HostTelemetryObserved, validate_metadata, validate_payload
 from ledger.reading import Checkpoint, LogFilter, StoredEvent, read_log
 from tests.builders import meta
@@ -265,3 +268,53 @@ def test_the_log_read_numbers_each_filter_after_the_checkpoint(
     assert statement.text.endswith(f"LIMIT ${len(statement.args)}")
     given_filters = [v for v in (stream, list(types) or None, event_class, accelerator) if v is not None]
     assert statement.args[2 : 2 + len(given_filters)] == given_filters
+
+
+async def test_a_page_lets_other_work_run_while_it_decodes(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page of a thousand snapshots is a hundred milliseconds and more of decoding, and the
+    server's reports and requests wait on the same event loop: the rows are decoded a slice at a
+    time, and what else is ready runs between two slices. The page is the same."""
+    data = validate_payload(
+        HostTelemetryObserved(telemetry={"memory_available_bytes": Known(2)}, storage=[])
+    )[0].decode()
+    observations = LogFilter(event_class="observation")
+    async with pool.acquire() as conn:
+        for n in range(9):
+            await conn.execute(
+                "INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class, "
+                "schema_version, data, metadata) VALUES ($1, $2, 1, 'HOST_TELEMETRY_OBSERVED', "
+                "'observation', 1, $3::text::jsonb, $4::text::jsonb)",
+                uuid.uuid4(),
+                f"sliced-{n}",
+                data,
+                validate_metadata(meta())[0].decode(),
+            )
+        # The horizon is cluster-wide: another session's open transaction may hold it back a while.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while len((whole := await read_log(conn, Checkpoint(), limit=100, where=observations)).entries) < 9:
+            assert loop.time() < deadline, "the events never came below the horizon"
+            await asyncio.sleep(0.05)
+        turns = 0
+
+        async def other_work() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        seen: list[int] = []
+        decode = reading.entry_from_row
+        monkeypatch.setattr(reading, "DECODE_SLICE", 2)
+        monkeypatch.setattr(reading, "entry_from_row", lambda row: seen.append(turns) or decode(row))
+        other = asyncio.ensure_future(other_work())
+        try:
+            sliced = await read_log(conn, Checkpoint(), limit=100, where=observations)
+        finally:
+            other.cancel()
+    assert [e.stream_id for e in sliced.entries] == [e.stream_id for e in whole.entries]
+    assert len(seen) == len(whole.entries) >= 9
+    slices = seen[::2]  # the first row of each slice of two
+    assert all(a < b for a, b in pairwise(slices)), seen
