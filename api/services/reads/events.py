@@ -11,7 +11,8 @@ from api.services.reads.bodies import EventBody, EventPage, UndecodableBody
 from api.services.reads.cursors import decode_log_cursor, encode_log_cursor
 from ledger.events import EventClass, RecordedEvent
 from ledger.feed import LogFeed
-from ledger.reading import Checkpoint, LogEntry, LogFilter, read_log
+from ledger.reading import Checkpoint, LogEntry, LogFilter, LogPage, read_log
+from runtime.process import older_collections_deferred
 
 
 def event_body(entry: LogEntry) -> EventBody:
@@ -67,11 +68,19 @@ class EventReads:
         )
         if wait_seconds > 0:
             page = await self.feed.wait(after, limit=limit, where=where, wait_seconds=wait_seconds)
-        else:
+            return _page(page)
+        # A page of a thousand snapshots is hundreds of thousands of objects that live until it
+        # is sent, none of them garbage: the collector's older passes over them (tens of ms each, the
+        # event loop held) wait until the page is made.
+        with older_collections_deferred():
             async with self.pool.acquire() as conn:
                 page = await read_log(conn, after, limit=limit, where=where)
-        return EventPage(
-            items=[event_body(e) for e in page.entries],
-            next_cursor=encode_log_cursor(page.resume),
-            has_more=page.more,
-        )
+            return _page(page)
+
+
+def _page(page: LogPage) -> EventPage:
+    return EventPage(
+        items=[event_body(e) for e in page.entries],
+        next_cursor=encode_log_cursor(page.resume),
+        has_more=page.more,
+    )
