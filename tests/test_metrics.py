@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import subprocess
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -411,3 +413,39 @@ def test_a_fleet_without_lines_for_a_family_is_still_rendered_in_bounded_pieces(
     assert examined >= len(gpus) * (len(GPU_TELEMETRY) + len(GPU_HEALTH_SIGNALS))
     gaps = [after - before for before, after in zip([0, *marks], marks, strict=False)]
     assert max(gaps) <= exposition.CHUNK_LINES
+
+
+async def test_a_scrape_decodes_the_fleets_samples_with_the_event_loop_let_run_between(
+    make_api: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scrape reads every node's latest snapshot (tens of milliseconds for a thousand nodes,
+    seconds for ten thousand) on the loop the agents' reports wait on: they are decoded a slice at
+    a time, and what else is ready runs between two slices."""
+    from api.services.reads import samples as sample_reads
+
+    for node in ("metrics-node-1", "metrics-node-2", "metrics-node-3"):
+        await make_api(multi_gpu_scenario(2), node_id=node).refresh()
+    api = make_api(multi_gpu_scenario(2), node_id="metrics-node-4")
+    await api.refresh()
+    turns = 0
+
+    async def other_work() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    seen: list[int] = []
+    decode = sample_reads.event_from_row
+    monkeypatch.setattr(sample_reads, "DECODE_SLICE", 1)
+    monkeypatch.setattr(sample_reads, "event_from_row", lambda row: seen.append(turns) or decode(row))
+    other = asyncio.ensure_future(other_work())
+    try:
+        snapshot = await read_snapshot(
+            api.pool, LivenessPolicy(api.config.stale_after, api.config.offline_after), {}
+        )
+    finally:
+        other.cancel()
+    assert len(snapshot.gpus) == 8 and all(g.telemetry for g in snapshot.gpus)
+    assert len(seen) == 4, seen  # each node's latest snapshot once
+    assert all(a < b for a, b in pairwise(seen)), seen

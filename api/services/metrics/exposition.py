@@ -227,7 +227,7 @@ def _webhook_lines(s: Snapshot) -> Iterator[str]:
             yield _line(WEBHOOK_LAST_DELIVERED, labels.plain, w.last_delivered_at.timestamp())
 
 
-CHUNK_LINES = 4096  # about 0.8 MB of a fleet's GPU lines
+CHUNK_LINES = 1024  # about 0.2 MB of a fleet's GPU lines, and a few milliseconds of the event loop
 
 
 def render_chunks(snapshot: Snapshot) -> Iterator[bytes]:

@@ -9,6 +9,7 @@ GPUs of a dozen nodes reads a dozen events.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import LiteralString
 
@@ -19,7 +20,7 @@ from api.services.reads.bodies import HealthSignalsBody
 from collectors.facts import Fact
 from collectors.gpu_health import AcceleratorHealthSignals
 from ledger.events import AcceleratorTelemetryObserved, NodeTelemetryObserved
-from ledger.reading import EVENT_COLUMNS, event_from_row
+from ledger.reading import DECODE_SLICE, EVENT_COLUMNS, event_from_row
 
 
 class Sample(msgspec.Struct, frozen=True):
@@ -47,12 +48,17 @@ async def samples_at(
     conn: asyncpg.Connection, positions: Iterable[int | None]
 ) -> dict[tuple[int, str], Sample]:
     """The GPU samples held by the events at `positions`, by (position, GPU UUID). Of a GPU
-    listed twice in a snapshot the last entry counts, as the fold takes it."""
+    listed twice in a snapshot the last entry counts, as the fold takes it. The events are
+    decoded a slice at a time with the event loop let run between (a `/metrics` scrape reads
+    every node's latest snapshot: a thousand are tens of milliseconds of decoding)."""
     wanted = sorted({p for p in positions if p is not None})
     if not wanted:
         return {}
     out: dict[tuple[int, str], Sample] = {}
-    for row in await conn.fetch(_BY_POSITION, wanted):
+    rows = await conn.fetch(_BY_POSITION, wanted)
+    for k, row in enumerate(rows):
+        if k and not k % DECODE_SLICE:
+            await asyncio.sleep(0)
         event = event_from_row(row)
         p = event.payload
         if isinstance(p, NodeTelemetryObserved):
