@@ -449,3 +449,39 @@ async def test_a_scrape_decodes_the_fleets_samples_with_the_event_loop_let_run_b
     assert len(snapshot.gpus) == 8 and all(g.telemetry for g in snapshot.gpus)
     assert len(seen) == 4, seen  # each node's latest snapshot once
     assert all(a < b for a, b in pairwise(seen)), seen
+
+
+async def test_a_scrape_holds_the_older_collections_off_until_its_rows_are_gone(
+    make_api: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the read to the end of the text, one deferral: ended between them, or with the rows
+    still alive, the first older pass after it goes over every row of the fleet with the event
+    loop held (over a second at 10,000 nodes)."""
+    import gc
+
+    from api.http import app as routes
+
+    api = make_api(multi_gpu_scenario(2))
+    await api.refresh()
+    before = gc.get_threshold()
+    assert before[1] < 10**9
+    seen: list[tuple[str, int]] = []
+    read, render = routes.read_snapshot, exposition.render_chunks
+
+    async def reading(*args: Any) -> Snapshot:
+        snapshot = await read(*args)
+        seen.append(("read", gc.get_threshold()[1]))  # its own deferral has ended here
+        return snapshot
+
+    def rendering(snapshot: Snapshot) -> Any:
+        for chunk in render(snapshot):
+            seen.append(("chunk", gc.get_threshold()[1]))
+            yield chunk
+
+    monkeypatch.setattr(routes, "read_snapshot", reading)
+    monkeypatch.setattr(exposition, "render_chunks", rendering)
+    r = await api.get("/metrics")
+    assert r.status_code == 200 and b"modelforge_gpu_info{" in r.content
+    assert seen[0][0] == "read" and len(seen) > 1
+    assert all(older >= 10**9 for _, older in seen), seen
+    assert gc.get_threshold() == before

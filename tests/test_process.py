@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from runtime.process import older_collections_deferred
+from runtime.process import DeferredCollections, older_collections_deferred
 
 
 @pytest.fixture
@@ -35,4 +35,26 @@ def test_older_collections_wait_for_overlapping_jobs_and_come_back_when_the_last
 def test_a_job_that_fails_gives_the_thresholds_back(thresholds: tuple[int, int, int]) -> None:
     with pytest.raises(RuntimeError), older_collections_deferred():
         raise RuntimeError("the database went away mid-scrape")
+    assert gc.get_threshold() == thresholds
+
+
+def test_a_deferral_that_outlives_its_handler_ends_once_or_when_dropped(
+    thresholds: tuple[int, int, int],
+) -> None:
+    deferred = DeferredCollections()
+    assert gc.get_threshold()[1] >= 10**9
+    with older_collections_deferred():  # a job inside it: its end does not end the deferral
+        pass
+    assert gc.get_threshold()[1] >= 10**9
+    deferred.end()
+    assert gc.get_threshold() == thresholds
+    deferred.end()  # once only: a second end would end someone else's deferral
+    with older_collections_deferred():
+        deferred.end()
+        assert gc.get_threshold()[1] >= 10**9
+    assert gc.get_threshold() == thresholds
+    # A streamed response that is never sent: its deferral ends when it is dropped.
+    dropped = DeferredCollections()
+    assert gc.get_threshold()[1] >= 10**9
+    del dropped
     assert gc.get_threshold() == thresholds

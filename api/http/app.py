@@ -35,7 +35,7 @@ from api.http.webhooks import webhook_routers
 from api.services.errors import Conflict, DomainError, Unavailable
 from api.services.inventory import EventSummary, RefreshOutcome
 from api.services.metrics import exposition
-from api.services.metrics.snapshot import read_snapshot
+from api.services.metrics.snapshot import Snapshot, read_snapshot, released
 from api.services.reads.bodies import (
     MAX_LIMIT,
     AcceleratorBody,
@@ -54,7 +54,7 @@ from api.services.reads.liveness import Liveness
 from api.services.reads.rendering import Rendered, not_modified, render
 from api.services.reads.repository import HardwareRepository
 from api.wiring import Services
-from runtime.process import older_collections_deferred
+from runtime.process import DeferredCollections
 from runtime.version import VERSION
 
 log = structlog.get_logger(__name__)
@@ -314,6 +314,38 @@ async def list_events(
     security=[{"bearer": []}],
 )
 async def metrics(context: NamedDependency[AppContext]) -> Stream:
+    # The older collections wait from the read until the scrape's rows are released, in one
+    # deferral: ended between the read and the text, or with the rows still alive, the first
+    # older pass after it would go over every row with the event loop held.
+    deferred = DeferredCollections()
+    try:
+        snapshot = await _scrape_snapshot(context)
+    except BaseException:
+        deferred.end()
+        raise
+    held = [snapshot]  # the text's own: the rows die when it releases them, not with this frame
+    del snapshot
+
+    async def text() -> AsyncIterator[bytes]:
+        # A fleet's text is hundreds of MB made in seconds of Python: sent in pieces as they are
+        # made, with the event loop free between them for the agents' reports.
+        try:
+            scrape = held.pop()
+            for chunk in exposition.render_chunks(scrape):
+                if chunk:  # an empty piece is rows without a line: nothing to send, the loop still runs
+                    yield chunk
+                await asyncio.sleep(0)
+            await released(scrape)
+        finally:
+            deferred.end()
+
+    # Set here: Litestar would append a second `charset` to a text/ media type.
+    return Stream(
+        text(), media_type=exposition.CONTENT_TYPE, headers={"content-type": exposition.CONTENT_TYPE}
+    )
+
+
+async def _scrape_snapshot(context: AppContext) -> Snapshot:
     counters = context.service.counters
     snapshot = await read_snapshot(
         context.pool,
@@ -339,20 +371,7 @@ async def metrics(context: NamedDependency[AppContext]) -> Stream:
     replica = await _replica_health(context)
     if replica is not None and replica.replay_lag_seconds is not None:
         snapshot = msgspec.structs.replace(snapshot, replay_lag=replica.replay_lag_seconds)
-
-    async def text() -> AsyncIterator[bytes]:
-        # A fleet's text is hundreds of MB made in seconds of Python: sent in pieces as they are
-        # made, with the event loop free between them for the agents' reports.
-        with older_collections_deferred():
-            for chunk in exposition.render_chunks(snapshot):
-                if chunk:  # an empty piece is rows without a line: nothing to send, the loop still runs
-                    yield chunk
-                await asyncio.sleep(0)
-
-    # Set here: Litestar would append a second `charset` to a text/ media type.
-    return Stream(
-        text(), media_type=exposition.CONTENT_TYPE, headers={"content-type": exposition.CONTENT_TYPE}
-    )
+    return snapshot
 
 
 def _aware(moment: datetime) -> datetime:

@@ -186,6 +186,8 @@ def _lines(s: Snapshot) -> Iterator[str]:
     yield _header(GPU_XID)
     for g, labels in gpus:
         yield "" if g.last_xid is None else _line(GPU_XID, labels.plain, g.last_xid)
+    yield from _released(gpus)
+    yield from _released(nodes)
 
     yield _header(ACCELERATORS)
     for status, count in sorted(s.accelerator_counts.items()):
@@ -203,6 +205,14 @@ def _lines(s: Snapshot) -> Iterator[str]:
     yield from _webhook_lines(s)
     yield _header(REPLAY_LAG)
     yield "" if s.replay_lag is None else _line(REPLAY_LAG, "", s.replay_lag)
+
+
+def _released(rows: list[tuple[NodeRow, _Labels]] | list[tuple[GpuRow, _Labels]]) -> Iterator[str]:
+    """The rows' labels dropped one row at a time, each counted as a row without a line: freed
+    at the end of the text all at once, a fleet's are a stretch of a hundred milliseconds."""
+    while rows:
+        rows.pop()
+        yield ""
 
 
 def _webhook_lines(s: Snapshot) -> Iterator[str]:
