@@ -257,17 +257,19 @@ async def scrape_metrics(report: h.Report, server: Process, meter: h.Meter) -> N
     try:
         task = asyncio.create_task(probe())
         meter.server_pids = [server.pid]
-        (status, body), usage = await meter.measure(conn.request(b"GET", b"/metrics", bearer(OPERATOR_TOKEN)))
+        (status, size, lines, first), usage = await meter.measure(
+            conn.request_counted(b"GET", b"/metrics", bearer(OPERATOR_TOKEN))
+        )
         done.set()
         await task
     finally:
         conn.close()
         probe_conn.close()
-    assert status == 200, body[:300]
+    assert status == 200, first
     figures = {
         "seconds": usage.seconds,
-        "megabytes": len(body) / 1e6,
-        "lines": body.count(b"\n"),
+        "megabytes": size / 1e6,
+        "lines": lines,
         "server_cpu_s": usage.server_cpu,
         "probe_p99_ms": 1e3 * h.percentile(waits, 99),
         "probe_max_ms": 1e3 * max(waits),
