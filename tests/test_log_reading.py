@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from itertools import pairwise
 
 import asyncpg
 import msgspec
@@ -24,6 +23,7 @@ from ledger import reading
 from ledger.events import HostTelemetryObserved, validate_metadata, validate_payload
 from ledger.reading import Checkpoint, LogFilter, StoredEvent, read_log
 from tests.builders import meta
+from tests.loop_support import OtherWork, ran_between, turns_at_calls
 
 BOUNDARY_TXS = [
     997,
@@ -124,6 +124,23 @@ async def test_every_limit_delivers_each_event_once_in_numeric_order_across_digi
             assert got == expected, f"limit {limit}: {got} != {expected}"
 
 
+async def host_samples(conn: asyncpg.Connection, streams: list[str]) -> None:
+    """One host telemetry observation on each stream, each in a transaction of its own (real tx ids)."""
+    data = validate_payload(
+        HostTelemetryObserved(telemetry={"memory_available_bytes": Known(2)}, storage=[])
+    )[0].decode()
+    for stream in streams:
+        await conn.execute(
+            "INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class, "
+            "schema_version, data, metadata) VALUES ($1, $2, 1, 'HOST_TELEMETRY_OBSERVED', "
+            "'observation', 1, $3::text::jsonb, $4::text::jsonb)",
+            uuid.uuid4(),
+            stream,
+            data,
+            validate_metadata(meta())[0].decode(),
+        )
+
+
 async def test_a_resumed_cursor_delivers_exactly_what_committed_since(pool: asyncpg.Pool) -> None:
     async with pool.acquire() as conn:
         await burn_transaction_ids_past(conn, 100_001)
@@ -134,19 +151,7 @@ async def test_a_resumed_cursor_delivers_exactly_what_committed_since(pool: asyn
         empty = await read_log(conn, page.resume, limit=100)
         assert empty.entries == [] and empty.resume == page.resume
         # Later commits (real tx ids, above the boundary rows) arrive once on the next poll.
-        data = validate_payload(
-            HostTelemetryObserved(telemetry={"memory_available_bytes": Known(2)}, storage=[])
-        )[0].decode()
-        for n in range(3):
-            await conn.execute(
-                "INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class, "
-                "schema_version, data, metadata) VALUES ($1, $2, 1, 'HOST_TELEMETRY_OBSERVED', "
-                "'observation', 1, $3::text::jsonb, $4::text::jsonb)",
-                uuid.uuid4(),
-                f"later-{n}",
-                data,
-                validate_metadata(meta())[0].decode(),
-            )
+        await host_samples(conn, [f"later-{n}" for n in range(3)])
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 60
         delivered: list[str] = []
@@ -276,45 +281,21 @@ async def test_a_page_lets_other_work_run_while_it_decodes(
     """A page of a thousand snapshots is a hundred milliseconds and more of decoding, and the
     server's reports and requests wait on the same event loop: the rows are decoded a slice at a
     time, and what else is ready runs between two slices. The page is the same."""
-    data = validate_payload(
-        HostTelemetryObserved(telemetry={"memory_available_bytes": Known(2)}, storage=[])
-    )[0].decode()
     observations = LogFilter(event_class="observation")
     async with pool.acquire() as conn:
-        for n in range(9):
-            await conn.execute(
-                "INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class, "
-                "schema_version, data, metadata) VALUES ($1, $2, 1, 'HOST_TELEMETRY_OBSERVED', "
-                "'observation', 1, $3::text::jsonb, $4::text::jsonb)",
-                uuid.uuid4(),
-                f"sliced-{n}",
-                data,
-                validate_metadata(meta())[0].decode(),
-            )
+        await host_samples(conn, [f"sliced-{n}" for n in range(9)])
         # The horizon is cluster-wide: another session's open transaction may hold it back a while.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 60
         while len((whole := await read_log(conn, Checkpoint(), limit=100, where=observations)).entries) < 9:
             assert loop.time() < deadline, "the events never came below the horizon"
             await asyncio.sleep(0.05)
-        turns = 0
-
-        async def other_work() -> None:
-            nonlocal turns
-            while True:
-                turns += 1
-                await asyncio.sleep(0)
-
-        seen: list[int] = []
-        decode = reading.entry_from_row
+        other = OtherWork()
         monkeypatch.setattr(reading, "DECODE_SLICE", 2)
-        monkeypatch.setattr(reading, "entry_from_row", lambda row: seen.append(turns) or decode(row))
-        other = asyncio.ensure_future(other_work())
-        try:
+        seen = turns_at_calls(monkeypatch, reading, "entry_from_row", other)
+        async with other:
             sliced = await read_log(conn, Checkpoint(), limit=100, where=observations)
-        finally:
-            other.cancel()
     assert [e.stream_id for e in sliced.entries] == [e.stream_id for e in whole.entries]
     assert len(seen) == len(whole.entries) >= 9
     slices = seen[::2]  # the first row of each slice of two
-    assert all(a < b for a, b in pairwise(slices)), seen
+    assert ran_between(slices), seen

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 from datetime import UTC, datetime, timedelta
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from api.services.reads.liveness import LivenessPolicy
 from collectors.gpu_health import CLOCK_EVENT_REASONS, AcceleratorHealthSignals
 from tests.fakes.fake_pynvml import nvmlClocksEventReasonGpuIdle, nvmlClocksEventReasonHwThermalSlowdown
 from tests.fixtures_nvml import multi_gpu_scenario, rtx_3060_laptop, rtx_4090_driver_535
+from tests.loop_support import OtherWork, ran_between, turns_at_calls
 from tests.metrics_support import facts, signals_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -427,28 +427,16 @@ async def test_a_scrape_decodes_the_fleets_samples_with_the_event_loop_let_run_b
         await make_api(multi_gpu_scenario(2), node_id=node).refresh()
     api = make_api(multi_gpu_scenario(2), node_id="metrics-node-4")
     await api.refresh()
-    turns = 0
-
-    async def other_work() -> None:
-        nonlocal turns
-        while True:
-            turns += 1
-            await asyncio.sleep(0)
-
-    seen: list[int] = []
-    decode = sample_reads.event_from_row
+    other = OtherWork()
     monkeypatch.setattr(sample_reads, "DECODE_SLICE", 1)
-    monkeypatch.setattr(sample_reads, "event_from_row", lambda row: seen.append(turns) or decode(row))
-    other = asyncio.ensure_future(other_work())
-    try:
+    seen = turns_at_calls(monkeypatch, sample_reads, "event_from_row", other)
+    async with other:
         snapshot = await read_snapshot(
             api.pool, LivenessPolicy(api.config.stale_after, api.config.offline_after), {}
         )
-    finally:
-        other.cancel()
     assert len(snapshot.gpus) == 8 and all(g.telemetry for g in snapshot.gpus)
     assert len(seen) == 4, seen  # each node's latest snapshot once
-    assert all(a < b for a, b in pairwise(seen)), seen
+    assert ran_between(seen), seen
 
 
 async def test_a_scrape_holds_the_older_collections_off_until_its_rows_are_gone(

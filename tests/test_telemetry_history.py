@@ -4,9 +4,7 @@ the per-kind events of older logs; the buckets, the refusals and the plan of the
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
-from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -15,6 +13,7 @@ from api.services.reads import telemetry
 from api.services.reads.telemetry import ACCELERATOR_SAMPLES, HOST_SAMPLES, TelemetryReads
 from api.services.scopes import OperatorTokens
 from domain.telemetry_history import window
+from tests.loop_support import OtherWork, ran_between, turns_at_calls
 from tests.telemetry_support import BASE, WINDOW, seed
 
 
@@ -210,36 +209,25 @@ async def test_a_history_read_lets_other_work_run_while_it_decodes_and_buckets(
     buckets one series at a time, and what else is ready runs between two of them."""
     api, node_id, acc = await _fixture(make_api)
     monkeypatch.setattr(telemetry, "SLICE", 8)
-    turns = 0  # how often the other work has run so far
-
-    async def other_work() -> None:
-        nonlocal turns
-        while True:
-            turns += 1
-            await asyncio.sleep(0)
-
-    slices: list[int] = []
+    other = OtherWork()
     series: list[int] = []
-    name = "accelerator_part" if subject == "accelerator" else "host_part"
-    decode, bucket = getattr(telemetry, name), telemetry.series_of_columns
+    bucket = telemetry.series_of_columns
 
     def counted_series(*args: Any) -> Any:
         for one in bucket(*args):
-            series.append(turns)
+            series.append(other.turns)
             yield one
 
-    monkeypatch.setattr(telemetry, name, lambda rows, *a: slices.append(turns) or decode(rows, *a))
+    name = "accelerator_part" if subject == "accelerator" else "host_part"
+    slices = turns_at_calls(monkeypatch, telemetry, name, other)
     monkeypatch.setattr(telemetry, "series_of_columns", counted_series)
     reads = TelemetryReads(api.pool)
-    other = asyncio.ensure_future(other_work())
-    try:
-        w = window(BASE - timedelta(minutes=30), BASE + timedelta(minutes=90), 60)
+    w = window(BASE - timedelta(minutes=30), BASE + timedelta(minutes=90), 60)
+    async with other:
         body = await (reads.accelerator(acc["id"], w) if subject == "accelerator" else reads.node(node_id, w))
-    finally:
-        other.cancel()
     assert body.samples >= 50
     # every slice of at most 8 rows, and the other work ran between any two of them
     assert len(slices) >= 7, slices
-    assert all(a < b for a, b in pairwise(slices)), slices
+    assert ran_between(slices), slices
     assert len(series) == len(body.series) > 1
-    assert all(a < b for a, b in pairwise(series)), series
+    assert ran_between(series), series
