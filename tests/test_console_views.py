@@ -255,3 +255,16 @@ def test_the_events_off_a_node_say_what_they_did() -> None:
         *event_summary("WEBHOOK_SUBSCRIBED", subscribed),
     ]
     assert not any(secret in line for line in said for secret in ("ab" * 32, "d" * 64, "e" * 64)), said
+
+
+def test_gpus_read_in_index_order_one_without_an_index_last() -> None:
+    from api.services.wording import gpu_ordered
+    from domain.decommission import AcceleratorDependency
+
+    gpus = [
+        AcceleratorDependency("a", "GPU-a", "active", 3, "H200"),
+        AcceleratorDependency("b", "GPU-b", "active", None, "H200"),
+        AcceleratorDependency("c", "GPU-c", "active", 0, "H200"),
+        AcceleratorDependency("d", "GPU-d", "active", 10, "H200"),
+    ]
+    assert [g.uuid for g in gpu_ordered(gpus)] == ["GPU-c", "GPU-a", "GPU-d", "GPU-b"]

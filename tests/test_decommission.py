@@ -554,3 +554,30 @@ async def test_cli_lease_preview_and_execute(make_api, database_dsn: str, tmp_pa
     assert tomb[0]["data"]["actor"] == "cli:bob" and tomb[0]["data"]["reason"] == "retired"
     code, out, err = await cli("refresh", "--node-id", LOCAL_KEY)
     assert code == 2 and "decommissioned" in err and "new identity" in err, err
+
+
+async def test_the_preview_lists_a_nodes_gpus_by_index_in_the_cli_and_the_console(
+    make_api: Any, database_dsn: str, tmp_path: Path
+) -> None:
+    """As nvidia-smi and `gpu list` do; the preview's own order (by UUID, which its digest binds)
+    is not one an operator reads a node in."""
+    from tests.fixtures_nvml import multi_gpu_scenario
+
+    api = make_api(multi_gpu_scenario(8))
+    await api.refresh()
+    uuids = dict(enumerate(g.uuid for g in api.scenario.gpus))  # a scenario lists its GPUs by index
+    assert sorted(uuids.values()) != [uuids[i] for i in range(8)], "the UUIDs' order is not the indexes'"
+    db = ("--database-url", database_dsn, "--state-dir", str(tmp_path / "cli"))
+    code, out, err = await asyncio.to_thread(run_cli, "decommission", "preview", LOCAL_KEY, *db)
+    assert code == 0, err
+    listed = [line.split()[0] for line in out.splitlines() if line.startswith("  GPU-")]
+    assert listed == [uuids[i] for i in range(8)], out
+    node_id = (await api.get("/api/v1/hardware/nodes")).json()["items"][0]["id"]
+    from api.http.console.routes import COOKIE
+    from tests.conftest import OPERATOR_TOKEN
+
+    api.client.cookies.set(COOKIE, OPERATOR_TOKEN)  # the console's sign-in
+    r = await api.client.get(f"/console/nodes/{node_id}/decommission")
+    assert r.status_code == 200, r.text[:500]
+    page = r.text
+    assert [page.index(uuids[i]) for i in range(8)] == sorted(page.index(uuids[i]) for i in range(8))

@@ -40,6 +40,7 @@ from api.cli.common import (
 from api.cli.errors import exit_code_of, say
 from api.cli.moments import parse_duration
 from api.cli.rendering import print_json
+from api.services.wording import gpu_ordered
 
 lease_app = typer.Typer(
     no_args_is_help=True, help="work leases: work that depends on a node blocks its decommission"
@@ -216,7 +217,7 @@ def decommission_preview(
         for c in d.credentials:
             print(f"  {c.credential_id}  {c.hostname}  issued {c.issued_at.isoformat()}")
         print(f"accelerators {len(d.accelerators)} (marked decommissioned)")
-        for a in d.accelerators:
+        for a in gpu_ordered(d.accelerators):
             print(f"  {a.uuid}  index {a.index}  {a.name or '-'}  {a.status}")
         print(f"telemetry   {len(d.telemetry)} current rows (cleared)")
         if p.blockers:

@@ -8,7 +8,8 @@ console's tooltip and `data-metric`, the command line's `-o json`."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -24,6 +25,16 @@ from ledger.events import (
     is_health_policy_stream,
     is_webhook_stream,
 )
+
+
+class _HasIndex(Protocol):
+    @property
+    def index(self) -> object: ...
+    @property
+    def uuid(self) -> str: ...
+
+
+_Gpu = TypeVar("_Gpu", bound=_HasIndex)
 
 # Units are named by the value's rendering ("41 %", "72 °C"), so labels carry none.
 _PLAIN: dict[str, str] = {
@@ -281,3 +292,15 @@ def stream_view(stream_id: str) -> StreamView:
     if is_webhook_stream(stream_id):
         return StreamView("webhooks", stream_id, None)
     return StreamView(stream_id[:8], stream_id, stream_id)
+
+
+def gpu_order(index: object, uuid: str) -> tuple[bool, int, str]:
+    """A GPU's place in a list for people: by index, as nvidia-smi lists them (one without a known
+    index after the others), then by UUID."""
+    known = type(index) is int
+    return (not known, index if type(index) is int else 0, uuid)
+
+
+def gpu_ordered(gpus: Iterable[_Gpu]) -> list[_Gpu]:
+    """GPUs in `gpu_order`."""
+    return sorted(gpus, key=lambda g: gpu_order(g.index, g.uuid))

@@ -32,7 +32,11 @@ class ConsolePlugin(InitPluginProtocol):
             lstrip_blocks=True,
         )
         env.filters.update(
-            age=views.age, moment=views.moment, form_moment=views.form_moment, bytes=wording.human_bytes
+            age=views.age,
+            moment=views.moment,
+            form_moment=views.form_moment,
+            bytes=wording.human_bytes,
+            gpu_ordered=wording.gpu_ordered,
         )
         env.globals.update(
             fact_view=wording.fact_view,
