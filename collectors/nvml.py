@@ -254,6 +254,17 @@ class _Scanner:
         except (TypeError, ValueError, AttributeError) as err:
             return TemporarilyFailed(f"{call}: unexpected result: {err}")
 
+    def memory_info(self, handle: Any) -> _Ok[Any] | Failure:
+        """Memory as nvidia-smi shows it. The original call counts what the driver and firmware
+        reserve as used (hundreds of MiB on an idle data-center GPU); _v2 leaves it out. The
+        original only where the library lacks _v2 (drivers before R510)."""
+        version = getattr(self.nvml, "nvmlMemory_v2", None)
+        if version is not None:
+            result = self.call("nvmlDeviceGetMemoryInfo", handle, version)
+            if not isinstance(result, Unsupported):
+                return result
+        return self.call("nvmlDeviceGetMemoryInfo", handle)
+
     def identity_call(self, name: str, *args: Any) -> tuple[Any, str | None]:
         """(value, None) or (None, why) for a call the device's identity depends on."""
         try:
@@ -339,7 +350,7 @@ class _Scanner:
 
         nvml = self.nvml
         self.handles[uuid] = handle
-        memory = self.call("nvmlDeviceGetMemoryInfo", handle)
+        memory = self.memory_info(handle)
         memory_total = self.fact(memory, "nvmlDeviceGetMemoryInfo", lambda m: _known_int(m.total))
         memory_used = self.fact(memory, "nvmlDeviceGetMemoryInfo", lambda m: _known_int(m.used))
         utilization = self.call("nvmlDeviceGetUtilizationRates", handle)

@@ -35,6 +35,7 @@ def a100_sxm4_mig() -> Scenario:
                 pci_bus_id="00000000:00:04.0",
                 memory_total_bytes=40960 * MIB,
                 memory_used_bytes=38 * MIB,
+                memory_reserved_bytes=605 * MIB,  # fb_memory_usage/reserved
                 compute_capability=(8, 0),
                 mig_mode=NVML_DEVICE_MIG_ENABLE,
                 mig_pending=NVML_DEVICE_MIG_ENABLE,
@@ -67,6 +68,7 @@ def rtx_4090_driver_535() -> Scenario:
                 pci_bus_id="00000000:84:00.0",
                 memory_total_bytes=24564 * MIB,
                 memory_used_bytes=2 * MIB,
+                memory_reserved_bytes=346 * MIB,  # fb_memory_usage/reserved
                 compute_capability=(8, 9),
                 mig_mode=None,  # MIG current=N/A: GeForce has no MIG
                 utilization_gpu_percent=0,
@@ -100,6 +102,7 @@ def rtx_3060_laptop() -> Scenario:
                 pci_bus_id="00000000:01:00.0",
                 memory_total_bytes=6144 * MIB,
                 memory_used_bytes=5 * MIB,
+                memory_reserved_bytes=197 * MIB,  # fb_memory_usage/reserved
                 compute_capability=(8, 6),
                 mig_mode=None,
                 utilization_gpu_percent=0,
@@ -131,6 +134,7 @@ def tesla_p100() -> Scenario:
                 pci_bus_id="00000000:00:04.0",
                 memory_total_bytes=16384 * MIB,
                 memory_used_bytes=0,
+                memory_reserved_bytes=103 * MIB,  # fb_memory_usage/reserved
                 compute_capability=(6, 0),
                 mig_mode=None,
                 utilization_gpu_percent=0,
@@ -171,6 +175,7 @@ def rtx_2080_windows() -> Scenario:
                 pci_bus_id="00000000:0A:00.0",
                 memory_total_bytes=8192 * MIB,
                 memory_used_bytes=862 * MIB,
+                memory_reserved_bytes=182 * MIB,  # fb_memory_usage/reserved
                 compute_capability=(7, 5),
                 mig_mode=None,
                 utilization_gpu_percent=2,
@@ -191,12 +196,49 @@ def rtx_2080_windows() -> Scenario:
     )
 
 
+def h200_driver_580() -> Scenario:
+    # An idle NVIDIA H200 on driver 580.159.04 (a virtual machine's GPU, hence PCI 00:06.0), read
+    # with `nvidia-smi -q -x` and NVML side by side (docs/real-gpu-validation.md): 0 MiB used of
+    # 143771 MiB with 615 MiB reserved, 28 C, 78.07 W, clocks 345/345/3201 MHz, fan N/A (SXM),
+    # ECC on with clean counters, row remapping (page retirement N/A), XID events registrable.
+    return Scenario(
+        driver_version="580.159.04",
+        cuda_driver_version=13000,
+        gpus=[
+            FakeGpu(
+                uuid="GPU-15b57630-a909-6fe8-a1bc-f636b5552f5b",
+                name="NVIDIA H200",
+                pci_bus_id="00000000:00:06.0",
+                memory_total_bytes=143771 * MIB,
+                memory_used_bytes=0,
+                memory_reserved_bytes=644_939_776,
+                compute_capability=(9, 0),
+                mig_mode=NVML_DEVICE_MIG_DISABLE,
+                mig_pending=NVML_DEVICE_MIG_DISABLE,
+                temperature_celsius=28,
+                power_milliwatts=78_070,
+                clock_graphics_mhz=345,
+                clock_sm_mhz=345,
+                clock_memory_mhz=3201,
+                performance_state=0,
+                clock_event_reasons=nvmlClocksEventReasonGpuIdle,
+                ecc_mode=NVML_FEATURE_ENABLED,
+                ecc_errors=dict.fromkeys(ECC_COUNTERS, 0),
+                remapped_rows=(0, 0, 0, 0),
+                pcie_replay_count=0,
+                errors={"fan_speed": "NotSupported"},
+            )
+        ],
+    )
+
+
 CAPTURES = {
     "a100-sxm4-mig": a100_sxm4_mig,
     "rtx-4090-driver-535": rtx_4090_driver_535,
     "rtx-3060": rtx_3060_laptop,
     "tesla-p100": tesla_p100,
     "rtx-2080-win": rtx_2080_windows,
+    "h200-driver-580": h200_driver_580,
 }
 
 # PCI bus IDs of the eight SXM GPUs on a typical HGX H100/H200 baseboard.
@@ -214,6 +256,8 @@ def h200_gpu(index: int) -> FakeGpu:
         pci_bus_id=f"{domain:08X}:{bus}:00.0",
         memory_total_bytes=143771 * MIB,
         memory_used_bytes=(1 + index) * 512 * MIB,
+        # an H200's driver reserves this much (NVML _v2 `reserved`, driver 580)
+        memory_reserved_bytes=644_939_776,
         compute_capability=(9, 0),
         mig_mode=NVML_DEVICE_MIG_DISABLE,
         utilization_gpu_percent=(index * 13) % 101,

@@ -18,6 +18,7 @@ def test_error_codes_and_constants_match_real_pynvml() -> None:
     for name in names:
         assert getattr(fake_pynvml, name) == getattr(pynvml, name), name
         assert getattr(FakeNvml, name) == getattr(pynvml, name), name
+    assert fake_pynvml.nvmlMemory_v2 == FakeNvml.nvmlMemory_v2 == pynvml.nvmlMemory_v2
 
 
 def test_error_classes_match_real_pynvml() -> None:

@@ -27,6 +27,7 @@ from tests.fixtures_nvml import (
     CAPTURES,
     MIB,
     a100_sxm4_mig,
+    h200_driver_580,
     multi_gpu_scenario,
     rtx_2080_windows,
     rtx_3060_laptop,
@@ -154,6 +155,31 @@ def test_p100_and_2080() -> None:
     assert gpu.telemetry["utilization_gpu_percent"] == Known(2)
     assert gpu.telemetry["utilization_memory_percent"] == Known(7)
     assert gpu.telemetry["power_watts"] == Known(14.5)
+
+
+def test_idle_h200_as_nvidia_smi_shows_it() -> None:
+    # nvidia-smi shows 0 MiB used; NVML's original memory call says 615 MiB, the driver's
+    # reservation. Operators compare with nvidia-smi.
+    scan = scan_of(FakeNvml(h200_driver_580()))
+    assert scan.driver_version == Known("580.159.04")
+    assert scan.cuda_driver_version == Known("13.0")
+    gpu = only_gpu(scan)
+    assert gpu.telemetry["memory_used_bytes"] == Known(0)
+    assert gpu.telemetry["memory_total_bytes"] == Known(143771 * MIB)
+    assert gpu.telemetry["power_watts"] == Known(78.07)
+    assert gpu.telemetry["clock_sm_mhz"] == Known(345)
+    assert gpu.telemetry["fan_speed_percent"] == UNSUPPORTED
+    assert gpu.mig_mode == Known("disabled")
+    assert gpu.compute_capability == Known("9.0")
+
+
+def test_memory_used_without_the_v2_call_counts_the_reservation() -> None:
+    # Drivers before R510 have no nvmlDeviceGetMemoryInfo_v2: the original call is all there is.
+    scenario = tesla_p100()
+    scenario.gpus[0].memory_info_v2 = False
+    gpu = only_gpu(scan_of(FakeNvml(scenario)))
+    assert gpu.telemetry["memory_used_bytes"] == Known(103 * MIB)
+    assert gpu.memory_total_bytes == Known(16384 * MIB)
 
 
 # -- error mapping (docs/architecture.md, "Availability of a fact") ----------------------------

@@ -20,6 +20,7 @@ from tests.fakes.nvml_devices import (
     FakeGpu,
     Handle,
     Memory,
+    MemoryV2,
     PciInfo,
     Scenario,
     Utilization,
@@ -66,6 +67,7 @@ NVML_AGGREGATE_ECC = 1
 NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
 NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
 nvmlEventTypeXidCriticalError = 0x8
+nvmlMemory_v2 = 0x02000028  # the version a caller passes for nvmlDeviceGetMemoryInfo_v2
 nvmlClocksEventReasonGpuIdle = 0x1
 nvmlClocksEventReasonSwPowerCap = 0x4
 nvmlClocksEventReasonHwSlowdown = 0x8
@@ -232,6 +234,7 @@ class FakeNvml:
     )
     NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
     nvmlEventTypeXidCriticalError = nvmlEventTypeXidCriticalError
+    nvmlMemory_v2 = nvmlMemory_v2
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
@@ -361,11 +364,19 @@ class FakeNvml:
             device=int(device, 16),
         )
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Handle) -> Memory:
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: int | None = None) -> Memory | MemoryV2:
         gpu = self._device("memory_info", handle)
-        return Memory(
+        free = gpu.memory_total_bytes - gpu.memory_used_bytes - gpu.memory_reserved_bytes
+        if not version:
+            # the original call: what the driver reserves counts as used
+            return Memory(total=gpu.memory_total_bytes, free=free, used=gpu.memory_total_bytes - free)
+        if not gpu.memory_info_v2:
+            raise NVMLError_FunctionNotFound()  # as pynvml when the library lacks the _v2 symbol
+        return MemoryV2(
+            version=version,
             total=gpu.memory_total_bytes,
-            free=gpu.memory_total_bytes - gpu.memory_used_bytes,
+            reserved=gpu.memory_reserved_bytes,
+            free=free,
             used=gpu.memory_used_bytes,
         )
 

@@ -44,7 +44,12 @@ class FakeGpu:
     name: str
     pci_bus_id: str
     memory_total_bytes: int
+    # As nvidia-smi's "FB Memory Usage": Used excludes what the driver and firmware reserve. Real
+    # NVML's original nvmlDeviceGetMemoryInfo counts the reservation as used; its _v2 does not.
     memory_used_bytes: int = 0
+    memory_reserved_bytes: int = 0
+    # False: a driver whose NVML has no nvmlDeviceGetMemoryInfo_v2 (before R510): FunctionNotFound.
+    memory_info_v2: bool = True
     compute_capability: tuple[int, int] = (9, 0)
     # NVML_DEVICE_MIG_ENABLE / _DISABLE; None: the GPU has no MIG (GetMigMode is NotSupported).
     mig_mode: int | None = None
@@ -110,6 +115,17 @@ class PciInfo:
 @dataclass(frozen=True)
 class Memory:
     total: int
+    free: int
+    used: int
+
+
+@dataclass(frozen=True)
+class MemoryV2:
+    """As pynvml's c_nvmlMemory_v2_t."""
+
+    version: int
+    total: int
+    reserved: int
     free: int
     used: int
 

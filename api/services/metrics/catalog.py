@@ -35,7 +35,11 @@ def _gpu(name: str, source: str, help_: str, scale: float = 1.0) -> MetricSpec:
 
 
 GPU_TELEMETRY = (
-    _gpu("modelforge_gpu_memory_used_bytes", "memory_used_bytes", "GPU framebuffer memory in use."),
+    _gpu(
+        "modelforge_gpu_memory_used_bytes",
+        "memory_used_bytes",
+        "GPU framebuffer memory in use, without what the driver reserves (as nvidia-smi's Used).",
+    ),
     _gpu("modelforge_gpu_memory_total_bytes", "memory_total_bytes", "GPU framebuffer memory total."),
     _gpu("modelforge_gpu_utilization_ratio", "utilization_gpu_percent", "GPU utilization (0-1).", 0.01),
     _gpu(
