@@ -43,7 +43,7 @@ def run_script(tmp_path: Path, utilization: int) -> subprocess.CompletedProcess[
             "--out",
             str(tmp_path / "out"),
             "--idle",
-            "5",
+            "6",
             "--load",
             "0",
             "--tail",
