@@ -7,6 +7,8 @@ a gap (no samples, no values), never 0. Prints what it compared; exits 1 on a mi
 
 The load is a bf16 matrix product loop through PyTorch (or CuPy) when the interpreter named by
 LOAD_PYTHON (default `python3`) has one; otherwise only the idle phase is compared, and it says so.
+On a host whose GPUs run work, pass `--load 0`: the load would compete with that work, and the
+"idle" phase then compares whatever runs.
 
 Usage (from the repository root, after the README's run setup):
     .venv/bin/python deploy/validate-gpu-telemetry.py [--out DIR]
@@ -137,6 +139,31 @@ class Sampler(threading.Thread):
             w.writerow(["epoch", *self.fields])
             for at, row in self.rows:
                 w.writerow([f"{at:.3f}", *(row.get(k, "") for k in self.fields)])
+
+
+def run_load(seconds: float, env: dict[str, str]) -> tuple[float, float] | None:
+    """The load on every GPU (LOAD_PYTHON's torch or cupy, in its own site: `env` has no
+    PYTHONPATH); the phase to compare, or None where it could not run."""
+    load = subprocess.run(
+        [os.environ.get("LOAD_PYTHON", "python3"), "-c", LOAD, str(seconds)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=seconds + 120,
+    )
+    ended = time.time()
+    print(load.stdout.strip() or "load: none")
+    if load.returncode != 0 or "load: done" not in load.stdout:
+        print("== NO GPU LOAD: neither torch nor cupy ran; only the idle phase is compared")
+        print("   " + "\n   ".join(load.stderr.strip().splitlines()[-3:]))
+        return None
+    # From its first products on (past the framework's start); the first seconds spin up the
+    # clocks, the last may miss the agent's sample.
+    computing = float(load.stdout.split("load: from ", 1)[1].split()[0])
+    if ended - 1.0 - (computing + 2.0) < 3.0:
+        print(f"== the load ran {ended - computing:.1f} s, too briefly to compare (--load 8 or more)")
+        return None
+    return computing + 2.0, ended - 1.0
 
 
 def number(text: str) -> float | None:
@@ -326,25 +353,12 @@ def main() -> int:
         cpu_from, counted_from = sum(psutil.Process(agent.pid).cpu_times()[:2]), time.time()
         time.sleep(max(0.0, args.idle - 3.0))
         phases = {"idle": (agent_started + 1.5, time.time() - 0.5)}
-        load_python = os.environ.get("LOAD_PYTHON", "python3")
-        load_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}  # its own site, not ours
-        load = subprocess.run(
-            [load_python, "-c", LOAD, str(args.load)],
-            env=load_env,
-            capture_output=True,
-            text=True,
-            timeout=args.load + 120,
-        )
-        load_ended = time.time()
-        print(load.stdout.strip() or "load: none")
-        if load.returncode == 0 and "load: done" in load.stdout:
-            # from its first products on (past the framework's start); the first seconds spin up
-            # clocks, the last may miss the agent's sample
-            computing = float(load.stdout.split("load: from ", 1)[1].split()[0])
-            phases["load"] = (computing + 2.0, load_ended - 1.0)
+        if args.load > 0:
+            load_phase = run_load(args.load, {k: v for k, v in env.items() if k != "PYTHONPATH"})
+            if load_phase is not None:
+                phases["load"] = load_phase
         else:
-            print("== NO GPU LOAD: neither torch nor cupy ran; only the idle phase is compared")
-            print("   " + "\n   ".join(load.stderr.strip().splitlines()[-3:]))
+            print("== NO GPU LOAD (--load 0): only the idle phase is compared")
         time.sleep(args.tail)
         agent_cpu = sum(psutil.Process(agent.pid).cpu_times()[:2]) - cpu_from
         counted_until = time.time()

@@ -14,7 +14,7 @@ from tests.fixtures_nvml import MIB, h200_gpu
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_script(tmp_path: Path, utilization: int) -> subprocess.CompletedProcess[str]:
+def run_script(tmp_path: Path, utilization: int, load: int) -> subprocess.CompletedProcess[str]:
     gpu = h200_gpu(0)
     # uuid, pstate, utilization.gpu, memory.used, temperature.gpu, power.draw, clocks.sm, clocks.mem,
     # fan.speed: as nvidia-smi prints them with `--format=csv,noheader,nounits`.
@@ -45,7 +45,7 @@ def run_script(tmp_path: Path, utilization: int) -> subprocess.CompletedProcess[
             "--idle",
             "6",
             "--load",
-            "0",
+            str(load),
             "--tail",
             "2",
         ],
@@ -58,10 +58,10 @@ def run_script(tmp_path: Path, utilization: int) -> subprocess.CompletedProcess[
 
 def test_history_that_follows_nvidia_smi_passes(tmp_path: Path) -> None:
     gpu = h200_gpu(0)
-    result = run_script(tmp_path, gpu.utilization_gpu_percent)
+    result = run_script(tmp_path, gpu.utilization_gpu_percent, load=3)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "TELEMETRY VALIDATION PASSED: 1 GPU(s)" in result.stdout
-    assert "NO GPU LOAD" in result.stdout
+    assert "NO GPU LOAD: neither torch nor cupy ran" in result.stdout
     # what the operator reads: the unsupported fan and the gap after the agent stopped
     assert "fan_speed_percent: nvidia-smi has no value ([N/A]), the history none known" in result.stdout
     assert "all gaps (no samples, no values)" in result.stdout
@@ -73,8 +73,9 @@ def test_history_that_follows_nvidia_smi_passes(tmp_path: Path) -> None:
 
 def test_history_that_differs_from_nvidia_smi_fails(tmp_path: Path) -> None:
     gpu = h200_gpu(0)
-    result = run_script(tmp_path, gpu.utilization_gpu_percent + 60)
+    result = run_script(tmp_path, gpu.utilization_gpu_percent + 60, load=0)
     assert result.returncode == 1, result.stdout + result.stderr
+    assert "NO GPU LOAD (--load 0)" in result.stdout
     assert "TELEMETRY VALIDATION FAILED" in result.stdout
     assert (
         "- utilization_gpu_percent  idle  median history        0.0  nvidia-smi       60.0" in result.stdout
