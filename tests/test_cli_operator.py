@@ -22,6 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from api.cli.moments import parse_moment
+from api.services.reads.bodies import AcceleratorBody
 from api.services.wording import fact_label
 from collectors.facts import UNSUPPORTED, Unavailable
 from collectors.gpu_health import RETIRED_PAGES, XidOccurrence
@@ -408,51 +409,87 @@ def test_a_table_prints_its_cells_as_they_are(capsys: pytest.CaptureFixture[str]
     assert all(cell in out for cell in cells), out
 
 
-def test_gpus_read_by_node_then_in_index_order(capsys: pytest.CaptureFixture[str]) -> None:
+def accelerator_body(
+    node: str, index: int | None, uuid: str | None = None, status: str = "active", seen: str = "00:00"
+) -> AcceleratorBody:
     import random
 
     import msgspec
 
-    from api.cli.gpus import gpu_table
-    from api.cli.rendering import Output
     from api.services.reads.bodies import AcceleratorBody
 
-    def body(node: str, index: int | None) -> AcceleratorBody:
-        return msgspec.convert(
-            {
-                "id": f"{node}-{index}",
-                "node_id": node,
-                "uuid": f"GPU-{random.Random(f'{node}{index}').getrandbits(64):016x}",
-                "status": "active",
-                "index": index,
-                "pci_bus_id": None,
-                "name": "NVIDIA H200",
-                "memory_total_bytes": None,
-                "compute_capability": None,
-                "mig_mode": {"state": "unknown"},
-                "driver_version": None,
-                "cuda_driver_version": None,
-                "telemetry": {},
-                "telemetry_observed_at": None,
-                "facts": {},
-                "first_seen_at": "2026-12-01T00:00:00Z",
-                "last_seen_at": "2026-12-01T00:00:00Z",
-                "missing_since": None,
-                "health": {
-                    "status": "healthy",
-                    "action": "none",
-                    "reasons": [],
-                    "recent_xids": [],
-                    "signals": None,
-                },
+    return msgspec.convert(
+        {
+            "id": f"{node}-{index}",
+            "node_id": node,
+            "uuid": uuid or f"GPU-{random.Random(f'{node}{index}').getrandbits(64):016x}",
+            "status": status,
+            "index": index,
+            "pci_bus_id": None,
+            "name": "NVIDIA H200",
+            "memory_total_bytes": None,
+            "compute_capability": None,
+            "mig_mode": {"state": "unknown"},
+            "driver_version": None,
+            "cuda_driver_version": None,
+            "telemetry": {},
+            "telemetry_observed_at": None,
+            "facts": {},
+            "first_seen_at": "2026-12-01T00:00:00Z",
+            "last_seen_at": f"2026-12-01T{seen}:00Z",
+            "missing_since": None,
+            "health": {
+                "status": "healthy",
+                "action": "none",
+                "reasons": [],
+                "recent_xids": [],
+                "signals": None,
             },
-            AcceleratorBody,
-        )
+        },
+        AcceleratorBody,
+    )
 
-    gpus = [body(node, i) for node in ("node-b", "node-a") for i in (*range(12), None)]
+
+def test_gpus_read_by_node_then_in_index_order(capsys: pytest.CaptureFixture[str]) -> None:
+    import random
+
+    from api.cli.gpus import gpu_table
+    from api.cli.rendering import Output
+
+    gpus = [accelerator_body(node, i) for node in ("node-b", "node-a") for i in (*range(12), None)]
     random.Random(7).shuffle(gpus)
     gpu_table(gpus, {}, Output.table)
     rows = rows_by_header(capsys.readouterr().out)
     # by node, index 10 after 9 (numbers, not text), a GPU without an index last on its node
     expected = [(node, str(i)) for node in ("node-a", "node-b") for i in (*range(12), "")]
     assert [(r["NODE"], r["INDEX"]) for r in rows] == expected
+
+
+def test_a_gpu_moved_to_another_node_resolves_to_where_it_is_now(capsys: pytest.CaptureFixture[str]) -> None:
+    from api.cli.remote import resolve_gpu
+
+    uuid = "GPU-0123abcd-0000-4000-8000-000000000001"
+    moved = [
+        accelerator_body("node-old", 0, uuid, status="missing", seen="08:00"),
+        accelerator_body("node-new", 3, uuid, seen="07:00"),
+    ]
+    assert resolve_gpu(moved, uuid).node_id == "node-new"
+    assert capsys.readouterr().err == ""  # a move is no anomaly
+
+
+def test_a_gpu_active_on_two_nodes_at_once_is_named_as_such(capsys: pytest.CaptureFixture[str]) -> None:
+    # e.g. a host enrolled again under a new node id while the old node still reports
+    from api.cli.remote import resolve_gpu
+
+    uuid = "GPU-0123abcd-0000-4000-8000-000000000001"
+    twice = [
+        accelerator_body("node-b", 0, uuid, seen="09:00"),
+        accelerator_body("node-a", 0, uuid, seen="08:00"),
+    ]
+    assert resolve_gpu(twice, "GPU-0123abcd").node_id == "node-b"
+    err = capsys.readouterr().err
+    assert f"{uuid} is active on 2 nodes; showing id node-b-0 on node node-b (seen last)" in err, err
+    assert "the others: id node-a-0 on node node-a" in err, err
+    # by its id, the other row, and no warning: the operator chose
+    assert resolve_gpu(twice, "node-a-0").node_id == "node-a"
+    assert capsys.readouterr().err == ""

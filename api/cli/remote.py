@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
 
 import msgspec
 
-from api.cli.errors import CliError, RemoteError
+from api.cli.errors import CliError, RemoteError, say
 from runtime.options import variable_option
 
 if TYPE_CHECKING:
@@ -180,5 +180,16 @@ def resolve_gpu(gpus: list[AcceleratorBody], ref: str) -> AcceleratorBody:
 
 
 def _current(rows: list[AcceleratorBody]) -> AcceleratorBody:
-    """Of one GPU's rows (or one row by id), where it is now: present first, then seen last."""
-    return max(rows, key=lambda g: (g.status == "active", g.last_seen_at))
+    """Of one GPU's rows (or one row by id), where it is now: present first, then seen last. A
+    UUID present on several nodes at once is not a move but two identities for one host (a host
+    enrolled again under a new node id, two agents on it) or cloned UUIDs: say so, and how to
+    choose another row."""
+    chosen = max(rows, key=lambda g: (g.status == "active", g.last_seen_at))
+    active = [g for g in rows if g.status == "active"]
+    if len(active) > 1:
+        others = ", ".join(f"id {g.id[:8]} on node {g.node_id[:8]}" for g in active if g is not chosen)
+        say(
+            f"{chosen.uuid} is active on {len(active)} nodes; showing id {chosen.id[:8]} on node "
+            f"{chosen.node_id[:8]} (seen last); the others: {others}. Give an id to choose one."
+        )
+    return chosen
