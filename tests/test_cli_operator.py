@@ -182,10 +182,11 @@ async def test_node_and_gpu_commands(fleet: tuple[ServerProcess, dict[str, str]]
     as_yaml = yaml.safe_load((await hw_async("node", "list", "-o", "yaml", env=env)).stdout)
     assert {n["id"] for n in as_yaml} == set(ids.values())
 
-    # One node by hostname, by id prefix; the same body either way.
+    # One node by hostname, by id prefix, by the identity key its agent was given; the same body.
     by_host = json.loads((await hw_async("node", "show", "gpu-beta", "-o", "json", env=env)).stdout)
     by_prefix = json.loads((await hw_async("node", "show", ids["beta"][:6], "-o", "json", env=env)).stdout)
-    assert by_host["id"] == by_prefix["id"] == ids["beta"]
+    by_key = json.loads((await hw_async("node", "show", "key-beta", "-o", "json", env=env)).stdout)
+    assert by_host["id"] == by_prefix["id"] == by_key["id"] == ids["beta"]
     shown = await hw_async("node", "show", "gpu-alpha", env=env)
     assert shown.returncode == 0 and "GPU-00000000-0000-4000-8000-000000000001" in shown.stdout
 

@@ -24,7 +24,8 @@ gpu_app = typer.Typer(
 
 OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table, wide, json or yaml.")]
 NodeOpt = Annotated[
-    str | None, typer.Option("--node", help="Node: id, id prefix or hostname.", show_default=False)
+    str | None,
+    typer.Option("--node", help="Node: id, identity key, id prefix or hostname.", show_default=False),
 ]
 
 

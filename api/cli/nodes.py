@@ -80,13 +80,15 @@ def node_list(
 
 @node_app.command("show")
 def node_show(
-    node: Annotated[str, typer.Argument(help="Node id, id prefix or hostname.", show_default=False)],
+    node: Annotated[
+        str, typer.Argument(help="Node id, identity key, id prefix or hostname.", show_default=False)
+    ],
     server: Server,
     token: Token = None,
     token_file: TokenFile = None,
     output: OutputOpt = Output.table,
 ) -> None:
-    """One node (by id, id prefix or hostname) and its GPUs."""
+    """One node (by id, identity key, id prefix or hostname) and its GPUs."""
     api = connect(server, token, token_file)
     found = resolve_node(api.nodes(), node)
     if emit(found, output):

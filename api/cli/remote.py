@@ -142,15 +142,19 @@ def connect(server: str, token: str | None, token_file: Path | None) -> Api:
 
 
 def resolve_node(nodes: list[NodeBody], ref: str) -> NodeBody:
-    """One node by its full id, an id prefix, or its hostname; ambiguous refs name the candidates."""
-    exact = [n for n in nodes if n.id == ref]
+    """One node by its full id, its identity key (the name its agent was given, e.g.
+    MODELFORGE_NODE_ID), an id prefix or its hostname, as the server-side commands take one;
+    ambiguous refs name the candidates."""
+    exact = [n for n in nodes if ref in (n.id, n.identity_key)]
     if exact:
         return exact[0]
     candidates = [n for n in nodes if n.id.startswith(ref.lower()) or n.hostname == ref]
     if len(candidates) == 1:
         return candidates[0]
     if not candidates:
-        raise RemoteError(404, f"no node with an id starting with {ref!r} or hostname {ref!r}")
+        raise RemoteError(
+            404, f"no node with the id or identity key {ref!r}, an id starting with it or that hostname"
+        )
     listed = ", ".join(f"{n.id[:12]} ({n.hostname or 'no hostname'})" for n in candidates[:10])
     raise CliError(f"{ref!r} matches {len(candidates)} nodes: {listed}; give more of the id")
 

@@ -158,7 +158,9 @@ def gpu_telemetry(
 
 
 def node_telemetry(
-    node: Annotated[str, typer.Argument(help="Node id, id prefix or hostname.", show_default=False)],
+    node: Annotated[
+        str, typer.Argument(help="Node id, identity key, id prefix or hostname.", show_default=False)
+    ],
     server: Server,
     token: Token = None,
     token_file: TokenFile = None,
