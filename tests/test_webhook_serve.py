@@ -145,3 +145,34 @@ async def test_the_deliveries_command_follows_pages_newest_first(database_dsn: s
     finally:
         server.stop()
         receiver.stop()
+
+
+async def test_a_subscription_to_one_node_names_the_node_as_the_other_commands_do(
+    database_dsn: str, tmp_path: Path
+) -> None:
+    server = ServerProcess(database_dsn, tmp_path / "s", env=WEBHOOK_ENV).start()
+    receiver = Receiver().start()
+    secret_file = tmp_path / "hook.secret"
+    secret_file.write_text(SECRET + "\n")
+    try:
+        await server.wait_healthy()
+        auth = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+        async with httpx.AsyncClient() as client:
+            node_id = (await client.post(server.url + "/api/v1/hardware/refresh", headers=auth)).json()[
+                "node_id"
+            ]
+            node = (await client.get(f"{server.url}/api/v1/hardware/nodes/{node_id}", headers=auth)).json()
+        made = cli(server.url, "create", receiver.url, "--secret-file", str(secret_file),
+                   "--node", node["identity_key"], "-o", "json")  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        assert json.loads(made.stdout)["node_id"] == node_id
+        # A name that is no node's is refused, not a subscription that never delivers.
+        unknown = cli(
+            server.url, "create", receiver.url, "--secret-file", str(secret_file), "--node", "no-such"
+        )
+        assert unknown.returncode == 5 and "no node" in unknown.stderr, unknown.stderr
+        listed = json.loads(cli(server.url, "list", "-o", "json").stdout)
+        assert [w["node_id"] for w in listed] == [node_id]
+    finally:
+        server.stop()
+        receiver.stop()

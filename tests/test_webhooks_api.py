@@ -63,10 +63,12 @@ async def webhook_events(pool: asyncpg.Pool) -> list[dict[str, Any]]:
 async def test_a_subscription_is_created_listed_and_deleted_as_audited_events(
     client: httpx.AsyncClient, pool: asyncpg.Pool, receiver: Receiver
 ) -> None:
+    refreshed = await client.post("/api/v1/hardware/refresh", headers=AUTH)
+    node = refreshed.json()["node_id"]
     r = await client.post(
         "/api/v1/webhooks",
         headers=AUTH,
-        json={"url": receiver.url, "secret": SECRET, "event_types": ["ACCELERATOR_MISSING"], "node_id": "n1"},
+        json={"url": receiver.url, "secret": SECRET, "event_types": ["ACCELERATOR_MISSING"], "node_id": node},
     )
     assert r.status_code == 201, r.text
     body = r.json()
@@ -75,7 +77,7 @@ async def test_a_subscription_is_created_listed_and_deleted_as_audited_events(
     assert (
         body["state"] == "active"
         and body["event_types"] == ["ACCELERATOR_MISSING"]
-        and body["node_id"] == "n1"
+        and body["node_id"] == node
     )
     assert "secret" not in r.text and SECRET not in r.text
 
@@ -171,6 +173,8 @@ BAD = [
     ({"secret": "whsec_c2hvcnQ="}, "secret"),
     ({"secret": "whsec_not base64!"}, "secret"),
     ({"event_types": ["NO_SUCH_EVENT"]}, "event_types"),
+    # a hostname or identity key is not a node's id: such a subscription would never deliver
+    ({"node_id": "gpu-host-a"}, "node_id"),
 ]
 
 

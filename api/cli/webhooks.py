@@ -13,7 +13,7 @@ import typer
 
 from api.cli.errors import CliError
 from api.cli.gpus import OutputOpt
-from api.cli.remote import Api, Server, Token, TokenFile, connect
+from api.cli.remote import Api, Server, Token, TokenFile, connect, resolve_node
 from api.cli.rendering import Output, emit, nothing, short, table, when
 
 if TYPE_CHECKING:
@@ -90,7 +90,10 @@ def webhook_create(
     event_class: Annotated[
         list[str] | None, typer.Option("--class", help="lifecycle or observation (repeatable).")
     ] = None,
-    node: Annotated[str | None, typer.Option("--node", help="Only this node's events (its id).")] = None,
+    node: Annotated[
+        str | None,
+        typer.Option("--node", help="Only this node's events: its id, identity key, id prefix or hostname."),
+    ] = None,
     description: Annotated[str, typer.Option("--description", help="What the receiver is.")] = "",
     token: Token = None,
     token_file: TokenFile = None,
@@ -104,7 +107,7 @@ def webhook_create(
     if event_class:
         body["event_classes"] = event_class
     if node:
-        body["node_id"] = node
+        body["node_id"] = resolve_node(api.nodes(), node).id
     _show(_subscription(api.send("POST", "/webhooks", body=msgspec.json.encode(body))), output)
 
 

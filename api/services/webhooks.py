@@ -184,6 +184,14 @@ class WebhookService:
             signing_key(request.secret)
         except ValueError as exc:
             raise _invalid("secret", str(exc)) from None
+        if request.node_id is not None:
+            async with self.pool.acquire() as conn:
+                known = await conn.fetchval("SELECT 1 FROM hw_nodes WHERE node_id = $1", request.node_id)
+            if known is None:
+                # A subscription to no node's stream would be accepted and never deliver anything.
+                raise _invalid(
+                    "node_id", f"no node {request.node_id!r}: give a node's id (GET /api/v1/hardware/nodes)"
+                )
         types = list(dict.fromkeys(request.event_types or []))
         unknown = [t for t in types if t not in EVENT_TYPES]
         if unknown:
