@@ -35,6 +35,10 @@ def moment(text: str | None) -> datetime | None:
     return None if text is None else parse_moment(text, datetime.now(UTC))
 
 
+# How a duration option reads in --help (its value is seconds, a float, which says nothing).
+DURATION = "<duration>"
+
+
 def parse_duration(text: str | float) -> float:
     """'90', '90s', '15m', '1h', '7d' -> seconds (a usage error naming the flag otherwise). A
     number is seconds already: click passes an option's default through its parser too."""
