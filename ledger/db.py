@@ -141,14 +141,19 @@ class EmbeddedPostgres:
             warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
             import pgserver  # a heavy import, and only needed without MODELFORGE_DATABASE_URL
 
-        from runtime.supervisor import prune_dead_handles
+        from runtime.supervisor import postmaster_running, prune_dead_handles
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         prune_dead_handles(self.data_dir)  # a killed process's pid would keep PostgreSQL running
-        # pgserver reuses a server already running on this data directory, else starts one.
+        # pgserver reuses a server already running on this data directory (a CLI command beside
+        # the server), else starts one; the log says which.
+        running = postmaster_running(self.data_dir)
         self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")  # type: ignore[attr-defined]
         uri = str(self._server.get_uri())
-        log.info("embedded_postgres.started", data_dir=str(self.data_dir))
+        log.info(
+            "embedded_postgres.joined" if running else "embedded_postgres.started",
+            data_dir=str(self.data_dir),
+        )
         return uri
 
     @property
@@ -157,12 +162,20 @@ class EmbeddedPostgres:
         return self._server
 
     def stop(self) -> None:
+        """Leave PostgreSQL: pgserver stops it when this is the last process using it."""
         if self._server is not None:
+            from runtime.supervisor import postmaster_running
+
             try:
                 self._server.cleanup()
             finally:
                 self._server = None
-                log.info("embedded_postgres.stopped", data_dir=str(self.data_dir))
+                event = (
+                    "embedded_postgres.released"  # another process (the server) still uses it
+                    if postmaster_running(self.data_dir)
+                    else "embedded_postgres.stopped"
+                )
+                log.info(event, data_dir=str(self.data_dir))
 
 
 def default_state_dir() -> Path:

@@ -55,6 +55,15 @@ def prune_dead_handles(data_dir: Path) -> list[int]:
     return dead
 
 
+def postmaster_running(data_dir: Path) -> bool:
+    """Whether a PostgreSQL runs on the data directory (its postmaster.pid names a live process)."""
+    try:
+        pid = int((data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return False
+    return _running(pid)
+
+
 def _running(pid: int) -> bool:
     try:
         return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)

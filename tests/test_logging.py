@@ -95,6 +95,31 @@ def test_server_and_cli_write_one_json_stream(tmp_path: Path, state_dir: Path) -
     ]
 
 
+def test_a_command_beside_a_running_embedded_postgres_says_it_left_it_running(state_dir: Path) -> None:
+    from ledger.db import EmbeddedPostgres
+    from runtime.supervisor import postmaster_running
+
+    held = EmbeddedPostgres(state_dir)  # as the server holds it
+    held.start()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "api.cli", "migrate"],
+            env=env_without_runtime_dir(state_dir),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        # not "started" then "stopped": PostgreSQL runs on for the process that started it
+        events = [e["event"] for e in json_lines(done.stderr)]
+        assert (events[0], events[-1]) == ("embedded_postgres.joined", "embedded_postgres.released"), events
+        assert "embedded_postgres.stopped" not in events
+        assert postmaster_running(held.data_dir)
+    finally:
+        held.stop()
+    assert not postmaster_running(held.data_dir)
+
+
 def test_foreign_loggers_and_warnings_render_like_our_events() -> None:
     stream = io.StringIO()
     saved_config, root = structlog.get_config(), logging.getLogger()
