@@ -96,6 +96,12 @@ _STOP_REASONS = {
     401: "the server does not accept this node's credential (revoked or unknown)",
     410: "the node is decommissioned",
 }
+# What the operator can do about each. A decommissioned identity never comes back, so enrolling
+# again under it is refused too (docs/NODE_DECOMMISSION.md, "No revival").
+_STOP_HINTS = {
+    401: "if this is wrong, enroll again: `modelforge-hw agent enroll --force`",
+    410: "to put this host back in service, give it a new identity (MODELFORGE_NODE_ID) and enroll it",
+}
 
 
 class ReportSender:
@@ -162,7 +168,7 @@ class ReportSender:
                 status=result.status,
                 reason=_STOP_REASONS.get(result.status or 0, "refused"),
                 detail=result.detail,
-                hint="if this is wrong, enroll again: `modelforge-hw agent enroll --force`",
+                hint=_STOP_HINTS.get(result.status or 0, _STOP_HINTS[401]),
             )
             return Delivery("stop")
         self.attempt += 1

@@ -142,6 +142,7 @@ async def test_agent_stops_with_exit_78_when_its_credential_is_revoked(plane: Pl
         assert await plane.agent(state, "unit-2").run() == EXIT_STOPPED
     stopped = [e for e in logs if e["event"] == "agent.publishing_stopped"]
     assert stopped and stopped[0]["status"] == 401 and "revoked" in stopped[0]["reason"]
+    assert "agent enroll --force" in stopped[0]["hint"]
     assert len(list((state / "agent-spool").glob("*.json"))) == 1  # kept, not lost
 
 

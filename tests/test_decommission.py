@@ -470,6 +470,8 @@ async def test_a_running_agent_stops_with_78_and_its_host_cannot_enroll_again(
             assert agent.proc is not None and agent.proc.returncode == 78, agent.log_text()[-3000:]
             log = agent.log_text()
             assert "agent.publishing_stopped" in log and "decommissioned" in log
+            # the way back it names is the one that works: not --force under this identity
+            assert "new identity" in log and "--force" not in log, log[-2000:]
 
             # The host, reimaged or not, cannot enroll again under this identity.
             second = await create_token(http, server.url)
