@@ -40,6 +40,17 @@ def env_without_runtime_dir(state: Path) -> dict[str, str]:
     return env
 
 
+def migrate(state: Path) -> subprocess.CompletedProcess[str]:
+    """`modelforge-hw migrate` on the state directory's embedded PostgreSQL, as an operator runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "api.cli", "migrate"],
+        env=env_without_runtime_dir(state),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 @pytest.fixture
 def state_dir() -> Iterator[Path]:
     # Outside pytest's base temp dir: as root, pgserver runs PostgreSQL as user `pgserver`, which
@@ -80,13 +91,7 @@ def test_server_and_cli_write_one_json_stream(tmp_path: Path, state_dir: Path) -
     assert not [e for e in events if e.get("logger") == "pgserver" and e["level"] == "info"]
     assert "XDG_RUNTIME_DIR" not in text
 
-    done = subprocess.run(
-        [sys.executable, "-m", "api.cli", "migrate"],
-        env=env_without_runtime_dir(state),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = migrate(state)
     assert done.returncode == 0, done.stderr
     assert "XDG_RUNTIME_DIR" not in done.stderr
     assert [e["event"] for e in json_lines(done.stderr)] == [
@@ -102,13 +107,7 @@ def test_a_command_beside_a_running_embedded_postgres_says_it_left_it_running(st
     held = EmbeddedPostgres(state_dir)  # as the server holds it
     held.start()
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "api.cli", "migrate"],
-            env=env_without_runtime_dir(state_dir),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = migrate(state_dir)
         assert done.returncode == 0, done.stderr
         # not "started" then "stopped": PostgreSQL runs on for the process that started it
         events = [e["event"] for e in json_lines(done.stderr)]

@@ -6,9 +6,11 @@ attempts page after page."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -103,13 +105,25 @@ async def test_two_servers_deliver_each_event_once_and_the_cli_shows_it(
         assert SECRET not in s.log_text()
 
 
-async def test_the_deliveries_command_follows_pages_newest_first(database_dsn: str, tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def one_server(
+    database_dsn: str, tmp_path: Path
+) -> AsyncIterator[tuple[ServerProcess, Receiver, Path]]:
+    """A healthy server, a receiver and a secret file; all stopped after."""
     server = ServerProcess(database_dsn, tmp_path / "s", env=WEBHOOK_ENV).start()
     receiver = Receiver().start()
     secret_file = tmp_path / "hook.secret"
     secret_file.write_text(SECRET + "\n")
     try:
         await server.wait_healthy()
+        yield server, receiver, secret_file
+    finally:
+        server.stop()
+        receiver.stop()
+
+
+async def test_the_deliveries_command_follows_pages_newest_first(database_dsn: str, tmp_path: Path) -> None:
+    async with one_server(database_dsn, tmp_path) as (server, receiver, secret_file):
         # A type nothing here makes: the server delivers (and trims) nothing meanwhile.
         made = cli(server.url, "create", receiver.url, "--secret-file", str(secret_file),
                    "--type", "ACCELERATOR_MISSING", "-o", "json")  # fmt: skip
@@ -142,20 +156,12 @@ async def test_the_deliveries_command_follows_pages_newest_first(database_dsn: s
         table = cli(server.url, "deliveries", sid)
         assert table.returncode == 0, table.stderr
         assert table.stdout.count("delivered") == 20 and " 520 " in table.stdout.splitlines()[1]
-    finally:
-        server.stop()
-        receiver.stop()
 
 
 async def test_a_subscription_to_one_node_names_the_node_as_the_other_commands_do(
     database_dsn: str, tmp_path: Path
 ) -> None:
-    server = ServerProcess(database_dsn, tmp_path / "s", env=WEBHOOK_ENV).start()
-    receiver = Receiver().start()
-    secret_file = tmp_path / "hook.secret"
-    secret_file.write_text(SECRET + "\n")
-    try:
-        await server.wait_healthy()
+    async with one_server(database_dsn, tmp_path) as (server, receiver, secret_file):
         auth = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
         async with httpx.AsyncClient() as client:
             node_id = (await client.post(server.url + "/api/v1/hardware/refresh", headers=auth)).json()[
@@ -173,6 +179,3 @@ async def test_a_subscription_to_one_node_names_the_node_as_the_other_commands_d
         assert unknown.returncode == 5 and "no node" in unknown.stderr, unknown.stderr
         listed = json.loads(cli(server.url, "list", "-o", "json").stdout)
         assert [w["node_id"] for w in listed] == [node_id]
-    finally:
-        server.stop()
-        receiver.stop()
