@@ -439,6 +439,27 @@ def main() -> int:
                 f"console GPU page: HTTP {page.status_code}, with charts",
             )
             (out / "console-gpu.html").write_text(page.text)
+            scrape = httpx.get(f"{base}/metrics", headers=auth, timeout=60)
+            check.expect(
+                scrape.status_code == 200 and "modelforge_gpu_power_watts{" in scrape.text,
+                f"/metrics: HTTP {scrape.status_code}, with the GPUs' gauges",
+            )
+            (out / "metrics.txt").write_text(scrape.text)
+            # What the health verdict made of the run, the load included (a GPU at its power cap
+            # is throttled by software, which is no fault): told, not judged here.
+            changes = httpx.get(
+                f"{base}/api/v1/hardware/events",
+                params={"type": "ACCELERATOR_HEALTH_CHANGED"},
+                headers=auth,
+                timeout=60,
+            ).json()["items"]
+            for acc in accs:
+                health = acc["health"]
+                print(
+                    f"== GPU {acc['index']} health: {health['status']} (action {health['action']}, "
+                    f"reasons {health['reasons']}); health changes during the run: "
+                    f"{sum(1 for e in changes if acc['uuid'] in json.dumps(e))}"
+                )
     finally:
         for p in reversed(processes):
             if p.poll() is None:
