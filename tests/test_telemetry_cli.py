@@ -95,7 +95,10 @@ async def test_gpu_and_node_telemetry_tables_and_json(server: ServerProcess) -> 
     metric, low, mean, high, spark = _row(shown.stdout, "Temperature")
     assert (metric, low, mean, high) == ("Temperature", "40 °C", "70 °C", "99 °C")
     assert len(spark) == 12 and spark[4:6] == "--" and spark[0] == "▁" and spark[-1] == "█", spark
-    assert _row(shown.stdout, "Fan speed") == ["Fan speed", "-", "-", "-", "-" * 12, "unsupported ×51"]
+    # unsupported where there were samples, a gap where there were none, as on the other rows
+    fan = _row(shown.stdout, "Fan speed")
+    assert fan[:4] + fan[5:] == ["Fan speed", "-", "-", "-", "unsupported ×51"]
+    assert fan[4] == "····--······", fan[4]
     assert _row(shown.stdout, "Power draw")[1:4] == ["100.5 W", "100.5 W", "100.5 W"]
     assert _row(shown.stdout, "SM clock") == ["SM clock", "-", "-", "-", "-" * 12]
     assert "temperature_celsius" not in shown.stdout
@@ -135,11 +138,17 @@ def test_sparkline_and_states_of_a_series() -> None:
 
     from api.cli.telemetry import seen, sparkline
     from collectors.facts import UNKNOWN, Known
-    from domain.telemetry_history import Sample, downsample, window
+    from domain.telemetry_history import Bucket, Sample, downsample, window
     from tests.telemetry_support import BASE
 
-    assert sparkline([1.0, None, 8.0, 4.5]) == "▁-█▅"
-    assert sparkline([3.0, 3.0]) == "▁▁" and sparkline([None, None]) == "--"
+    def points(*means: float | None, count: int = 1) -> list[Bucket]:
+        return [Bucket(BASE, count if m is not None else 0, {}, m, m, m) for m in means]
+
+    assert sparkline(points(1.0, None, 8.0, 4.5)) == "▁-█▅"
+    assert sparkline(points(3.0, 3.0)) == "▁▁" and sparkline(points(None, None)) == "--"
+    # samples without a number (unsupported, a performance state) are not a gap
+    unsupported = Bucket(BASE, 3, {"unsupported": 3}, None, None, None)
+    assert sparkline([*points(2.0, None), unsupported]) == "▁-·"
     w = window(BASE, BASE + timedelta(minutes=2), 60)
     samples = [
         Sample(BASE, {"performance_state": Known("P0")}),

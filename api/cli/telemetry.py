@@ -1,6 +1,7 @@
 """`modelforge-hw gpu telemetry` and `node telemetry`: a GPU's or a host's telemetry history over
 the HTTP API, one row per metric with its range over the window and a sparkline of the bucket
-means (`-` where a bucket has no known value: a gap, or a metric the device does not report).
+means (`-` for a bucket without samples, a gap; `·` for one whose samples have no number: a
+metric the device does not report, a performance state).
 The table reads as the console does (a metric's label, values with their units); `-o json` is
 the API's document, with the metrics' API names and raw values."""
 
@@ -21,12 +22,16 @@ from api.cli.rendering import emit, table, when
 from api.services.wording import fact_label, known_text
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from api.services.reads.telemetry import TelemetryHistoryBody
-    from domain.telemetry_history import Series
+    from domain.telemetry_history import Bucket, Series
 
 # A sparkline of this many buckets fits a 100-column terminal beside the metric and its range.
 CLI_POINTS = 40
 SPARKS = "▁▂▃▄▅▆▇█"
+GAP = "-"
+NO_NUMBER = "·"
 
 
 class HistoryOutput(enum.StrEnum):
@@ -50,16 +55,18 @@ StepOpt = Annotated[
 ]
 
 
-def sparkline(means: list[float | None]) -> str:
-    """One character per bucket, scaled from the lowest mean to the highest; `-` without one."""
-    known = [m for m in means if m is not None]
-    if not known:
-        return "-" * len(means)
-    low, high = min(known), max(known)
+def sparkline(points: Sequence[Bucket]) -> str:
+    """One character per bucket, its mean scaled from the lowest mean to the highest. Without a
+    mean: `·` where the bucket has samples without a number (an unsupported metric, a performance
+    state), `-` where it has none (a gap), so that a gap reads as one on every row."""
+    known = [b.mean for b in points if b.mean is not None]
+    low, high = (min(known), max(known)) if known else (0.0, 0.0)
     top = len(SPARKS) - 1
     return "".join(
-        "-" if m is None else SPARKS[0 if high == low else round((m - low) / (high - low) * top)]
-        for m in means
+        (NO_NUMBER if b.count else GAP)
+        if b.mean is None
+        else SPARKS[0 if high == low else round((b.mean - low) / (high - low) * top)]
+        for b in points
     )
 
 
@@ -110,7 +117,7 @@ def history_table(body: TelemetryHistoryBody) -> None:
                 reading(series.metric, low),
                 reading(series.metric, mean),
                 reading(series.metric, high),
-                sparkline([b.mean for b in series.points]),
+                sparkline(series.points),
                 seen(series),
             ]
         )
