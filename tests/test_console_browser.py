@@ -293,6 +293,9 @@ async def test_every_page_in_a_browser(server: ServerProcess, browser: WebDriver
     assert second_start - first_end > chart_width / 10, boxes
     power = browser.find_element(By.CSS_SELECTOR, 'p[data-chart="power_watts"]')
     assert power.text == "Power draw: not supported"
+    # the axis' numbers carry no unit: the caption does
+    caption = browser.find_element(By.CSS_SELECTOR, 'figure[data-metric="temperature_celsius"] figcaption')
+    assert caption.text == "Temperature (°C)"
     shot(browser, "gpu-charts")
 
     # Decommission preview (read-only).

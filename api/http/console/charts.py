@@ -102,6 +102,7 @@ class Chart(msgspec.Struct, frozen=True):
 
     metric: str
     svg: str  # the SVG, or a sentence saying why nothing is drawn
+    unit: str = ""  # of the axis' values, for the caption: "Memory used (GiB)"
 
     @property
     def drawn(self) -> bool:
@@ -161,5 +162,5 @@ def charts_of(
         svg = line_chart(
             points, since=history.since, until=history.until, title=label(metric), unit=unit, metric=metric
         )
-        out.append(Chart(metric, svg))
+        out.append(Chart(metric, svg, unit))
     return out
