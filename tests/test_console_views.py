@@ -9,7 +9,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from api.http.console.views import age, form_moment, parse_moment
+from api.http.console.views import age, form_moment, parse_moment, skew
 from api.services.wording import (
     KNOWN_SIGNAL_NAMES,
     StreamView,
@@ -268,3 +268,8 @@ def test_gpus_read_in_index_order_one_without_an_index_last() -> None:
         AcceleratorDependency("d", "GPU-d", "active", 10, "H200"),
     ]
     assert [g.uuid for g in gpu_ordered(gpus)] == ["GPU-c", "GPU-a", "GPU-d", "GPU-b"]
+
+
+def test_a_skew_that_rounds_to_nothing_has_no_sign() -> None:
+    assert skew(-0.02) == "0.0 s" and skew(0.04) == "0.0 s"
+    assert skew(-1.26) == "-1.3 s" and skew(2.0) == "2.0 s"

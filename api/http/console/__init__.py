@@ -33,6 +33,7 @@ class ConsolePlugin(InitPluginProtocol):
         )
         env.filters.update(
             age=views.age,
+            skew=views.skew,
             moment=views.moment,
             form_moment=views.form_moment,
             bytes=wording.human_bytes,

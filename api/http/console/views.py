@@ -22,6 +22,12 @@ def age(then: datetime | None, now: datetime | None = None) -> str:
     return f"{seconds} s ago"
 
 
+def skew(seconds: float) -> str:
+    """A clock skew to a tenth of a second: a skew that rounds to nothing reads "0.0 s", not
+    "-0.0 s"."""
+    return f"{round(seconds, 1) + 0.0:.1f} s"
+
+
 def moment(value: datetime | None) -> str:
     """UTC, to the second: the ledger's clock, the same for every reader."""
     if value is None:
