@@ -1,4 +1,4 @@
--- ModelForge hardware plane: the database schema of this release, schema version 19, whole.
+-- ModelForge hardware plane: the database schema of this release, schema version 20, whole.
 --
 -- `modelforge-hw migrate` (and `serve`, at start) creates a new database from this file, in one
 -- transaction. A database made by an older release is brought to the same schema by the numbered
@@ -249,7 +249,11 @@ CREATE TABLE hw_nodes (
     source                  text,
     first_seen_at           timestamptz,
     decommissioned_at       timestamptz,
-    lifecycle_version       bigint NOT NULL
+    lifecycle_version       bigint NOT NULL,
+    -- When the server received the node's last report, once the decommission has removed its
+    -- telemetry row (hw_host_telemetry.received_at holds it until then; here, every report
+    -- would rewrite this row). NULL for a node that is not decommissioned.
+    final_received_at       timestamptz
 ) WITH (fillfactor = 50);
 CREATE INDEX hw_nodes_identity_idx ON hw_nodes (identity_key);
 -- The console lists nodes by hostname, a page at a time (api/http/console).
@@ -524,4 +528,4 @@ CREATE INDEX webhook_deliveries_subscription_idx ON webhook_deliveries (subscrip
 \ir sql/triggers/gpu_sets_no_truncate.sql
 
 -- This file is schema version 19: a database made from it has what every numbered step gives.
-INSERT INTO schema_version (version) SELECT generate_series(1, 19);
+INSERT INTO schema_version (version) SELECT generate_series(1, 20);

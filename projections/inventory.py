@@ -45,6 +45,7 @@ NODES = TableSpec(
         "first_seen_at",
         "decommissioned_at",
         "lifecycle_version",
+        "final_received_at",
     ),
     key=("node_id",),
 )
@@ -181,7 +182,8 @@ class InventoryProjection(Projection[NodeState]):
     # 4: a GPU's telemetry row points at the event holding its sample instead of copying it.
     # 5: the node stream versions of the XIDs a GPU remembers (the evidence of its verdicts).
     # 6: only a GPU whose latest sample is not in the node's latest snapshot has a telemetry row.
-    version = 6
+    # 7: a decommissioned node keeps when its last report was received (hw_nodes.final_received_at).
+    version = 7
     tables = (
         NODES,
         ACCELERATORS,
@@ -342,6 +344,7 @@ class InventoryProjection(Projection[NodeState]):
                 s.first_seen_at,
                 s.decommissioned_at,
                 s.lifecycle_version,
+                s.last_received_at if s.status == "decommissioned" else None,
             )
         ]
         out["hw_accelerators"] = [

@@ -98,10 +98,11 @@ def node_record(state: NodeState) -> dict[str, Any]:
     t = telemetry[0] if telemetry else None
     record["host_metrics"] = t["metrics"] if t else None
     record["telemetry_observed_at"] = t["observed_at"] if t else None
-    record["last_received_at"] = t["received_at"] if t else None
+    # A decommissioned node has no telemetry row; its row keeps when its last report came.
+    record["last_received_at"] = t["received_at"] if t else record["final_received_at"]
     record["last_observed_at"] = t["observed_at"] if t else None
     record["clock_skew_seconds"] = t["clock_skew_seconds"] if t else None
-    record["last_seen_at"] = _later(record["first_seen_at"], t["received_at"] if t else None)
+    record["last_seen_at"] = _later(record["first_seen_at"], record["last_received_at"])
     record["storage"] = [
         {"mount": s["mount"], "used_bytes": s["used_bytes"], "total_bytes": s["total_bytes"]}
         for s in sorted(_as_dicts(rows, "hw_node_storage"), key=lambda s: s["mount"])

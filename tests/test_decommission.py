@@ -116,6 +116,8 @@ async def test_preview_then_execute_tombstones_revokes_clears_read_models_and_ke
     _, credential_id = await enrolled_node(api)
     await api.refresh()
     node = (await api.get(BASE)).json()
+    last_report = node["last_received_at"]
+    assert last_report is not None and node["last_seen_at"] == last_report
     p = await preview(api)
     deps = p["dependencies"]
     assert p["status"] == "active" and p["generation"] == node["generation"] > 0
@@ -163,6 +165,10 @@ async def test_preview_then_execute_tombstones_revokes_clears_read_models_and_ke
     assert node["status"] == "decommissioned" and node["decommissioned_at"] is not None
     assert node["liveness"] == "offline" and node["telemetry"] == {} and node["storage"] == []
     assert node["hostname"] and node["fingerprint"] and node["generation"] == p["generation"] + 2
+    # when it was last heard from stays true, though its telemetry row is gone, live and as of now
+    assert node["last_received_at"] == node["last_seen_at"] == last_report, node
+    now_past = (await api.get(BASE, params={"as_of": datetime.now(UTC).isoformat()})).json()
+    assert now_past["last_received_at"] == now_past["last_seen_at"] == last_report, now_past
     assert [n["id"] for n in (await api.get("/api/v1/hardware/nodes")).json()["items"]] == [NODE]
     accs = (await api.get("/api/v1/hardware/accelerators", params={"node_id": NODE})).json()["items"]
     assert [a["status"] for a in accs] == ["decommissioned", "decommissioned"]

@@ -25,8 +25,8 @@ from ledger.events import HealthStatus
 # to take work. Its slots are the liveness rule's.
 NODE_SELECT: LiteralString = (
     "SELECT n.*, t.metrics AS host_metrics, t.observed_at AS telemetry_observed_at, "
-    "t.received_at AS last_received_at, t.observed_at AS last_observed_at, t.clock_skew_seconds, "
-    "greatest(n.first_seen_at, t.received_at) AS last_seen_at, "
+    "coalesce(t.received_at, n.final_received_at) AS last_received_at, t.observed_at AS last_observed_at, "
+    "t.clock_skew_seconds, greatest(n.first_seen_at, t.received_at, n.final_received_at) AS last_seen_at, "
     + LIVENESS
     + " AS liveness, "
     + LIVENESS_UNTIL
