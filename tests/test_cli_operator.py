@@ -494,3 +494,6 @@ def test_a_gpu_active_on_two_nodes_at_once_is_named_as_such(capsys: pytest.Captu
     # by its id, the other row, and no warning: the operator chose
     assert resolve_gpu(twice, "node-a-0").node_id == "node-a"
     assert capsys.readouterr().err == ""
+    # a command that shows every row of the UUID (gpu history) has nothing to warn about
+    resolve_gpu(twice, uuid, one_row=False)
+    assert capsys.readouterr().err == ""

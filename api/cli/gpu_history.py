@@ -128,7 +128,7 @@ def gpu_history(
     except RemoteError as exc:
         if exc.status != 404:
             raise
-        body, events = read_history(api, resolve_gpu(api.accelerators(), gpu).uuid)
+        body, events = read_history(api, resolve_gpu(api.accelerators(), gpu, one_row=False).uuid)
     whole = msgspec.structs.replace(body, items=events, has_more=False)
     if emit(whole, output):
         return

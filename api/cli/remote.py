@@ -159,13 +159,15 @@ def resolve_node(nodes: list[NodeBody], ref: str) -> NodeBody:
     raise CliError(f"{ref!r} matches {len(candidates)} nodes: {listed}; give more of the id")
 
 
-def resolve_gpu(gpus: list[AcceleratorBody], ref: str) -> AcceleratorBody:
+def resolve_gpu(gpus: list[AcceleratorBody], ref: str, *, one_row: bool = True) -> AcceleratorBody:
     """One GPU by its UUID, a UUID prefix (with or without `GPU-`), or an id prefix. A GPU moved
-    to another node has a row on each: the one it is in now (present, seen last) stands for it."""
+    to another node has a row on each: the one it is in now (present, seen last) stands for it.
+    `one_row`: the caller shows that row alone (not every row of the UUID, as `gpu history`
+    does), so a UUID active on several nodes is worth a warning."""
     low = ref.lower()
     exact = [g for g in gpus if g.id == ref or g.uuid.lower() == low]
     if exact:
-        return _current(exact)
+        return _current(exact, one_row)
     candidates = [
         g
         for g in gpus
@@ -174,7 +176,7 @@ def resolve_gpu(gpus: list[AcceleratorBody], ref: str) -> AcceleratorBody:
         or g.uuid.lower().removeprefix("gpu-").startswith(low)
     ]
     if len({g.uuid for g in candidates}) == 1:
-        return _current(candidates)
+        return _current(candidates, one_row)
     if not candidates:
         raise RemoteError(404, f"no GPU with a UUID or id starting with {ref!r}")
     # One line per GPU, though a GPU moved between nodes has a row on each.
@@ -183,14 +185,14 @@ def resolve_gpu(gpus: list[AcceleratorBody], ref: str) -> AcceleratorBody:
     raise CliError(f"{ref!r} matches {len(distinct)} GPUs: {listed}; give more of the UUID")
 
 
-def _current(rows: list[AcceleratorBody]) -> AcceleratorBody:
+def _current(rows: list[AcceleratorBody], one_row: bool) -> AcceleratorBody:
     """Of one GPU's rows (or one row by id), where it is now: present first, then seen last. A
     UUID present on several nodes at once is not a move but two identities for one host (a host
     enrolled again under a new node id, two agents on it) or cloned UUIDs: say so, and how to
     choose another row."""
     chosen = max(rows, key=lambda g: (g.status == "active", g.last_seen_at))
     active = [g for g in rows if g.status == "active"]
-    if len(active) > 1:
+    if one_row and len(active) > 1:
         others = ", ".join(f"id {g.id[:8]} on node {g.node_id[:8]}" for g in active if g is not chosen)
         say(
             f"{chosen.uuid} is active on {len(active)} nodes; showing id {chosen.id[:8]} on node "
