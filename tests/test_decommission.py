@@ -169,6 +169,15 @@ async def test_preview_then_execute_tombstones_revokes_clears_read_models_and_ke
     assert node["last_received_at"] == node["last_seen_at"] == last_report, node
     now_past = (await api.get(BASE, params={"as_of": datetime.now(UTC).isoformat()})).json()
     assert now_past["last_received_at"] == now_past["last_seen_at"] == last_report, now_past
+    # The console's node page: its GPUs are out of service, not "healthy", and it has no current
+    # telemetry to tabulate.
+    from api.http.console.routes import COOKIE
+    from tests.conftest import OPERATOR_TOKEN
+
+    api.client.cookies.set(COOKIE, OPERATOR_TOKEN)
+    page = (await api.client.get(f"/console/nodes/{NODE}")).text
+    assert 'id="node-health">no GPUs in service<' in page and "GPUs healthy" not in page
+    assert "No current telemetry: the node is decommissioned." in page and 'id="gpu-telemetry"' not in page
     assert [n["id"] for n in (await api.get("/api/v1/hardware/nodes")).json()["items"]] == [NODE]
     accs = (await api.get("/api/v1/hardware/accelerators", params={"node_id": NODE})).json()["items"]
     assert [a["status"] for a in accs] == ["decommissioned", "decommissioned"]
