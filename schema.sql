@@ -527,5 +527,5 @@ CREATE INDEX webhook_deliveries_subscription_idx ON webhook_deliveries (subscrip
 \ir sql/triggers/gpu_sets_immutable.sql
 \ir sql/triggers/gpu_sets_no_truncate.sql
 
--- This file is schema version 19: a database made from it has what every numbered step gives.
+-- This file is schema version 20: a database made from it has what every numbered step gives.
 INSERT INTO schema_version (version) SELECT generate_series(1, 20);

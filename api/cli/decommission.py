@@ -38,7 +38,7 @@ from api.cli.common import (
     with_database,
 )
 from api.cli.errors import exit_code_of, say
-from api.cli.moments import DURATION, parse_duration
+from api.cli.moments import duration_option
 from api.cli.rendering import print_json
 from api.services.wording import gpu_ordered
 
@@ -112,13 +112,7 @@ def lease_acquire(
     log_level: LogLevel = None,
     ttl: Annotated[
         float | None,
-        typer.Option(
-            "--ttl",
-            parser=parse_duration,
-            metavar=DURATION,
-            show_default=False,
-            help="expire after 90s, 15m, 2h, 7d (default: until released)",
-        ),
+        duration_option("--ttl", "expire after 90s, 15m, 2h, 7d (default: until released)"),
     ] = None,
     actor: Actor = None,
     as_json: Annotated[bool, json_flag("print the lease as JSON")] = False,

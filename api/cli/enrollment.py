@@ -31,7 +31,7 @@ from api.cli.common import (
     server_config,
     with_database,
 )
-from api.cli.moments import DURATION, parse_duration
+from api.cli.moments import duration_option
 from api.cli.rendering import listing, print_json
 
 token_app = typer.Typer(no_args_is_help=True, help="enrollment tokens for agents")
@@ -64,13 +64,7 @@ def token_create(
     log_level: LogLevel = None,
     ttl: Annotated[
         float,
-        typer.Option(
-            "--ttl",
-            parser=parse_duration,
-            metavar=DURATION,
-            show_default=False,
-            help="lifetime: 90s, 15m, 1h, 7d (default 1h)",
-        ),
+        duration_option("--ttl", "lifetime: 90s, 15m, 1h, 7d (default 1h)"),
     ] = 3600.0,
     uses: Annotated[int, typer.Option("--uses", help="how many agents may enroll with it (default 1)")] = 1,
     description: Annotated[

@@ -16,7 +16,7 @@ import msgspec
 import typer
 
 from api.cli.errors import CliError
-from api.cli.moments import DURATION, parse_duration
+from api.cli.moments import duration_option
 from api.cli.remote import Api, Server, Token, TokenFile, connect
 from api.cli.rendering import Output, emit, table, when
 
@@ -134,13 +134,7 @@ def health_backtest(
     token_file: TokenFile = None,
     since: Annotated[
         float | None,
-        typer.Option(
-            "--since",
-            parser=parse_duration,
-            metavar=DURATION,
-            show_default=False,
-            help="the window: 1h .. 400d back from now (default 30d)",
-        ),
+        duration_option("--since", "the window: 1h .. 400d back from now (default 30d)"),
     ] = None,
     output: OutputOpt = Output.table,
 ) -> None:

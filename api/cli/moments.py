@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import typer
 
@@ -35,8 +36,10 @@ def moment(text: str | None) -> datetime | None:
     return None if text is None else parse_moment(text, datetime.now(UTC))
 
 
-# How a duration option reads in --help (its value is seconds, a float, which says nothing).
-DURATION = "<duration>"
+def duration_option(name: str, help_: str) -> Any:
+    """A `--ttl`/`--since` option taking 90s, 15m, 1h or 7d: `<duration>` in --help, where its
+    value (seconds, a float) and a default in seconds would say nothing; `help_` names the default."""
+    return typer.Option(name, parser=parse_duration, metavar="<duration>", show_default=False, help=help_)
 
 
 def parse_duration(text: str | float) -> float:

@@ -17,7 +17,7 @@ import typer
 
 from api.cli.common import DatabaseUrl, LogLevel, StateDir, json_flag, server_config, with_database
 from api.cli.errors import CliError
-from api.cli.moments import DURATION, parse_duration
+from api.cli.moments import duration_option
 from api.cli.rendering import print_json
 
 if TYPE_CHECKING:
@@ -52,13 +52,7 @@ def create(
     log_level: LogLevel = None,
     ttl: Annotated[
         float | None,
-        typer.Option(
-            "--ttl",
-            parser=parse_duration,
-            metavar=DURATION,
-            show_default=False,
-            help="lifetime: 90s, 15m, 1h, 7d (default: no expiry)",
-        ),
+        duration_option("--ttl", "lifetime: 90s, 15m, 1h, 7d (default: no expiry)"),
     ] = None,
     description: Annotated[
         str | None, typer.Option("--description", help="what the token is for (shown in `viewer-token list`)")
