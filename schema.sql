@@ -1,4 +1,4 @@
--- ModelForge hardware plane: the database schema of this release, schema version 20, whole.
+-- ModelForge hardware plane: the database schema of this release, schema version 21, whole.
 --
 -- `modelforge-hw migrate` (and `serve`, at start) creates a new database from this file, in one
 -- transaction. A database made by an older release is brought to the same schema by the numbered
@@ -323,6 +323,27 @@ CREATE TABLE hw_accelerator_telemetry (
     position        bigint NOT NULL
 ) WITH (fillfactor = 50);
 
+-- A node's telemetry hours: each closed hour of received time of its log's snapshots stored again
+-- as columns, per subject ('' the hour's positions, times and host values; else a GPU UUID), for
+-- the history reads (ledger/telemetry_hours.py). A cache of the log: a read uses an hour only
+-- where the log still holds `observations` rows in it.
+CREATE TABLE telemetry_hours (
+    node_id       text NOT NULL,
+    hour          timestamptz NOT NULL,
+    subject       text NOT NULL,
+    format        smallint NOT NULL,
+    observations  integer NOT NULL,
+    body          bytea,
+    PRIMARY KEY (node_id, hour, subject)
+);
+DO $$
+BEGIN
+    IF mf_has_lz4() THEN
+        ALTER TABLE telemetry_hours ALTER COLUMN body SET COMPRESSION lz4;
+    END IF;
+END;
+$$;
+
 CREATE TABLE hw_fingerprints (
     node_id      text PRIMARY KEY,
     fingerprint  text NOT NULL,
@@ -527,5 +548,5 @@ CREATE INDEX webhook_deliveries_subscription_idx ON webhook_deliveries (subscrip
 \ir sql/triggers/gpu_sets_immutable.sql
 \ir sql/triggers/gpu_sets_no_truncate.sql
 
--- This file is schema version 20: a database made from it has what every numbered step gives.
-INSERT INTO schema_version (version) SELECT generate_series(1, 20);
+-- This file is schema version 21: a database made from it has what every numbered step gives.
+INSERT INTO schema_version (version) SELECT generate_series(1, 21);

@@ -40,6 +40,7 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     offline_after: float = _d("offline_after")
     retention_hours: float = _d("retention_hours")
     retention_interval: float = _d("retention_interval")
+    telemetry_hours_interval: float = _d("telemetry_hours_interval")
     rendered_reads_mib: int = _d("rendered_reads_mib")
     state_cache_streams: int = _d("state_cache_streams")
     report_transactions: int = _d("report_transactions")

@@ -124,6 +124,39 @@ async def fill_history(pool: Any, node: int, hours: float, interval: float, now:
     return node_id, count
 
 
+async def stored_hours(dsn: str, node_id: str, start: datetime, snapshots: int) -> int:
+    """Wait for the server to store the node's closed hours (ledger/telemetry_hours.py: it does
+    so in the background, the newest first, as after an upgrade); print how long that took and
+    what the stored hours cost per snapshot beside the log's own rows. The hours stored."""
+    import asyncpg
+
+    from ledger.telemetry_hours import GRACE, HOUR, floor_hour
+
+    t0 = time.perf_counter()
+    conn = await asyncpg.connect(dsn)
+    try:
+        while True:
+            closed = floor_hour(datetime.now(UTC) - GRACE) - floor_hour(start)
+            wanted = int(closed / HOUR)
+            got = await conn.fetchval(
+                "SELECT count(*) FROM telemetry_hours WHERE node_id = $1 AND subject = ''", node_id
+            )
+            if got >= wanted or time.perf_counter() - t0 > 900:
+                break
+            await asyncio.sleep(0.5)
+        rows = await conn.fetchrow(
+            "SELECT pg_total_relation_size('telemetry_hours') AS hours_bytes, "
+            "(SELECT coalesce(sum(observations), 0) FROM telemetry_hours WHERE subject = '') AS held"
+        )
+    finally:
+        await conn.close()
+    per = rows["hours_bytes"] / max(1, rows["held"])
+    print(f"telemetry hours: {got} of {wanted} closed hours stored by the server in "
+          f"{time.perf_counter() - t0:.0f} s; {rows['hours_bytes']:,} B in all, {per:,.0f} B per "
+          f"snapshot they hold ({rows['held']:,} of {snapshots:,})")  # fmt: skip
+    return int(got)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = h.parser(__doc__)
     p.add_argument("--nodes", type=int, default=1_000, help="nodes of 8 GPUs (default 1,000)")
@@ -131,6 +164,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--interval", type=float, default=10.0, help="seconds between its samples (default 10)")
     p.add_argument("--requests", type=int, default=200, help="requests per endpoint (default 200)")
     p.add_argument("--rounds", type=int, default=4, help="interleaved rounds (default 4)")
+    p.add_argument(
+        "--from-log",
+        action="store_true",
+        help="serve with telemetry hours off: every read decodes the log's snapshots",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.nodes, args.requests, args.rounds = 100, 20, 2
@@ -217,9 +255,12 @@ async def run(args: argparse.Namespace) -> int:
             print(f"fill: {args.nodes:,} nodes ({events:,} events), then {count:,} snapshots of one node over "
                   f"{args.hours:g} h, {segments} day segments, in {time.perf_counter() - t0:.0f} s (untimed)")  # fmt: skip
 
+            hours = {"MODELFORGE_TELEMETRY_HOURS_INTERVAL": "0"} if args.from_log else {}
             server = await start_product_server(
-                db.dsn, work, "server", log_level="WARNING", settings=STEADY_LIVENESS
+                db.dsn, work, "server", log_level="WARNING", settings={**STEADY_LIVENESS, **hours}
             )
+            if not args.from_log:
+                await stored_hours(db.dsn, node_id, now - timedelta(hours=args.hours), count)
             base = f"/api/v1/hardware/accelerators/{accelerator}"
             window = f"since={iso(now - timedelta(hours=args.hours))}&until={iso(now)}"
             endpoints = [

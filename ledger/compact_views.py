@@ -407,6 +407,26 @@ def _entry_view(form: int, index: int) -> Callable[[bytes], Any]:
     return decode
 
 
+class _TimesView(msgspec.Struct, array_like=True, gc=False):
+    format: int
+    metadata: _Times2
+
+
+_times_view = msgspec.msgpack.Decoder(_TimesView).decode
+
+
+def snapshot_times(bodies: Sequence[bytes]) -> list[datetime]:
+    """Each snapshot's time as a history counts it (observed, else received), of formats 2 to 4
+    (format 1's metadata is laid out otherwise: UndecodableBody)."""
+    try:
+        views = list(map(_times_view, bodies))
+    except _BAD_VIEW as exc:
+        raise UndecodableBody(f"compact body: {exc}") from exc
+    if any(v.format == FORMAT_1 or v.format not in _gpus_views for v in views):
+        raise UndecodableBody("not a compact body of format 2 to 4")
+    return list(map(_at_of, map(attrgetter("metadata"), views)))
+
+
 def _format(body: bytes) -> int:
     if len(body) < 2 or body[1] not in _gpus_views:
         raise UndecodableBody("not a compact body of format 1 to 4")

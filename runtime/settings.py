@@ -218,6 +218,18 @@ SETTINGS: tuple[Setting, ...] = (
         help="Seconds between the server's background retention passes (0 disables them).",
     ),
     Setting(
+        name="telemetry_hours_interval",
+        env="MODELFORGE_TELEMETRY_HOURS_INTERVAL",
+        flag="--telemetry-hours-interval",
+        value=10.0,
+        kind="seconds",
+        help=(
+            "Seconds between the server's passes that store each node's closed telemetry hours as "
+            "columns for the history reads (docs/telemetry.md); 0 disables them (the reads then "
+            "decode the log's snapshots)."
+        ),
+    ),
+    Setting(
         name="rendered_reads_mib",
         env="MODELFORGE_RENDERED_READS_MIB",
         flag="--rendered-reads-mib",

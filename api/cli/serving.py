@@ -22,6 +22,7 @@ StartupRefresh = Annotated[bool | None, setting_option("startup_refresh")]
 StaleAfter = Annotated[float | None, setting_option("stale_after")]
 OfflineAfter = Annotated[float | None, setting_option("offline_after")]
 RetentionInterval = Annotated[float | None, setting_option("retention_interval")]
+TelemetryHoursInterval = Annotated[float | None, setting_option("telemetry_hours_interval")]
 RenderedReadsMib = Annotated[int | None, setting_option("rendered_reads_mib")]
 StateCacheStreams = Annotated[int | None, setting_option("state_cache_streams")]
 ReportTransactions = Annotated[int | None, setting_option("report_transactions")]
@@ -41,6 +42,7 @@ def serve(
     offline_after: OfflineAfter = None,
     retention_hours: RetentionHours = None,
     retention_interval: RetentionInterval = None,
+    telemetry_hours_interval: TelemetryHoursInterval = None,
     rendered_reads_mib: RenderedReadsMib = None,
     state_cache_streams: StateCacheStreams = None,
     report_transactions: ReportTransactions = None,
@@ -63,6 +65,7 @@ def serve(
             offline_after=offline_after,
             retention_hours=retention_hours,
             retention_interval=retention_interval,
+            telemetry_hours_interval=telemetry_hours_interval,
             rendered_reads_mib=rendered_reads_mib,
             state_cache_streams=state_cache_streams,
             report_transactions=report_transactions,

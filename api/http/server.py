@@ -1,5 +1,5 @@
 """The server process: database, migrations, the app around the services `api.wiring` builds,
-uvicorn, retention, webhook delivery; used by `serve`."""
+uvicorn, retention, telemetry hours, webhook delivery; used by `serve`."""
 
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ from api.http.app import create_app
 from api.http.context import AppContext
 from api.services.webhook_delivery import DeliverySettings, WebhookDispatcher
 from api.wiring import build_services, prepare_database
+from collectors.observations import ACCELERATOR_METRICS, HOST_METRICS
 from ledger.db import Database, close_pool, create_pool
 from ledger.retention import prune_observations
+from ledger.telemetry_hours import HoursPass, store_due
 from runtime.process import settle_garbage_collector
 from runtime.supervisor import EmbeddedSupervisor, run_with_supervisor
 
@@ -60,6 +62,26 @@ async def retention_loop(pool: asyncpg.Pool, config: ServerConfig) -> None:
             log.warning("retention.failed", error=str(exc))
 
 
+async def telemetry_hours_loop(pool: asyncpg.Pool, config: ServerConfig) -> None:
+    """Each node's closed hours stored as columns for the history reads, the newest first, a
+    second of this process's CPU at most per pass (ledger/telemetry_hours.py). Kept as long as
+    retention keeps the log's day segments."""
+    if config.telemetry_hours_interval <= 0:
+        return
+    keep = timedelta(hours=config.retention_hours) + timedelta(days=1)
+    memory = HoursPass()
+    while True:
+        await asyncio.sleep(config.telemetry_hours_interval)
+        try:
+            stored = await store_due(
+                pool, memory, keep=keep, gpu_metrics=ACCELERATOR_METRICS, host_metrics=HOST_METRICS
+            )
+            if stored:
+                log.info("telemetry_hours.stored", node_hours=stored)
+        except (asyncpg.PostgresError, OSError) as exc:
+            log.warning("telemetry_hours.failed", error=str(exc))
+
+
 def delivery_settings(config: ServerConfig) -> DeliverySettings:
     return DeliverySettings(
         source=config.webhook_source,
@@ -90,6 +112,7 @@ def make_app(config: ServerConfig, dsn: str, admin_token_hash: str) -> Litestar:
             app.state.ctx = context
             retention = asyncio.create_task(retention_loop(pool, config))
             app.state.retention_task = retention
+            hours = asyncio.create_task(telemetry_hours_loop(pool, config))
             # Webhook delivery: a task of its own, never on the report path.
             dispatcher = WebhookDispatcher(pool, delivery_settings(config))
             context.services.webhooks.changed = dispatcher.wake
@@ -104,7 +127,7 @@ def make_app(config: ServerConfig, dsn: str, admin_token_hash: str) -> Litestar:
                 )
             settle_garbage_collector()
             yield
-            for task in (retention, delivery):
+            for task in (retention, hours, delivery):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task

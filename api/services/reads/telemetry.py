@@ -4,7 +4,8 @@ decoded here (the one place that knows how samples are stored) and downsampled b
 
 The time axis is each sample's `observed_at`, the observer's clock: a report the agent spooled
 through an outage lands where it was measured, not bunched at its delivery. A snapshot stored
-compact (ledger/compact.py) is opened only as far as the one GPU or the host. The log is searched
+compact (ledger/compact.py) is opened only as far as the one GPU or the host; a closed hour the
+server has stored as columns (ledger/telemetry_hours.py) is read from there. The log is searched
 by `received_at` (the central clock, indexed per stream: `events_stream_observation_received_idx`)
 from an hour before the window to a day after it, so a sample is found when its agent's clock ran
 at most an hour ahead of the server's and its report arrived within a day (docs/telemetry.md).
@@ -47,6 +48,7 @@ from ledger.events import (
     decode_payload,
 )
 from ledger.gpu_sets import stored_sets
+from ledger.telemetry_hours import covered, gpu_samples, host_samples
 
 
 class TelemetryHistoryBody(msgspec.Struct, frozen=True):
@@ -257,10 +259,20 @@ class TelemetryReads:
         node_id: str,
         w: Window,
         part: Callable[[Sequence[asyncpg.Record], Mapping[uuid.UUID, str]], Part],
+        subject: str,
     ) -> tuple[list[Part], list[asyncpg.Record], Mapping[uuid.UUID, str]]:
         """The node's observations in the padded window: the parts decoded so far, and the rows
-        left to decode (after the connections are back in the pool) with the GPU sets they name."""
+        left to decode (after the connections are back in the pool) with the GPU sets they name.
+        `subject`: the GPU's UUID, '' the host."""
         low, high = _shifted(w.since, -EARLIER), _shifted(w.until, LATER)
+        cover = await covered(conn, node_id, low, high, subject)
+        if cover.hours:
+            # Closed hours stored as columns (ledger/telemetry_hours.py); the rest from the log.
+            stored = [_stored_part(common, own, subject) for common, own in cover.hours.values()]
+            rows: list[asyncpg.Record] = []
+            for start, end in cover.from_log:
+                rows.extend(await conn.fetch(query, node_id, start, end))
+            return stored, rows, await _sets(conn, rows)
         if w.until - w.since < SPLIT_FROM or not self.pool.get_idle_size():
             rows = await conn.fetch(query, node_id, low, high)
             return [], rows, await _sets(conn, rows)
@@ -290,7 +302,7 @@ class TelemetryReads:
             def part(rows: Sequence[asyncpg.Record], sets: Mapping[uuid.UUID, str]) -> Part:
                 return accelerator_part(rows, gpu_uuid, ACCELERATOR_METRICS, sets)
 
-            parts, rows, sets = await self._parts(conn, ACCELERATOR_SAMPLES, node_id, w, part)
+            parts, rows, sets = await self._parts(conn, ACCELERATOR_SAMPLES, node_id, w, part, gpu_uuid)
         samples = samples_in_window(w, [*parts, *await in_slices(rows, sets, part)])
         return TelemetryHistoryBody(
             subject="accelerator",
@@ -311,7 +323,7 @@ class TelemetryReads:
         async with self.pool.acquire() as conn:
             if await conn.fetchval("SELECT 1 FROM hw_nodes WHERE node_id = $1", node_id) is None:
                 raise _not_found("node", node_id)
-            parts, rows, _ = await self._parts(conn, HOST_SAMPLES, node_id, w, part)
+            parts, rows, _ = await self._parts(conn, HOST_SAMPLES, node_id, w, part, "")
         samples = samples_in_window(w, [*parts, *await in_slices(rows, {}, part)])
         return TelemetryHistoryBody(
             subject="node",
@@ -324,6 +336,12 @@ class TelemetryReads:
             samples=len(samples.times),
             series=await series_in_turns(w, samples, HOST_METRICS),
         )
+
+
+def _stored_part(common: bytes, own: bytes | None, subject: str) -> Part:
+    """A stored hour's samples of the GPU `subject` ('' the host) as a part of the read."""
+    hour = gpu_samples(common, own) if subject else host_samples(common)
+    return Part(hour.positions, hour.values, [])
 
 
 async def in_slices(

@@ -1,0 +1,419 @@
+"""A node's telemetry hours: the samples of each closed hour of its log stored again as columns,
+so that a history read of a day decodes 24 small rows instead of 8,640 snapshots
+(docs/telemetry.md, "Telemetry hours").
+
+An hour here is an hour of the central clock's `received_at`, the column the history's search uses:
+once it is over (and GRACE after, for a report received just before its end to commit), nothing
+more is appended to it. Per node and hour, table `telemetry_hours` holds:
+
+- subject '': how many observation rows the hour held when it was stored (`observations`), and,
+  in `body`, the positions and times of its snapshots and the host's values;
+- subject a GPU UUID: that GPU's values in the hour (which of the hour's snapshots sample it).
+
+Each column of values is stored as the history read decodes it from the snapshots (ledger/
+compact_views.py): a column of ints as their differences, one of floats that are whole thousandths
+(watts of whole milliwatts) as the thousandths' differences, any other verbatim. Nothing is
+rounded: the read gets back exactly the values it would have decoded from the log.
+
+The log stays the truth. A read uses an hour only where the log still holds exactly as many
+observation rows in it as the hour counted: the log is append-only and an hour closed, so the same
+count is the same rows; retention dropping a day, or a report committed after the hour was
+stored, makes the count differ and the read takes that hour from the log. An hour holding a
+snapshot of a format before 3 (or an older release's per-kind event) is stored without a body:
+read from the log. A change of this encoding is a new FORMAT: rows of another are not read, and
+are stored again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from itertools import accumulate, repeat
+from operator import mul, sub, truediv
+from typing import Any, Final, LiteralString
+
+import asyncpg
+import msgspec
+import structlog
+
+from ledger.compact import SET_FORMATS, UndecodableBody
+from ledger.compact_decode import gpu_names
+from ledger.compact_views import Values, gpu_values, host_values, snapshot_times
+from ledger.gpu_sets import stored_sets
+
+log = structlog.get_logger(__name__)
+
+FORMAT: Final = 1
+HOUR = timedelta(hours=1)
+# How long after its hour's end an hour is stored: a report received just before the end has
+# committed by then (one that has not makes the hour's count differ: read from the log).
+GRACE = timedelta(minutes=2)
+# The snapshot type a telemetry hour carries (the per-kind ones of older releases make the hour
+# read from the log).
+SNAPSHOT = "NODE_TELEMETRY_OBSERVED"
+TELEMETRY_TYPES = frozenset({SNAPSHOT, "ACCELERATOR_TELEMETRY_OBSERVED", "HOST_TELEMETRY_OBSERVED"})
+
+# Column encodings.
+VERBATIM, INTS, THOUSANDTHS = 0, 1, 2
+# Ints stored as differences stay inside msgpack's range whatever their order.
+_INT_BOUND = 2**62
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class HourCommon(msgspec.Struct, array_like=True, frozen=True):
+    """Subject '': the hour's snapshots (that sample a GPU or the host), in log order: their
+    positions (the first, then differences) and times; the host's values (indices into them)."""
+
+    positions: list[int]
+    times: list[datetime]
+    host_indices: list[int] | None
+    host_columns: list[list[Any]]
+
+
+class HourSubject(msgspec.Struct, array_like=True, frozen=True):
+    """One GPU's values in the hour: the snapshots that sample it (None: every one) and its
+    columns, one per metric of the history (ACCELERATOR_METRICS), each encoded."""
+
+    indices: list[int] | None
+    columns: list[list[Any]]
+
+
+class StoredHour(msgspec.Struct, frozen=True):
+    """What one node-hour stores: its count of observation rows, and the bodies (None: the hour
+    is read from the log)."""
+
+    observations: int
+    common: bytes | None
+    gpus: dict[str, bytes]
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_common = msgspec.msgpack.Decoder(HourCommon).decode
+_subject = msgspec.msgpack.Decoder(HourSubject).decode
+
+
+def floor_hour(at: datetime) -> datetime:
+    return at.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def ceil_hour(at: datetime) -> datetime:
+    floor = floor_hour(at)
+    return floor if floor == at else floor + HOUR
+
+
+# -- columns ----------------------------------------------------------------------------------
+
+
+def encode_column(column: Sequence[Any]) -> list[Any]:
+    kinds = set(map(type, column))
+    if kinds == {int} and all(-_INT_BOUND < v < _INT_BOUND for v in column):
+        return [INTS, [column[0], *map(sub, column[1:], column[:-1])]]
+    if kinds == {float}:
+        try:
+            milli = list(map(round, map(mul, column, repeat(1000.0))))
+        except (OverflowError, ValueError):  # an infinity or a NaN
+            milli = []
+        if (
+            milli
+            and all(-_INT_BOUND < m < _INT_BOUND for m in milli)
+            and list(map(truediv, milli, repeat(1000))) == list(column)
+            and not any(v == 0 and math.copysign(1.0, v) < 0 for v in column)
+        ):
+            return [THOUSANDTHS, [milli[0], *map(sub, milli[1:], milli[:-1])]]
+    return [VERBATIM, list(column)]
+
+
+def decode_column(encoded: Sequence[Any]) -> list[Any]:
+    kind, values = encoded
+    if kind == INTS:
+        return list(accumulate(values))
+    if kind == THOUSANDTHS:
+        return list(map(truediv, accumulate(values), repeat(1000)))
+    if kind == VERBATIM:
+        return list(values)
+    raise UndecodableBody(f"telemetry hour: no column encoding {kind!r}")
+
+
+def _columns(rows: Sequence[Sequence[Any]], width: int) -> list[list[Any]]:
+    if not rows:
+        return [[VERBATIM, []] for _ in range(width)]
+    return [encode_column(c) for c in zip(*rows, strict=True)]
+
+
+def _rows(columns: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
+    return list(zip(*map(decode_column, columns), strict=True))
+
+
+# -- an hour stored --------------------------------------------------------------------------
+
+
+class HourRow(msgspec.Struct, frozen=True):
+    """One observation row of the hour (what the builder's query reads)."""
+
+    position: int
+    event_type: str
+    body: bytes | None
+    gpu_set_id: uuid.UUID | None
+
+
+def stored_hour(
+    rows: Sequence[HourRow],
+    sets: Mapping[uuid.UUID, str],
+    gpu_metrics: Sequence[str],
+    host_metrics: Sequence[str],
+) -> StoredHour:
+    """The hour's bodies from its observation rows in log order. `sets`: the stored GPU sets the
+    rows name (`gpu_sets`)."""
+    snapshots = [r for r in rows if r.event_type in TELEMETRY_TYPES]
+    plain = all(
+        r.event_type == SNAPSHOT and r.body is not None and len(r.body) > 1 and r.body[1] in SET_FORMATS
+        for r in snapshots
+    )
+    if not plain or any(r.gpu_set_id not in sets for r in snapshots):
+        return StoredHour(observations=len(rows), common=None, gpus={})
+    bodies: list[bytes] = [r.body for r in snapshots]  # type: ignore[misc]
+    named = [sets[r.gpu_set_id] for r in snapshots]  # type: ignore[index]
+    times = snapshot_times(bodies)
+    host = host_values(bodies, host_metrics)
+    gpus: dict[str, bytes] = {}
+    for gpu in sorted({g for joined in set(named) for g in gpu_names(joined)}):
+        values = gpu_values(bodies, gpu, gpu_metrics, named)
+        if not values.indices:
+            continue
+        if values.times != [times[i] for i in values.indices]:
+            raise UndecodableBody("telemetry hour: a GPU's times differ from its snapshots'")
+        every = values.indices == list(range(len(bodies)))
+        subject = HourSubject(
+            indices=None if every else values.indices, columns=_columns(values.values, len(gpu_metrics))
+        )
+        gpus[gpu] = _ENCODER.encode(subject)
+    positions = [r.position for r in snapshots]
+    common = HourCommon(
+        positions=[positions[0], *map(sub, positions[1:], positions[:-1])] if positions else [],
+        times=times,
+        host_indices=None if len(host.indices) == len(bodies) else host.indices,
+        host_columns=_columns(host.values, len(host_metrics)),
+    )
+    return StoredHour(observations=len(rows), common=_ENCODER.encode(common), gpus=gpus)
+
+
+class HourSamples(msgspec.Struct, frozen=True):
+    """One subject's samples of a stored hour, as a history part holds them: the positions of the
+    hour's snapshots and, indexing into them, the subject's times and values."""
+
+    positions: list[int]
+    values: Values
+
+
+def _positions(common: HourCommon) -> list[int]:
+    return list(accumulate(common.positions))
+
+
+def host_samples(common_body: bytes) -> HourSamples:
+    try:
+        common = _common(common_body)
+        rows = _rows(common.host_columns)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError) as exc:
+        raise UndecodableBody(f"telemetry hour: {exc}") from exc
+    times = common.times
+    indices = list(range(len(times))) if common.host_indices is None else common.host_indices
+    return HourSamples(_positions(common), Values(indices, [times[i] for i in indices], rows))  # type: ignore[arg-type]
+
+
+def gpu_samples(common_body: bytes, gpu_body: bytes | None) -> HourSamples:
+    """The GPU's samples of the hour (none where it has no row: it sampled none)."""
+    try:
+        common = _common(common_body)
+        positions = _positions(common)
+        if gpu_body is None:
+            return HourSamples(positions, Values([], [], []))
+        subject = _subject(gpu_body)
+        rows = _rows(subject.columns)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError) as exc:
+        raise UndecodableBody(f"telemetry hour: {exc}") from exc
+    times = common.times
+    if subject.indices is None:
+        return HourSamples(positions, Values(list(range(len(times))), list(times), rows))  # type: ignore[arg-type]
+    indices = subject.indices
+    return HourSamples(positions, Values(indices, [times[i] for i in indices], rows))  # type: ignore[arg-type]
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+# The stored hours of a node in [$2, $3) for the subjects $4, of this FORMAT.
+STORED: LiteralString = (
+    "SELECT hour, subject, observations, body FROM telemetry_hours "
+    "WHERE node_id = $1 AND hour >= $2 AND hour < $3 AND subject = ANY($4::text[]) AND format = $5"
+)
+# How many observation rows the log holds per hour of [$2, $3) (an index-only count on the
+# history's index).
+COUNTED: LiteralString = (
+    "SELECT date_trunc('hour', e.received_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS hour_start, "
+    "count(*) AS rows_held "
+    "FROM events e WHERE e.stream_id = $1 AND e.event_class = 'observation' "
+    "AND e.segment >= ($2::timestamptz AT TIME ZONE 'UTC')::date "
+    "AND e.received_at >= $2::timestamptz AND e.received_at < $3::timestamptz GROUP BY 1"
+)
+
+
+class Covered(msgspec.Struct, frozen=True):
+    """The hours of a window a read takes from `telemetry_hours`: each hour's common body and the
+    subject's (None: the subject has none that hour), and the ranges of received time left to
+    read from the log, in order."""
+
+    hours: dict[datetime, tuple[bytes, bytes | None]]
+    from_log: list[tuple[datetime, datetime]]
+
+
+async def covered(
+    conn: asyncpg.Connection, node_id: str, low: datetime, high: datetime, subject: str
+) -> Covered:
+    """The stored hours inside [low, high) whose count the log still agrees with, for `subject`
+    ('' the host, else a GPU UUID), and the rest of [low, high) as ranges to read from the log."""
+    first, last = ceil_hour(low), floor_hour(high)
+    hours: dict[datetime, tuple[bytes, bytes | None]] = {}
+    if last - first >= HOUR:
+        stored = await conn.fetch(STORED, node_id, first, last, list({"", subject}), FORMAT)
+        commons = {r["hour"]: r for r in stored if r["subject"] == "" and r["body"] is not None}
+        if commons:
+            held = {
+                r["hour_start"]: r["rows_held"]
+                for r in await conn.fetch(COUNTED, node_id, min(commons), max(commons) + HOUR)
+            }
+            own = {r["hour"]: r["body"] for r in stored if r["subject"] == subject and subject}
+            for hour, r in commons.items():
+                if held.get(hour, 0) == r["observations"]:
+                    hours[hour] = (r["body"], own.get(hour))
+                else:
+                    STALE.add((node_id, hour))
+    return Covered(hours=dict(sorted(hours.items())), from_log=_gaps(low, high, sorted(hours)))
+
+
+def _gaps(low: datetime, high: datetime, hours: Sequence[datetime]) -> list[tuple[datetime, datetime]]:
+    out: list[tuple[datetime, datetime]] = []
+    at = low
+    for hour in hours:
+        if hour > at:
+            out.append((at, hour))
+        at = hour + HOUR
+    if at < high:
+        out.append((at, high))
+    return out
+
+
+# Hours a read found stale (a report committed after the hour was stored): the next pass stores
+# them again. Bounded: a forgotten one stays read from the log.
+STALE: set[tuple[str, datetime]] = set()
+_STALE_MOST = 10_000
+
+
+# -- storing ----------------------------------------------------------------------------------
+
+_HOUR_ROWS: LiteralString = (
+    "SELECT e.global_position, e.event_type, e.body, "
+    "CASE WHEN get_byte(e.body, 1) IN (3, 4) THEN e.sampled END AS gpu_set_id "
+    "FROM events e WHERE e.stream_id = $1 AND e.event_class = 'observation' "
+    "AND e.segment >= ($2::timestamptz AT TIME ZONE 'UTC')::date "
+    "AND e.received_at >= $2::timestamptz AND e.received_at < $2::timestamptz + interval '1 hour' "
+    "ORDER BY e.global_position"
+)
+# The nodes with observations received in the hour $1 and no hour stored of this FORMAT.
+_DUE: LiteralString = (
+    "SELECT n.node_id FROM hw_nodes n "
+    "WHERE NOT EXISTS (SELECT 1 FROM telemetry_hours t WHERE t.node_id = n.node_id AND t.hour = $1 "
+    "AND t.subject = '' AND t.format = $2) "
+    "AND EXISTS (SELECT 1 FROM events e WHERE e.stream_id = n.node_id AND e.event_class = 'observation' "
+    "AND e.segment >= ($1::timestamptz AT TIME ZONE 'UTC')::date "
+    "AND e.received_at >= $1::timestamptz AND e.received_at < $1::timestamptz + interval '1 hour') "
+    "ORDER BY n.node_id LIMIT $3"
+)
+
+
+async def store_hour(
+    pool: asyncpg.Pool,
+    node_id: str,
+    hour: datetime,
+    gpu_metrics: Sequence[str],
+    host_metrics: Sequence[str],
+) -> StoredHour:
+    """Store (again) one node-hour from the log, in one transaction."""
+    async with pool.acquire() as conn, conn.transaction():
+        records = await conn.fetch(_HOUR_ROWS, node_id, hour)
+        rows = [HourRow(r["global_position"], r["event_type"], r["body"], r["gpu_set_id"]) for r in records]
+        sets = await stored_sets(conn, {r.gpu_set_id for r in rows})
+        try:
+            stored = stored_hour(rows, sets, gpu_metrics, host_metrics)
+        except UndecodableBody as exc:  # the read decodes the log and says so
+            log.warning("telemetry_hours.undecodable", node_id=node_id, hour=hour.isoformat(), error=str(exc))
+            stored = StoredHour(observations=len(rows), common=None, gpus={})
+        await conn.execute("DELETE FROM telemetry_hours WHERE node_id = $1 AND hour = $2", node_id, hour)
+        await conn.executemany(
+            "INSERT INTO telemetry_hours (node_id, hour, subject, format, observations, body) "
+            "VALUES ($1, $2, $3, $4, $5, $6)",
+            [
+                (node_id, hour, "", FORMAT, stored.observations, stored.common),
+                *((node_id, hour, gpu, FORMAT, 0, body) for gpu, body in stored.gpus.items()),
+            ],
+        )
+    return stored
+
+
+class HoursPass(msgspec.Struct):
+    """A process's memory between passes: the hours every node has stored, and the oldest hour
+    kept when the older ones were last removed."""
+
+    done: set[datetime] = msgspec.field(default_factory=set)
+    kept_from: datetime | None = None
+
+
+async def store_due(
+    pool: asyncpg.Pool,
+    memory: HoursPass,
+    *,
+    keep: timedelta,
+    gpu_metrics: Sequence[str],
+    host_metrics: Sequence[str],
+    now: datetime | None = None,
+    budget: float = 1.0,
+) -> int:
+    """Store the closed hours not stored yet, the newest first, for at most `budget` seconds of
+    this process's time; hours older than `keep` are not stored and their rows removed. The
+    number of node-hours stored."""
+    now = now or datetime.now(UTC)
+    newest = floor_hour(now - GRACE) - HOUR
+    oldest = floor_hour(now - keep)
+    started = time.process_time()
+    stored = 0
+    if memory.kept_from != oldest:  # once an hour: the table has no index by hour alone
+        await pool.execute("DELETE FROM telemetry_hours WHERE hour < $1", oldest)
+        memory.kept_from = oldest
+        memory.done = {h for h in memory.done if h >= oldest}
+    stale = sorted(STALE, key=lambda s: s[1], reverse=True)
+    STALE.clear()
+    for node_id, hour in stale:
+        if hour >= oldest and time.process_time() - started < budget:
+            await store_hour(pool, node_id, hour, gpu_metrics, host_metrics)
+            stored += 1
+    hour = newest
+    while hour >= oldest and time.process_time() - started < budget:
+        if hour in memory.done:
+            hour -= HOUR
+            continue
+        nodes = [r["node_id"] for r in await pool.fetch(_DUE, hour, FORMAT, 64)]
+        if not nodes:
+            memory.done.add(hour)
+            hour -= HOUR
+            continue
+        for node_id in nodes:
+            await store_hour(pool, node_id, hour, gpu_metrics, host_metrics)
+            stored += 1
+            await asyncio.sleep(0)
+            if time.process_time() - started >= budget:
+                break
+    if len(STALE) > _STALE_MOST:
+        STALE.clear()
+    return stored

@@ -1,0 +1,259 @@
+"""Telemetry hours (ledger/telemetry_hours.py): a closed hour stored as columns gives a history read
+exactly what decoding its snapshots gives, value for value and type for type; a read uses an
+hour only while the log still holds the rows it was stored from; the server's pass stores the
+newest hours first and forgets those retention no longer keeps."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from api.services.reads import telemetry
+from api.services.reads.telemetry import (
+    Part,
+    TelemetryReads,
+    accelerator_part,
+    host_part,
+    samples_in_window,
+)
+from api.wiring import event_store
+from collectors.facts import UNSUPPORTED, Known
+from collectors.observations import ACCELERATOR_METRICS, HOST_METRICS
+from domain.telemetry_history import Window, window
+from ledger import telemetry_hours
+from ledger.compact import FORMAT_3, FORMAT_4
+from ledger.events import (
+    AcceleratorSample,
+    AcceleratorTelemetryObserved,
+    EventMetadata,
+    EventPayload,
+    HostTelemetryObserved,
+    NewEvent,
+    NodeTelemetryObserved,
+)
+from ledger.telemetry_hours import (
+    HourRow,
+    HoursPass,
+    decode_column,
+    encode_column,
+    gpu_samples,
+    host_samples,
+    store_due,
+    stored_hour,
+)
+from tests.test_telemetry_history_reads import GPUS, SETS, SINCE, events, stored
+
+EXACT = msgspec.msgpack.Encoder()
+
+
+def _type_name(payload: EventPayload) -> str:
+    tag = type(payload).__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+@settings(max_examples=150, deadline=None)
+@given(events, st.sampled_from([*GPUS, None]))
+def test_a_stored_hour_reads_back_what_its_snapshots_decode_to(
+    given_events: list[tuple[EventPayload, bool, int | None, int]], gpu: str | None
+) -> None:
+    rows, _decoded = stored(given_events, list(range(len(given_events))))
+    hour_rows = [
+        HourRow(r["global_position"], _type_name(p), r["body"], r["gpu_set_id"])
+        for r, (p, _c, _o, _r) in zip(rows, given_events, strict=True)
+    ]
+    hour = stored_hour(hour_rows, SETS, ACCELERATOR_METRICS, HOST_METRICS)
+    assert hour.observations == len(rows)
+    plain = all(r.body is not None and r.body[1] in (FORMAT_3, FORMAT_4) for r in hour_rows)
+    if not plain:
+        assert hour.common is None and not hour.gpus  # read from the log
+        return
+    assert hour.common is not None
+    if gpu is None:
+        expected = host_part(rows, HOST_METRICS)
+        got = host_samples(hour.common)
+    else:
+        expected = accelerator_part(rows, gpu, ACCELERATOR_METRICS, SETS)
+        got = gpu_samples(hour.common, hour.gpus.get(gpu))
+    part = Part(got.positions, got.values, [])
+    w = Window(since=SINCE - timedelta(days=1), until=SINCE + timedelta(days=1), step_seconds=3600)
+    want, have = samples_in_window(w, [expected]), samples_in_window(w, [part])
+    assert have.times == want.times
+    # msgpack tells an int from a float and 0.0 from -0.0: exactly the values decoded
+    assert EXACT.encode([list(v) for v in have.values]) == EXACT.encode([list(v) for v in want.values])
+
+
+def test_columns_keep_every_value_exactly() -> None:
+    cases: list[list[Any]] = [
+        [10, 12, 9, 9, 2**61, -(2**61)],
+        [691.8, 692.216, 0.001, 1e12],
+        [0.0, -0.0, 1.5],  # -0.0 is not a thousandth's 0
+        [0.1 + 0.2, 1.0],  # 0.30000000000000004 is no whole thousandth
+        [math.inf, 1.0],
+        [2**63, 1],  # beyond the differences' range
+        [1, 2.5, None, [2], "P0", True],
+        [True, False],
+        [],
+    ]
+    for column in cases:
+        encoded = encode_column(column)
+        back = decode_column(msgspec.msgpack.decode(EXACT.encode(encoded)))
+        assert EXACT.encode(back) == EXACT.encode(column), column
+    assert encode_column([100, 101, 101])[0] == telemetry_hours.INTS
+    assert encode_column([691.8, 691.9])[0] == telemetry_hours.THOUSANDTHS
+    assert encode_column([0.0, -0.0])[0] == telemetry_hours.VERBATIM
+
+
+# -- over PostgreSQL --------------------------------------------------------------------------
+
+HOUR0 = datetime(2026, 11, 29, 6, 0, tzinfo=UTC)
+
+
+def _snapshot(accelerator_id: str, uuid: str, minute: int) -> NodeTelemetryObserved:
+    gpu = {
+        "temperature_celsius": Known(40 + minute % 7),
+        "power_watts": Known(100.5 + minute / 1000),
+        "memory_used_bytes": Known(2**33 + minute * 2**20),
+        "fan_speed_percent": UNSUPPORTED,
+    }
+    host = {"memory_available_bytes": Known(1000 + minute), "memory_total_bytes": Known(4096)}
+    return NodeTelemetryObserved(
+        telemetry=host, storage=[], accelerators=[AcceleratorSample(accelerator_id, uuid, gpu)]
+    )
+
+
+def _event(payload: EventPayload, observed: datetime, received: datetime | None = None) -> NewEvent:
+    meta = EventMetadata(received_at=received or observed, source="local", observed_at=observed)
+    return NewEvent(payload=payload, metadata=meta)
+
+
+async def _seeded(make_api: Any) -> tuple[Any, str, dict[str, Any]]:
+    """Four hours of one snapshot a minute from HOUR0, the third hour's last minute as the
+    per-kind events of an older release."""
+    api = make_api()
+    await api.refresh()
+    node_id = (await api.get("/api/v1/hardware/nodes")).json()["items"][0]["id"]
+    acc = (await api.get("/api/v1/hardware/accelerators")).json()["items"][0]
+    out = []
+    for minute in range(4 * 60):
+        at = HOUR0 + timedelta(minutes=minute)
+        if minute == 179:
+            out.append(_event(HostTelemetryObserved(telemetry={}, storage=[]), at))
+            out.append(_event(AcceleratorTelemetryObserved(acc["id"], acc["uuid"], {}), at))
+        else:
+            out.append(_event(_snapshot(acc["id"], acc["uuid"], minute), at))
+    await event_store(api.pool).append(node_id, None, out)
+    return api, node_id, acc
+
+
+async def _store(api: Any, now: datetime) -> int:
+    return await store_due(
+        api.pool,
+        HoursPass(),
+        keep=timedelta(days=30),
+        gpu_metrics=ACCELERATOR_METRICS,
+        host_metrics=HOST_METRICS,
+        now=now,
+        budget=60.0,
+    )
+
+
+async def _both(api: Any, acc: dict[str, Any], node_id: str, w: Window) -> tuple[Any, Any]:
+    reads = TelemetryReads(api.pool)
+    return await reads.accelerator(acc["id"], w), await reads.node(node_id, w)
+
+
+async def test_a_read_of_stored_hours_is_the_read_of_the_log(make_api: Any, monkeypatch: Any) -> None:
+    api, node_id, acc = await _seeded(make_api)
+    w = window(HOUR0 - timedelta(minutes=20), HOUR0 + timedelta(hours=4), 60)
+    from_log = await _both(api, acc, node_id, w)
+    assert from_log[0].samples == 240  # 239 snapshots and one per-kind sample
+
+    # The hours that ended GRACE before `now`, the newest first; the open one is not stored.
+    assert await _store(api, HOUR0 + timedelta(hours=3, minutes=1)) == 2
+    stored = await api.pool.fetch(
+        "SELECT hour, subject, body IS NULL AS from_log FROM telemetry_hours WHERE node_id = $1 "
+        "ORDER BY hour, subject",
+        node_id,
+    )
+    assert [(r["hour"], r["subject"], r["from_log"]) for r in stored] == [
+        (HOUR0, "", False),
+        (HOUR0, acc["uuid"], False),
+        (HOUR0 + timedelta(hours=1), "", False),
+        (HOUR0 + timedelta(hours=1), acc["uuid"], False),
+    ]
+    assert await _store(api, HOUR0 + timedelta(hours=5)) == 2
+    # the hour holding an older release's per-kind events is stored without a body
+    assert await api.pool.fetchval(
+        "SELECT body IS NULL FROM telemetry_hours WHERE node_id = $1 AND hour = $2 AND subject = ''",
+        node_id,
+        HOUR0 + timedelta(hours=2),
+    )
+
+    decoded_from_log: list[int] = []
+    in_slices = telemetry.in_slices
+
+    async def counting(rows: Any, *a: Any) -> Any:
+        decoded_from_log.append(len(rows))
+        return await in_slices(rows, *a)
+
+    monkeypatch.setattr(telemetry, "in_slices", counting)
+    from_hours = await _both(api, acc, node_id, w)
+    assert from_hours == from_log
+    # Of the log, each read decoded only the hour stored without a body (its 59 snapshots and the
+    # per-kind event of its subject), not the 240 rows of the four hours.
+    assert decoded_from_log == [60, 60]
+
+
+async def test_a_report_committed_into_a_stored_hour_is_still_counted(make_api: Any) -> None:
+    api, node_id, acc = await _seeded(make_api)
+    await _store(api, HOUR0 + timedelta(hours=5))
+    w = window(HOUR0, HOUR0 + timedelta(hours=4), 300)
+    before = await _both(api, acc, node_id, w)
+    # received inside the first stored hour (a commit after the hour was stored)
+    late = HOUR0 + timedelta(minutes=30, seconds=30)
+    await event_store(api.pool).append(node_id, None, [_event(_snapshot(acc["id"], acc["uuid"], 999), late)])
+    telemetry_hours.STALE.clear()
+    after = await _both(api, acc, node_id, w)
+    assert after[0].samples == before[0].samples + 1
+    assert after[1].samples == before[1].samples + 1
+    assert (node_id, HOUR0) in telemetry_hours.STALE
+    # the next pass stores that hour again, and the read takes it from there
+    assert await _store(api, HOUR0 + timedelta(hours=5)) == 1
+    assert not telemetry_hours.STALE
+    await api.pool.execute("DELETE FROM telemetry_hours")
+    assert await _both(api, acc, node_id, w) == after
+
+
+async def test_hours_retention_no_longer_keeps_are_removed(make_api: Any) -> None:
+    api, node_id, _acc = await _seeded(make_api)
+    memory = HoursPass()
+    stored = await store_due(
+        api.pool,
+        memory,
+        keep=timedelta(hours=3),
+        gpu_metrics=ACCELERATOR_METRICS,
+        host_metrics=HOST_METRICS,
+        now=HOUR0 + timedelta(hours=5),
+    )
+    # hours HOUR0+2 and HOUR0+3 are within three hours of HOUR0+5 (floor); HOUR0+1 is not
+    assert stored == 2
+    assert {r["hour"] for r in await api.pool.fetch("SELECT hour FROM telemetry_hours")} == {
+        HOUR0 + timedelta(hours=2),
+        HOUR0 + timedelta(hours=3),
+    }
+    await store_due(
+        api.pool,
+        memory,
+        keep=timedelta(hours=1),
+        gpu_metrics=ACCELERATOR_METRICS,
+        host_metrics=HOST_METRICS,
+        now=HOUR0 + timedelta(hours=5),
+    )
+    assert {r["hour"] for r in await api.pool.fetch("SELECT hour FROM telemetry_hours")} == set()
+    del node_id
