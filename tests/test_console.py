@@ -3,8 +3,10 @@ feed's cursor and the number of queries behind the fleet overview (real PostgreS
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
@@ -164,6 +166,33 @@ async def test_fleet_overview_counts_filters_and_pages(console: Console) -> None
     bad = await console.page("/console/?liveness=sideways", status=400)
     assert "liveness must be one of online, stale, offline, local" in bad
     assert "is not a date and time" in await console.page("/console/?as_of=yesterday", status=400)
+
+
+async def test_a_decommissioned_node_is_counted_apart_not_among_the_offline(console: Console) -> None:
+    await seed_fleet(console.pool)
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    node = f"/api/v1/hardware/nodes/{node_id(OFFLINE)}/decommission"
+    p = (await console.client.post(f"{node}/preview", headers=bearer)).json()
+    done = await console.client.post(
+        node,
+        headers=bearer,
+        json={"generation": p["generation"], "digest": p["digest"], "reason": "retired", "actor": "alice"},
+    )
+    assert done.status_code == 200, done.text
+    await console.login()
+    await asyncio.sleep(1.1)  # a moment as of which the decommission is done, in whole seconds
+    as_of = f"as_of={datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%S')}"
+    # from the read models, and folded from the log as of a moment (two readings of one rule)
+    for now in ("", as_of):
+        html = await console.page(f"/console/?{now}")
+        assert re.search(r'data-count="total">3<', html)
+        for state, n in (("online", 1), ("stale", 1), ("offline", 0)):
+            assert re.search(rf'data-count="{state}">{n}<', html), (now, state)
+        assert 'data-count="decommissioned"><a href="/console/?status=decommissioned">1</a><' in html
+        offline = await console.page(f"/console/?liveness=offline&{now}")
+        assert OFFLINE not in "".join(rows_of(offline, "fleet")), now
+        retired = rows_of(await console.page(f"/console/?status=decommissioned&{now}"), "fleet")
+        assert len(retired) == 2 and OFFLINE in retired[1], now
 
 
 async def test_fleet_overview_pages_with_a_cursor(console: Console, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,9 +35,13 @@ class FleetRow(msgspec.Struct):
 
 
 class FleetCounts(msgspec.Struct):
+    """The fleet's nodes: in all, those in service by liveness, the decommissioned ones, and all
+    by inventory status."""
+
     total: int
     liveness: dict[str, int]
     inventory: dict[str, int]
+    decommissioned: int = 0
 
 
 def like_prefix(text: str) -> str:
@@ -55,8 +59,8 @@ def _page(
         query.where(
             "(n.hostname ILIKE {search} OR n.node_id LIKE lower({search}) OR n.identity_key ILIKE {search})"
         )
-    if liveness:
-        query.where(LIVENESS + " = {liveness}")
+    if liveness:  # the tiles count nodes in service by liveness: a filter by one lists those
+        query.where(LIVENESS + " = {liveness} AND n.status <> 'decommissioned'")
     if inventory_status:
         query.where("n.inventory_status = {inventory_status}")
     if status:
@@ -79,8 +83,11 @@ def _page(
     )
 
 
+# A decommissioned node is offline by the liveness rule, but an operator counting offline nodes
+# looks for nodes in service that stopped reporting: the retired ones are counted apart.
 _COUNTS = Query(
-    "SELECT " + LIVENESS + " AS console_liveness, n.inventory_status AS console_inventory, count(*) AS n "
+    "SELECT CASE WHEN n.status = 'decommissioned' THEN 'decommissioned' ELSE " + LIVENESS + " END "
+    "AS console_liveness, n.inventory_status AS console_inventory, count(*) AS n "
     "FROM hw_nodes n LEFT JOIN hw_host_telemetry t ON t.node_id = n.node_id GROUP BY 1, 2"
 ).build()
 
@@ -134,13 +141,19 @@ class FleetReads:
         for r in count_rows:
             liveness[r["console_liveness"]] = liveness.get(r["console_liveness"], 0) + r["n"]
             inventory[r["console_inventory"]] = inventory.get(r["console_inventory"], 0) + r["n"]
+        retired = liveness.pop("decommissioned", 0)
         next_cursor = None
         if len(rows) > limit and items:
             last = items[-1].node
             next_cursor = encode_fleet_cursor(last.hostname or "", last.id)
         return (
             items,
-            FleetCounts(total=sum(liveness.values()), liveness=liveness, inventory=inventory),
+            FleetCounts(
+                total=sum(liveness.values()) + retired,
+                liveness=liveness,
+                inventory=inventory,
+                decommissioned=retired,
+            ),
             next_cursor,
         )
 
@@ -157,14 +170,18 @@ def fleet_rows(
     inventory: dict[str, int] = {}
     rows: list[FleetRow] = []
     needle = query.search.lower()
+    retired = 0
     for n in sorted(nodes, key=lambda n: (n.hostname or "", n.id)):
-        liveness[n.liveness] = liveness.get(n.liveness, 0) + 1
+        if n.status == "decommissioned":
+            retired += 1
+        else:
+            liveness[n.liveness] = liveness.get(n.liveness, 0) + 1
         inventory[n.inventory_status] = inventory.get(n.inventory_status, 0) + 1
         if needle and not any(
             (x or "").lower().startswith(needle) for x in (n.hostname, n.id, n.identity_key)
         ):
             continue
-        if query.liveness and n.liveness != query.liveness:
+        if query.liveness and (n.liveness != query.liveness or n.status == "decommissioned"):
             continue
         if query.inventory_status and n.inventory_status != query.inventory_status:
             continue
@@ -181,4 +198,4 @@ def fleet_rows(
                 gpu_models=sorted({a.name for a in gpus if a.name and a.status != "decommissioned"}),
             )
         )
-    return rows, FleetCounts(total=len(nodes), liveness=liveness, inventory=inventory)
+    return rows, FleetCounts(total=len(nodes), liveness=liveness, inventory=inventory, decommissioned=retired)
