@@ -340,8 +340,15 @@ async def store_hour(
     gpu_metrics: Sequence[str],
     host_metrics: Sequence[str],
 ) -> StoredHour:
-    """Store (again) one node-hour from the log, in one transaction."""
+    """Store (again) one node-hour from the log, in one transaction; two servers storing the
+    same hour take turns (an advisory lock of the two-key space, which no stream lock uses)."""
     async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock($1, hashtext($2 || $3::timestamptz::text))",
+            _LOCK_SPACE,
+            node_id,
+            hour,
+        )
         records = await conn.fetch(_HOUR_ROWS, node_id, hour)
         rows = [HourRow(r["global_position"], r["event_type"], r["body"], r["gpu_set_id"]) for r in records]
         sets = await stored_sets(conn, {r.gpu_set_id for r in rows})
@@ -360,6 +367,9 @@ async def store_hour(
             ],
         )
     return stored
+
+
+_LOCK_SPACE = 7305820
 
 
 class HoursPass(msgspec.Struct):

@@ -5,6 +5,7 @@ newest hours first and forgets those retention no longer keeps."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -257,3 +258,20 @@ async def test_hours_retention_no_longer_keeps_are_removed(make_api: Any) -> Non
     )
     assert {r["hour"] for r in await api.pool.fetch("SELECT hour FROM telemetry_hours")} == set()
     del node_id
+
+
+async def test_two_servers_storing_one_hour_take_turns(make_api: Any) -> None:
+    api, node_id, acc = await _seeded(make_api)
+    stored = await asyncio.gather(
+        *(
+            telemetry_hours.store_hour(api.pool, node_id, HOUR0, ACCELERATOR_METRICS, HOST_METRICS)
+            for _ in range(4)
+        )
+    )
+    assert len({s.observations for s in stored}) == 1
+    rows = await api.pool.fetch(
+        "SELECT subject FROM telemetry_hours WHERE node_id = $1 AND hour = $2 ORDER BY subject",
+        node_id,
+        HOUR0,
+    )
+    assert [r["subject"] for r in rows] == ["", acc["uuid"]]
