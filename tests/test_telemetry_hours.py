@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -275,3 +276,32 @@ async def test_two_servers_storing_one_hour_take_turns(make_api: Any) -> None:
         HOUR0,
     )
     assert [r["subject"] for r in rows] == ["", acc["uuid"]]
+
+
+async def test_storing_an_hour_lets_the_event_loop_run(make_api: Any, monkeypatch: Any) -> None:
+    """An eight-GPU node-hour is tens of milliseconds of CPU: the reports and requests the same
+    event loop serves go on meanwhile (a stored hour made slow here, a ticker beside it)."""
+    api, node_id, _acc = await _seeded(make_api)
+    made = telemetry_hours.stored_hour
+
+    def slow(*a: Any) -> Any:
+        until = time.perf_counter() + 0.3
+        while time.perf_counter() < until:
+            pass
+        return made(*a)
+
+    monkeypatch.setattr(telemetry_hours, "stored_hour", slow)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.ensure_future(ticker())
+    try:
+        await telemetry_hours.store_hour(api.pool, node_id, HOUR0, ACCELERATOR_METRICS, HOST_METRICS)
+    finally:
+        task.cancel()
+    assert ticks >= 10, ticks
