@@ -338,9 +338,11 @@ async def store_hour(
     hour: datetime,
     gpu_metrics: Sequence[str],
     host_metrics: Sequence[str],
+    spent: list[float] | None = None,
 ) -> StoredHour:
     """Store (again) one node-hour from the log, in one transaction; two servers storing the
-    same hour take turns (an advisory lock of the two-key space, which no stream lock uses)."""
+    same hour take turns (an advisory lock of the two-key space, which no stream lock uses).
+    `spent`: the CPU seconds making the hour took are added to its one element."""
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute(
             "SELECT pg_advisory_xact_lock($1, hashtext($2 || $3::timestamptz::text))",
@@ -354,7 +356,9 @@ async def store_hour(
         try:
             # Tens of milliseconds of CPU for an eight-GPU node: in a thread, so the event loop
             # (the agents' reports, every request) waits a switch interval, not the whole hour.
-            stored = await asyncio.to_thread(stored_hour, rows, sets, gpu_metrics, host_metrics)
+            stored, cpu = await asyncio.to_thread(_timed, rows, sets, gpu_metrics, host_metrics)
+            if spent is not None:
+                spent[0] += cpu
         except UndecodableBody as exc:  # the read decodes the log and says so
             log.warning("telemetry_hours.undecodable", node_id=node_id, hour=hour.isoformat(), error=str(exc))
             stored = StoredHour(observations=len(rows), common=None, gpus={})
@@ -371,6 +375,14 @@ async def store_hour(
 
 
 _LOCK_SPACE = 7305820
+
+
+def _timed(
+    rows: Sequence[HourRow], sets: Mapping[uuid.UUID, str], gpu: Sequence[str], host: Sequence[str]
+) -> tuple[StoredHour, float]:
+    """`stored_hour` and the CPU seconds its thread spent on it."""
+    started = time.thread_time()
+    return stored_hour(rows, sets, gpu, host), time.thread_time() - started
 
 
 class HoursPass(msgspec.Struct):
@@ -391,13 +403,14 @@ async def store_due(
     now: datetime | None = None,
     budget: float = 1.0,
 ) -> int:
-    """Store the closed hours not stored yet, the newest first, for at most `budget` seconds of
-    this process's time; hours older than `keep` are not stored and their rows removed. The
+    """Store the closed hours not stored yet, the newest first, until making them took `budget`
+    seconds of CPU (the thread's that makes them: the reports the process serves meanwhile are
+    not counted against it); hours older than `keep` are not stored and their rows removed. The
     number of node-hours stored."""
     now = now or datetime.now(UTC)
     newest = floor_hour(now - GRACE) - HOUR
     oldest = floor_hour(now - keep)
-    started = time.process_time()
+    spent = [0.0]
     stored = 0
     if memory.kept_from != oldest:  # once an hour: the table has no index by hour alone
         await pool.execute("DELETE FROM telemetry_hours WHERE hour < $1", oldest)
@@ -406,11 +419,11 @@ async def store_due(
     stale = sorted(STALE, key=lambda s: s[1], reverse=True)
     STALE.clear()
     for node_id, hour in stale:
-        if hour >= oldest and time.process_time() - started < budget:
-            await store_hour(pool, node_id, hour, gpu_metrics, host_metrics)
+        if hour >= oldest and spent[0] < budget:
+            await store_hour(pool, node_id, hour, gpu_metrics, host_metrics, spent)
             stored += 1
     hour = newest
-    while hour >= oldest and time.process_time() - started < budget:
+    while hour >= oldest and spent[0] < budget:
         if hour in memory.done:
             hour -= HOUR
             continue
@@ -420,10 +433,9 @@ async def store_due(
             hour -= HOUR
             continue
         for node_id in nodes:
-            await store_hour(pool, node_id, hour, gpu_metrics, host_metrics)
+            await store_hour(pool, node_id, hour, gpu_metrics, host_metrics, spent)
             stored += 1
-            await asyncio.sleep(0)
-            if time.process_time() - started >= budget:
+            if spent[0] >= budget:
                 break
     if len(STALE) > _STALE_MOST:
         STALE.clear()

@@ -305,3 +305,23 @@ async def test_storing_an_hour_lets_the_event_loop_run(make_api: Any, monkeypatc
     finally:
         task.cancel()
     assert ticks >= 10, ticks
+
+
+async def test_a_pass_stops_at_its_budget_and_the_next_goes_on_newest_first(make_api: Any) -> None:
+    api, _node_id, _acc = await _seeded(make_api)
+    memory = HoursPass()
+    order = []
+    for _ in range(5):
+        stored = await store_due(
+            api.pool,
+            memory,
+            keep=timedelta(days=30),
+            gpu_metrics=ACCELERATOR_METRICS,
+            host_metrics=HOST_METRICS,
+            now=HOUR0 + timedelta(hours=5),
+            budget=1e-9,  # any hour made spends it
+        )
+        hours = {r["hour"] for r in await api.pool.fetch("SELECT hour FROM telemetry_hours")}
+        order.append((stored, len(hours), min(hours)))
+    h = [HOUR0 + timedelta(hours=k) for k in range(4)]
+    assert order == [(1, 1, h[3]), (1, 2, h[2]), (1, 3, h[1]), (1, 4, h[0]), (0, 4, h[0])]

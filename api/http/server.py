@@ -63,9 +63,9 @@ async def retention_loop(pool: asyncpg.Pool, config: ServerConfig) -> None:
 
 
 async def telemetry_hours_loop(pool: asyncpg.Pool, config: ServerConfig) -> None:
-    """Each node's closed hours stored as columns for the history reads, the newest first, a
-    second of this process's CPU at most per pass (ledger/telemetry_hours.py). Kept as long as
-    retention keeps the log's day segments."""
+    """Each node's closed hours stored as columns for the history reads, the newest first, at
+    most a tenth of one core's time between two passes (ledger/telemetry_hours.py). Kept as long
+    as retention keeps the log's day segments."""
     if config.telemetry_hours_interval <= 0:
         return
     keep = timedelta(hours=config.retention_hours) + timedelta(days=1)
@@ -74,7 +74,12 @@ async def telemetry_hours_loop(pool: asyncpg.Pool, config: ServerConfig) -> None
         await asyncio.sleep(config.telemetry_hours_interval)
         try:
             stored = await store_due(
-                pool, memory, keep=keep, gpu_metrics=ACCELERATOR_METRICS, host_metrics=HOST_METRICS
+                pool,
+                memory,
+                keep=keep,
+                gpu_metrics=ACCELERATOR_METRICS,
+                host_metrics=HOST_METRICS,
+                budget=config.telemetry_hours_interval / 10,
             )
             if stored:
                 log.info("telemetry_hours.stored", node_hours=stored)
