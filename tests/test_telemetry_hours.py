@@ -48,6 +48,7 @@ from ledger.telemetry_hours import (
     store_due,
     stored_hour,
 )
+from tests.loop_support import OtherWork
 from tests.test_telemetry_history_reads import GPUS, SETS, SINCE, events, stored
 
 EXACT = msgspec.msgpack.Encoder()
@@ -153,15 +154,22 @@ async def _seeded(make_api: Any) -> tuple[Any, str, dict[str, Any]]:
     return api, node_id, acc
 
 
-async def _store(api: Any, now: datetime) -> int:
+async def _store(
+    api: Any,
+    now: datetime,
+    memory: HoursPass | None = None,
+    keep: timedelta = timedelta(days=30),
+    budget: float = 60.0,
+) -> int:
+    """A pass of the server's at `now` (with a memory of its own unless given one)."""
     return await store_due(
         api.pool,
-        HoursPass(),
-        keep=timedelta(days=30),
+        memory or HoursPass(),
+        keep=keep,
         gpu_metrics=ACCELERATOR_METRICS,
         host_metrics=HOST_METRICS,
         now=now,
-        budget=60.0,
+        budget=budget,
     )
 
 
@@ -235,28 +243,14 @@ async def test_a_report_committed_into_a_stored_hour_is_still_counted(make_api: 
 async def test_hours_retention_no_longer_keeps_are_removed(make_api: Any) -> None:
     api, node_id, _acc = await _seeded(make_api)
     memory = HoursPass()
-    stored = await store_due(
-        api.pool,
-        memory,
-        keep=timedelta(hours=3),
-        gpu_metrics=ACCELERATOR_METRICS,
-        host_metrics=HOST_METRICS,
-        now=HOUR0 + timedelta(hours=5),
-    )
+    stored = await _store(api, HOUR0 + timedelta(hours=5), memory, keep=timedelta(hours=3))
     # hours HOUR0+2 and HOUR0+3 are within three hours of HOUR0+5 (floor); HOUR0+1 is not
     assert stored == 2
     assert {r["hour"] for r in await api.pool.fetch("SELECT hour FROM telemetry_hours")} == {
         HOUR0 + timedelta(hours=2),
         HOUR0 + timedelta(hours=3),
     }
-    await store_due(
-        api.pool,
-        memory,
-        keep=timedelta(hours=1),
-        gpu_metrics=ACCELERATOR_METRICS,
-        host_metrics=HOST_METRICS,
-        now=HOUR0 + timedelta(hours=5),
-    )
+    await _store(api, HOUR0 + timedelta(hours=5), memory, keep=timedelta(hours=1))
     assert {r["hour"] for r in await api.pool.fetch("SELECT hour FROM telemetry_hours")} == set()
     del node_id
 
@@ -280,31 +274,25 @@ async def test_two_servers_storing_one_hour_take_turns(make_api: Any) -> None:
 
 async def test_storing_an_hour_lets_the_event_loop_run(make_api: Any, monkeypatch: Any) -> None:
     """An eight-GPU node-hour is tens of milliseconds of CPU: the reports and requests the same
-    event loop serves go on meanwhile (a stored hour made slow here, a ticker beside it)."""
+    event loop serves go on while it is made (made slow here; the other work's turns counted as
+    the making starts and ends)."""
     api, node_id, _acc = await _seeded(make_api)
     made = telemetry_hours.stored_hour
+    turns: list[int] = []
 
-    def slow(*a: Any) -> Any:
-        until = time.perf_counter() + 0.3
-        while time.perf_counter() < until:
-            pass
-        return made(*a)
+    async with OtherWork() as other:
 
-    monkeypatch.setattr(telemetry_hours, "stored_hour", slow)
-    ticks = 0
+        def slow(*a: Any) -> Any:
+            turns.append(other.turns)
+            until = time.perf_counter() + 0.3
+            while time.perf_counter() < until:
+                pass
+            turns.append(other.turns)
+            return made(*a)
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    task = asyncio.ensure_future(ticker())
-    try:
+        monkeypatch.setattr(telemetry_hours, "stored_hour", slow)
         await telemetry_hours.store_hour(api.pool, node_id, HOUR0, ACCELERATOR_METRICS, HOST_METRICS)
-    finally:
-        task.cancel()
-    assert ticks >= 10, ticks
+    assert turns[1] - turns[0] >= 10, turns
 
 
 async def test_a_pass_stops_at_its_budget_and_the_next_goes_on_newest_first(make_api: Any) -> None:
@@ -312,15 +300,7 @@ async def test_a_pass_stops_at_its_budget_and_the_next_goes_on_newest_first(make
     memory = HoursPass()
     order = []
     for _ in range(5):
-        stored = await store_due(
-            api.pool,
-            memory,
-            keep=timedelta(days=30),
-            gpu_metrics=ACCELERATOR_METRICS,
-            host_metrics=HOST_METRICS,
-            now=HOUR0 + timedelta(hours=5),
-            budget=1e-9,  # any hour made spends it
-        )
+        stored = await _store(api, HOUR0 + timedelta(hours=5), memory, budget=1e-9)  # one hour spends it
         hours = {r["hour"] for r in await api.pool.fetch("SELECT hour FROM telemetry_hours")}
         order.append((stored, len(hours), min(hours)))
     h = [HOUR0 + timedelta(hours=k) for k in range(4)]
