@@ -260,11 +260,10 @@ COUNTED: LiteralString = (
 
 
 class Covered(msgspec.Struct, frozen=True):
-    """The hours of a window a read takes from `telemetry_hours`: each hour's common body and the
-    subject's (None: the subject has none that hour), and the ranges of received time left to
-    read from the log, in order."""
+    """The hours of a window a read takes from `telemetry_hours`, each one's samples of the
+    subject, and the ranges of received time left to read from the log, in order."""
 
-    hours: dict[datetime, tuple[bytes, bytes | None]]
+    hours: dict[datetime, HourSamples]
     from_log: list[tuple[datetime, datetime]]
 
 
@@ -272,9 +271,10 @@ async def covered(
     conn: asyncpg.Connection, node_id: str, low: datetime, high: datetime, subject: str
 ) -> Covered:
     """The stored hours inside [low, high) whose count the log still agrees with, for `subject`
-    ('' the host, else a GPU UUID), and the rest of [low, high) as ranges to read from the log."""
+    ('' the host, else a GPU UUID), and the rest of [low, high) as ranges to read from the log.
+    A stored hour that does not decode is read from the log too (and stored again)."""
     first, last = ceil_hour(low), floor_hour(high)
-    hours: dict[datetime, tuple[bytes, bytes | None]] = {}
+    hours: dict[datetime, HourSamples] = {}
     if last - first >= HOUR:
         stored = await conn.fetch(STORED, node_id, first, last, list({"", subject}), FORMAT)
         commons = {r["hour"]: r for r in stored if r["subject"] == "" and r["body"] is not None}
@@ -285,9 +285,17 @@ async def covered(
             }
             own = {r["hour"]: r["body"] for r in stored if r["subject"] == subject and subject}
             for hour, r in commons.items():
-                if held.get(hour, 0) == r["observations"]:
-                    hours[hour] = (r["body"], own.get(hour))
-                else:
+                if held.get(hour, 0) != r["observations"]:
+                    STALE.add((node_id, hour))
+                    continue
+                try:
+                    hours[hour] = (
+                        gpu_samples(r["body"], own.get(hour)) if subject else host_samples(r["body"])
+                    )
+                except UndecodableBody as exc:
+                    log.warning(
+                        "telemetry_hours.undecodable", node_id=node_id, hour=hour.isoformat(), error=str(exc)
+                    )
                     STALE.add((node_id, hour))
     return Covered(hours=dict(sorted(hours.items())), from_log=_gaps(low, high, sorted(hours)))
 

@@ -305,3 +305,25 @@ async def test_a_pass_stops_at_its_budget_and_the_next_goes_on_newest_first(make
         order.append((stored, len(hours), min(hours)))
     h = [HOUR0 + timedelta(hours=k) for k in range(4)]
     assert order == [(1, 1, h[3]), (1, 2, h[2]), (1, 3, h[1]), (1, 4, h[0]), (0, 4, h[0])]
+
+
+async def test_a_stored_hour_that_does_not_decode_is_read_from_the_log(make_api: Any) -> None:
+    api, node_id, acc = await _seeded(make_api)
+    w = window(HOUR0, HOUR0 + timedelta(hours=4), 300)
+    from_log = await _both(api, acc, node_id, w)
+    await _store(api, HOUR0 + timedelta(hours=5))
+    await api.pool.execute(
+        "UPDATE telemetry_hours SET body = '\\xc1ff'::bytea WHERE hour = $1 AND subject = $2",
+        HOUR0,
+        acc["uuid"],
+    )
+    await api.pool.execute(
+        "UPDATE telemetry_hours SET body = '\\x93'::bytea WHERE hour = $1 AND subject = ''",
+        HOUR0 + timedelta(hours=1),
+    )
+    telemetry_hours.STALE.clear()
+    assert await _both(api, acc, node_id, w) == from_log
+    assert {(node_id, HOUR0), (node_id, HOUR0 + timedelta(hours=1))} <= telemetry_hours.STALE
+    await _store(api, HOUR0 + timedelta(hours=5))  # made again from the log
+    assert not telemetry_hours.STALE
+    assert await _both(api, acc, node_id, w) == from_log

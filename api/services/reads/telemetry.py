@@ -48,7 +48,7 @@ from ledger.events import (
     decode_payload,
 )
 from ledger.gpu_sets import stored_sets
-from ledger.telemetry_hours import covered, gpu_samples, host_samples
+from ledger.telemetry_hours import covered
 
 
 class TelemetryHistoryBody(msgspec.Struct, frozen=True):
@@ -268,7 +268,7 @@ class TelemetryReads:
         cover = await covered(conn, node_id, low, high, subject)
         if cover.hours:
             # Closed hours stored as columns (ledger/telemetry_hours.py); the rest from the log.
-            stored = [_stored_part(common, own, subject) for common, own in cover.hours.values()]
+            stored = [Part(h.positions, h.values, []) for h in cover.hours.values()]
             rows: list[asyncpg.Record] = []
             for start, end in cover.from_log:
                 rows.extend(await conn.fetch(query, node_id, start, end))
@@ -336,12 +336,6 @@ class TelemetryReads:
             samples=len(samples.times),
             series=await series_in_turns(w, samples, HOST_METRICS),
         )
-
-
-def _stored_part(common: bytes, own: bytes | None, subject: str) -> Part:
-    """A stored hour's samples of the GPU `subject` ('' the host) as a part of the read."""
-    hour = gpu_samples(common, own) if subject else host_samples(common)
-    return Part(hour.positions, hour.values, [])
 
 
 async def in_slices(
