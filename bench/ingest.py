@@ -38,8 +38,10 @@ Measured:
   (the growth of every partition of `events` with TOAST and indexes over the NODE_TELEMETRY_OBSERVED
   events appended) over reports of a few nodes, 128 each (two cycles of the indexes' page splits
   per node: bench/steady.py), and the whole day segment's bytes per event, as it stands and, for
-  this checkout, once sealed (ledger/sealing.py: what every day costs after it is over), printed
-  with the closed loop's server and PostgreSQL CPU per report;
+  this checkout, once sealed (ledger/sealing.py: what every day costs after it is over), and for
+  this checkout the log's bytes per snapshot with its telemetry hours' (the history reads' columns,
+  ledger/telemetry_hours.py, stored for the storage window's nodes), printed with the closed loop's
+  server and PostgreSQL CPU per report;
 - with `--baseline CHECKOUT`: the http tier, the steady window and the statement counts of another
   checkout of the product (its own `serve`, database and agents), interleaved with this one's, and
   this checkout's figures over the baseline's.

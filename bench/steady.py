@@ -31,6 +31,9 @@ class Steady:
     # still open), and once sealed (ledger/sealing.py; None for a checkout that cannot seal).
     day_open: float | None = None
     day_sealed: float | None = None
+    # The telemetry hours (ledger/telemetry_hours.py) of the storage window's nodes, bytes per
+    # snapshot they hold (None for a checkout without them).
+    hours: float | None = None
 
     @property
     def wal_per_report(self) -> float | None:
@@ -57,7 +60,14 @@ class Steady:
             "wal_database_fpi_bytes": self.wal.database_fpi,
             "day_segment_bytes_per_event": self.day_open,
             "sealed_day_segment_bytes_per_event": self.day_sealed,
+            "telemetry_hours_bytes_per_snapshot": self.hours,
         }
+
+    @property
+    def storage_with_hours(self) -> float | None:
+        """The log's bytes per snapshot and its telemetry hours'."""
+        storage = self.storage_per_snapshot
+        return None if storage is None or self.hours is None else storage + self.hours
 
 
 async def log_figures(dsn: str) -> tuple[int, int]:
@@ -101,6 +111,38 @@ async def day_figures(dsn: str, *, seal: bool) -> tuple[float | None, float | No
         return day_open, await conn.fetchval(size, row["partition"]) / row["n"]
     finally:
         await conn.close()
+
+
+async def hours_figures(dsn: str, node_ids: list[str]) -> float:
+    """The nodes' telemetry hours, stored by the product's own `store_hour` for every hour their
+    snapshots were received in (the open one too: what its closing will store), bytes (table,
+    TOAST, index) per snapshot they hold."""
+    import asyncpg
+
+    from collectors.observations import ACCELERATOR_METRICS, HOST_METRICS
+    from ledger.db import create_pool
+    from ledger.telemetry_hours import floor_hour, store_hour
+
+    pool = await create_pool(dsn, min_size=1, max_size=2)
+    try:
+        hours = await pool.fetch(
+            "SELECT DISTINCT stream_id, date_trunc('hour', received_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' "
+            "AS hour_start FROM events WHERE event_type = 'NODE_TELEMETRY_OBSERVED' AND stream_id = ANY($1)",
+            node_ids,
+        )
+        for r in hours:
+            await store_hour(
+                pool, r["stream_id"], floor_hour(r["hour_start"]), ACCELERATOR_METRICS, HOST_METRICS
+            )
+        row = await pool.fetchrow(
+            "SELECT pg_total_relation_size('telemetry_hours') AS size, "
+            "(SELECT sum(observations) FROM telemetry_hours WHERE subject = '') AS held"
+        )
+    except asyncpg.UndefinedTableError:
+        return float("nan")
+    finally:
+        await pool.close()
+    return float(row["size"] / row["held"]) if row["held"] else float("nan")
 
 
 async def _send(target: Target, agents: list[Any], reports: int, connections: int) -> tuple[int, int]:
@@ -159,8 +201,9 @@ async def steady_window(
     )
     size1, snapshots1 = await log_figures(target.db.dsn)
     day_open, day_sealed = await day_figures(target.db.dsn, seal=seal)
+    hours = await hours_figures(target.db.dsn, [a.node_id for a in target.agents[:nodes]]) if seal else None
     return Steady(
-        accepted, errors + failed, snapshots1 - snapshots0, size1 - size0, share, day_open, day_sealed
+        accepted, errors + failed, snapshots1 - snapshots0, size1 - size0, share, day_open, day_sealed, hours
     )
 
 
@@ -176,6 +219,9 @@ def print_per_report(who: str, steady: Steady | None, http: h.Sample) -> None:
     if steady is not None and steady.day_open is not None:
         sealed = "" if steady.day_sealed is None else f", sealed {steady.day_sealed:,.0f} B"
         print(f"  storage per event of the day segment: {steady.day_open:,.0f} B as it stands{sealed}")
+    if steady is not None and steady.storage_with_hours is not None:
+        print(f"  storage per snapshot with its telemetry hour: {steady.storage_with_hours:,.0f} B "
+              f"(the hours {steady.hours:,.0f} B)")  # fmt: skip
     print(f"  server CPU per report: {'n/a' if server is None else f'{server:.3f}'} ms")
     print(f"  PostgreSQL CPU per report: {'n/a' if db is None else f'{db:.3f}'} ms")
 
@@ -190,6 +236,7 @@ def this_over_baseline(
 
     report.ratio(h.Ratio("WAL per steady report, this / baseline", over(steady.wal_per_report, bsteady.wal_per_report), 0.35, at_least=False))  # fmt: skip
     report.ratio(h.Ratio("storage per snapshot, this / baseline", over(steady.storage_per_snapshot, bsteady.storage_per_snapshot), 0.35, at_least=False))  # fmt: skip
+    report.ratio(h.Ratio("storage per snapshot with telemetry hours, this / baseline", over(steady.storage_with_hours, bsteady.storage_per_snapshot), 0.35, at_least=False))  # fmt: skip
     report.ratio(h.Ratio("storage per event of a sealed day, this / baseline's day", over(steady.day_sealed, bsteady.day_open), 0.35, at_least=False))  # fmt: skip
     report.ratio(h.Ratio("this checkout / baseline (http reports/s)", over(http.rate, base.rate), 0.95, h.cost_ratio(http, base)))  # fmt: skip
     report.ratio(h.Ratio("p99, this / baseline (closed loop)", over(http.ms(99), base.ms(99)), 1 / 0.95, at_least=False))  # fmt: skip
