@@ -38,7 +38,7 @@ def _gpu(minute: int) -> dict[str, Fact]:
     }
 
 
-def _event(payload: EventPayload, observed: datetime, received: datetime | None = None) -> NewEvent:
+def observed_event(payload: EventPayload, observed: datetime, received: datetime | None = None) -> NewEvent:
     meta = EventMetadata(received_at=received or observed, source="local", observed_at=observed)
     return NewEvent(payload=payload, metadata=meta)
 
@@ -57,17 +57,21 @@ async def seed(pool: asyncpg.Pool, node_id: str, accelerator_id: str, uuid: str)
     events = []
     for minute in range(59):
         if minute not in GAP:
-            events.append(_event(snapshot(minute, with_other=minute == 0), BASE + timedelta(minutes=minute)))
+            events.append(
+                observed_event(snapshot(minute, with_other=minute == 0), BASE + timedelta(minutes=minute))
+            )
     last = BASE + timedelta(minutes=59)
-    events.append(_event(HostTelemetryObserved(telemetry=_host(59), storage=[]), last))
+    events.append(observed_event(HostTelemetryObserved(telemetry=_host(59), storage=[]), last))
     events.append(
-        _event(
+        observed_event(
             AcceleratorTelemetryObserved(accelerator_id=accelerator_id, uuid=uuid, telemetry=_gpu(59)), last
         )
     )
     late = BASE + timedelta(minutes=5, seconds=30)
-    events.append(_event(snapshot(5), late, received=late + timedelta(hours=3)))
-    events.append(_event(snapshot(0), BASE - timedelta(minutes=10), received=BASE + timedelta(minutes=1)))
+    events.append(observed_event(snapshot(5), late, received=late + timedelta(hours=3)))
+    events.append(
+        observed_event(snapshot(0), BASE - timedelta(minutes=10), received=BASE + timedelta(minutes=1))
+    )
     await event_store(pool).append(node_id, None, events)
 
 

@@ -32,10 +32,8 @@ from ledger.compact import FORMAT_3, FORMAT_4
 from ledger.events import (
     AcceleratorSample,
     AcceleratorTelemetryObserved,
-    EventMetadata,
     EventPayload,
     HostTelemetryObserved,
-    NewEvent,
     NodeTelemetryObserved,
 )
 from ledger.telemetry_hours import (
@@ -49,6 +47,7 @@ from ledger.telemetry_hours import (
     stored_hour,
 )
 from tests.loop_support import OtherWork
+from tests.telemetry_support import observed_event
 from tests.test_telemetry_history_reads import GPUS, SETS, SINCE, events, stored
 
 EXACT = msgspec.msgpack.Encoder()
@@ -130,11 +129,6 @@ def _snapshot(accelerator_id: str, uuid: str, minute: int) -> NodeTelemetryObser
     )
 
 
-def _event(payload: EventPayload, observed: datetime, received: datetime | None = None) -> NewEvent:
-    meta = EventMetadata(received_at=received or observed, source="local", observed_at=observed)
-    return NewEvent(payload=payload, metadata=meta)
-
-
 async def _seeded(make_api: Any) -> tuple[Any, str, dict[str, Any]]:
     """Four hours of one snapshot a minute from HOUR0, the third hour's last minute as the
     per-kind events of an older release."""
@@ -146,10 +140,10 @@ async def _seeded(make_api: Any) -> tuple[Any, str, dict[str, Any]]:
     for minute in range(4 * 60):
         at = HOUR0 + timedelta(minutes=minute)
         if minute == 179:
-            out.append(_event(HostTelemetryObserved(telemetry={}, storage=[]), at))
-            out.append(_event(AcceleratorTelemetryObserved(acc["id"], acc["uuid"], {}), at))
+            out.append(observed_event(HostTelemetryObserved(telemetry={}, storage=[]), at))
+            out.append(observed_event(AcceleratorTelemetryObserved(acc["id"], acc["uuid"], {}), at))
         else:
-            out.append(_event(_snapshot(acc["id"], acc["uuid"], minute), at))
+            out.append(observed_event(_snapshot(acc["id"], acc["uuid"], minute), at))
     await event_store(api.pool).append(node_id, None, out)
     return api, node_id, acc
 
@@ -227,7 +221,9 @@ async def test_a_report_committed_into_a_stored_hour_is_still_counted(make_api: 
     before = await _both(api, acc, node_id, w)
     # received inside the first stored hour (a commit after the hour was stored)
     late = HOUR0 + timedelta(minutes=30, seconds=30)
-    await event_store(api.pool).append(node_id, None, [_event(_snapshot(acc["id"], acc["uuid"], 999), late)])
+    await event_store(api.pool).append(
+        node_id, None, [observed_event(_snapshot(acc["id"], acc["uuid"], 999), late)]
+    )
     telemetry_hours.STALE.clear()
     after = await _both(api, acc, node_id, w)
     assert after[0].samples == before[0].samples + 1
