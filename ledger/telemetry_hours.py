@@ -395,10 +395,13 @@ def _timed(
 
 class HoursPass(msgspec.Struct):
     """A process's memory between passes: the hours every node has stored, and the oldest hour
-    kept when the older ones were last removed."""
+    kept when the older ones were last removed; for /metrics, the node-hours it stored and the
+    passes that stopped at their budget before they had looked at every hour."""
 
     done: set[datetime] = msgspec.field(default_factory=set)
     kept_from: datetime | None = None
+    stored_total: int = 0
+    short_passes: int = 0
 
 
 async def store_due(
@@ -447,4 +450,7 @@ async def store_due(
                 break
     if len(STALE) > _STALE_MOST:
         STALE.clear()
+    memory.stored_total += stored
+    if hour >= oldest:  # the budget ran out first
+        memory.short_passes += 1
     return stored

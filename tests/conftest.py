@@ -127,9 +127,16 @@ class ApiHarness:
     fake NVML at the pynvml boundary."""
 
     def __init__(
-        self, client: object, nvml: object, scenario: object, pool: asyncpg.Pool, config: object
+        self,
+        client: object,
+        nvml: object,
+        scenario: object,
+        pool: asyncpg.Pool,
+        config: object,
+        context: object = None,
     ) -> None:
         self.client = client
+        self.context = context  # the app's AppContext
         self.nvml = nvml
         self.scenario = scenario
         self.pool = pool
@@ -201,6 +208,6 @@ def make_api(pool: asyncpg.Pool, tmp_path: Path):  # type: ignore[no-untyped-def
         app = create_app(context)
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
         clients.append(client)
-        return ApiHarness(client, nvml, sc, pool, config)
+        return ApiHarness(client, nvml, sc, pool, config, context)
 
     yield make

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from api.services.reads import telemetry
 from api.services.reads.telemetry import (
@@ -323,3 +324,21 @@ async def test_a_stored_hour_that_does_not_decode_is_read_from_the_log(make_api:
     await _store(api, HOUR0 + timedelta(hours=5))  # made again from the log
     assert not telemetry_hours.STALE
     assert await _both(api, acc, node_id, w) == from_log
+
+
+async def test_metrics_count_the_hours_stored_and_the_passes_cut_short(make_api: Any) -> None:
+    api, _node_id, _acc = await _seeded(make_api)
+
+    async def counted() -> tuple[float, float]:
+        families = {f.name: f for f in text_string_to_metric_families((await api.get("/metrics")).text)}
+        return (
+            families["modelforge_telemetry_columns_stored"].samples[0].value,
+            families["modelforge_telemetry_columns_short_passes"].samples[0].value,
+        )
+
+    assert await counted() == (0, 0)
+    memory = api.context.telemetry_hours  # the server's passes keep their counts here
+    await _store(api, HOUR0 + timedelta(hours=5), memory, budget=1e-9)  # one hour, then cut short
+    assert await counted() == (1, 1)
+    await _store(api, HOUR0 + timedelta(hours=5), memory)  # the other three, every hour looked at
+    assert await counted() == (4, 1)

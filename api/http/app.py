@@ -365,6 +365,8 @@ async def _scrape_snapshot(context: AppContext) -> Snapshot:
             "kept_appends_stale": context.service.store.states.stale,
             "kept_positions_stale": context.services.reports.positions.stale,
             "fast_reads": context.fast_reads,
+            "telemetry_hours_stored": context.telemetry_hours.stored_total,
+            "telemetry_hours_short_passes": context.telemetry_hours.short_passes,
         },
         context.repository.clock(),  # the read side's one clock judges liveness here too
     )

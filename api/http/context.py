@@ -25,6 +25,7 @@ from api.services.reports import ReportService
 from api.services.scopes import OperatorTokens, viewer_may
 from api.services.webhooks import WebhookService
 from api.wiring import Services
+from ledger.telemetry_hours import HoursPass
 from runtime.secrets import matches
 
 
@@ -48,6 +49,8 @@ class AppContext:
         self.admin_token_hash = admin_token_hash
         self.local_refresh_enabled = local_refresh_enabled
         self.fast_reads = 0  # reads api.http.fast_reads answered (the server's /metrics)
+        # The server's telemetry-hours passes (api/http/server.py), their counts for /metrics.
+        self.telemetry_hours = HoursPass()
 
 
 def ctx(request: Request[Any, Any, Any] | ASGIConnection[Any, Any, Any, Any]) -> AppContext:

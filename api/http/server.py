@@ -62,14 +62,13 @@ async def retention_loop(pool: asyncpg.Pool, config: ServerConfig) -> None:
             log.warning("retention.failed", error=str(exc))
 
 
-async def telemetry_hours_loop(pool: asyncpg.Pool, config: ServerConfig) -> None:
+async def telemetry_hours_loop(pool: asyncpg.Pool, config: ServerConfig, memory: HoursPass) -> None:
     """Each node's closed hours stored as columns for the history reads, the newest first, at
     most a tenth of one core's time between two passes (ledger/telemetry_hours.py). Kept as long
     as retention keeps the log's day segments."""
     if config.telemetry_hours_interval <= 0:
         return
     keep = timedelta(hours=config.retention_hours) + timedelta(days=1)
-    memory = HoursPass()
     while True:
         await asyncio.sleep(config.telemetry_hours_interval)
         try:
@@ -117,7 +116,7 @@ def make_app(config: ServerConfig, dsn: str, admin_token_hash: str) -> Litestar:
             app.state.ctx = context
             retention = asyncio.create_task(retention_loop(pool, config))
             app.state.retention_task = retention
-            hours = asyncio.create_task(telemetry_hours_loop(pool, config))
+            hours = asyncio.create_task(telemetry_hours_loop(pool, config, context.telemetry_hours))
             # Webhook delivery: a task of its own, never on the report path.
             dispatcher = WebhookDispatcher(pool, delivery_settings(config))
             context.services.webhooks.changed = dispatcher.wake

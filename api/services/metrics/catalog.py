@@ -324,6 +324,23 @@ COUNTERS = (
         (),
         "fast_reads",
     ),
+    MetricSpec(
+        "modelforge_telemetry_columns_stored_total",
+        "counter",
+        "Node-hours of telemetry this process stored as columns for the history reads (each closed"
+        " hour of each reporting node, once).",
+        (),
+        "telemetry_hours_stored",
+    ),
+    MetricSpec(
+        "modelforge_telemetry_columns_short_passes_total",
+        "counter",
+        "Telemetry-hours passes of this process that stopped at their CPU budget before they had"
+        " looked at every hour: rising at an hour's end is the backlog of a big fleet, rising all"
+        " the time is a server falling behind (shorten --telemetry-hours-interval).",
+        (),
+        "telemetry_hours_short_passes",
+    ),
 )
 LOG_HEAD = MetricSpec("modelforge_log_head_position", "gauge", "Global position of the newest event.", ())
 PROJECTION_LAG = MetricSpec(
