@@ -383,6 +383,8 @@ async def store_hour(
 
 
 _LOCK_SPACE = 7305820
+# Nodes due in one hour asked for at a time (the next page is what is still due after them).
+DUE_PAGE = 64
 
 
 def _timed(
@@ -438,7 +440,7 @@ async def store_due(
         if hour in memory.done:
             hour -= HOUR
             continue
-        nodes = [r["node_id"] for r in await pool.fetch(_DUE, hour, FORMAT, 64)]
+        nodes = [r["node_id"] for r in await pool.fetch(_DUE, hour, FORMAT, DUE_PAGE)]
         if not nodes:
             memory.done.add(hour)
             hour -= HOUR

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -342,3 +343,33 @@ async def test_metrics_count_the_hours_stored_and_the_passes_cut_short(make_api:
     assert await counted() == (1, 1)
     await _store(api, HOUR0 + timedelta(hours=5), memory)  # the other three, every hour looked at
     assert await counted() == (4, 1)
+
+
+@pytest.mark.parametrize("page", [1, 2, 3, 64])
+async def test_a_pass_stores_every_due_node_whatever_the_page_of_nodes(
+    make_api: Any, monkeypatch: Any, page: int
+) -> None:
+    """Three nodes with two closed hours each, the nodes due asked for `page` at a time."""
+    nodes: list[str] = []
+    for k in range(3):
+        api = make_api(node_id=f"hours-node-{k}")
+        await api.refresh()
+        node_id = next(
+            n["id"] for n in (await api.get("/api/v1/hardware/nodes")).json()["items"] if n["id"] not in nodes
+        )
+        nodes.append(node_id)
+        acc = (await api.get("/api/v1/hardware/accelerators", params={"node_id": node_id})).json()["items"][0]
+        await event_store(api.pool).append(
+            node_id,
+            None,
+            [
+                observed_event(_snapshot(acc["id"], acc["uuid"], m), HOUR0 + timedelta(minutes=m))
+                for m in range(0, 120, 7)
+            ],
+        )
+    monkeypatch.setattr(telemetry_hours, "DUE_PAGE", page)
+    assert await _store(api, HOUR0 + timedelta(hours=3)) == 6
+    stored = await api.pool.fetch("SELECT node_id, hour FROM telemetry_hours WHERE subject = ''")
+    assert sorted((r["node_id"], r["hour"]) for r in stored) == sorted(
+        (n, HOUR0 + timedelta(hours=h)) for n in nodes for h in (0, 1)
+    )
