@@ -243,6 +243,15 @@ def gpu_samples(common_body: bytes, gpu_body: bytes | None) -> HourSamples:
 
 # -- reading ----------------------------------------------------------------------------------
 
+# A node's ($1) observations received in [$2, $3): the predicate of the history's read of the
+# log, of the count a read checks a stored hour by, and of what an hour is stored from, so the
+# three agree on which rows an hour holds. An observation's segment is the UTC day it was
+# received, or the permanent one ('infinity'): the days before the range are not searched at all.
+RECEIVED_IN: LiteralString = (
+    "e.stream_id = $1 AND e.event_class = 'observation' "
+    "AND e.segment >= ($2::timestamptz AT TIME ZONE 'UTC')::date "
+    "AND e.received_at >= $2::timestamptz AND e.received_at < $3::timestamptz "
+)
 # The stored hours of a node in [$2, $3) for the subjects $4, of this FORMAT.
 STORED: LiteralString = (
     "SELECT hour, subject, observations, body FROM telemetry_hours "
@@ -252,10 +261,7 @@ STORED: LiteralString = (
 # history's index).
 COUNTED: LiteralString = (
     "SELECT date_trunc('hour', e.received_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS hour_start, "
-    "count(*) AS rows_held "
-    "FROM events e WHERE e.stream_id = $1 AND e.event_class = 'observation' "
-    "AND e.segment >= ($2::timestamptz AT TIME ZONE 'UTC')::date "
-    "AND e.received_at >= $2::timestamptz AND e.received_at < $3::timestamptz GROUP BY 1"
+    "count(*) AS rows_held FROM events e WHERE " + RECEIVED_IN + "GROUP BY 1"
 )
 
 
@@ -323,10 +329,7 @@ _STALE_MOST = 10_000
 _HOUR_ROWS: LiteralString = (
     "SELECT e.global_position, e.event_type, e.body, "
     "CASE WHEN get_byte(e.body, 1) IN (3, 4) THEN e.sampled END AS gpu_set_id "
-    "FROM events e WHERE e.stream_id = $1 AND e.event_class = 'observation' "
-    "AND e.segment >= ($2::timestamptz AT TIME ZONE 'UTC')::date "
-    "AND e.received_at >= $2::timestamptz AND e.received_at < $2::timestamptz + interval '1 hour' "
-    "ORDER BY e.global_position"
+    "FROM events e WHERE " + RECEIVED_IN + "ORDER BY e.global_position"
 )
 # The nodes with observations received in the hour $1 and no hour stored of this FORMAT.
 _DUE: LiteralString = (
@@ -358,7 +361,7 @@ async def store_hour(
             node_id,
             hour,
         )
-        records = await conn.fetch(_HOUR_ROWS, node_id, hour)
+        records = await conn.fetch(_HOUR_ROWS, node_id, hour, hour + HOUR)
         rows = [HourRow(r["global_position"], r["event_type"], r["body"], r["gpu_set_id"]) for r in records]
         sets = await stored_sets(conn, {r.gpu_set_id for r in rows})
         try:

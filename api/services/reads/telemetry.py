@@ -48,7 +48,7 @@ from ledger.events import (
     decode_payload,
 )
 from ledger.gpu_sets import stored_sets
-from ledger.telemetry_hours import covered
+from ledger.telemetry_hours import RECEIVED_IN, covered
 
 
 class TelemetryHistoryBody(msgspec.Struct, frozen=True):
@@ -76,12 +76,7 @@ _OBSERVATIONS: LiteralString = (
     "SELECT e.global_position, e.body, e.data::text AS data_json, e.metadata::text AS metadata_json, "
     # The GPU set a snapshot of format 3 or 4 (a body's second byte) names (ledger/gpu_sets.py).
     "CASE WHEN get_byte(e.body, 1) IN (3, 4) THEN e.sampled END AS gpu_set_id "
-    "FROM events e "
-    "WHERE e.stream_id = $1 AND e.event_class = 'observation' "
-    # An observation's segment is the UTC day it was received, or the permanent one ('infinity'):
-    # the days before the range are not searched at all.
-    "AND e.segment >= ($2::timestamptz AT TIME ZONE 'UTC')::date "
-    "AND e.received_at >= $2::timestamptz AND e.received_at < $3::timestamptz "
+    "FROM events e WHERE " + RECEIVED_IN
 )
 # How far the search by received_at reaches beyond the window: a sample observed up to an hour
 # before it was received (an agent's clock ahead of the server's) and received up to a day after.
