@@ -529,8 +529,11 @@ CREATE INDEX webhook_deliveries_subscription_idx ON webhook_deliveries (subscrip
 \ir sql/functions/mf_event_hash.sql
 \ir sql/functions/mf_lock_streams.sql
 \ir sql/functions/mf_open_streams.sql
+\ir sql/functions/mf_append_positioned.sql
 \ir sql/functions/mf_append_many.sql
 \ir sql/functions/mf_append_kept.sql
+\ir sql/functions/mf_append_folded.sql
+\ir sql/functions/mf_require.sql
 \ir sql/functions/mf_advance_positions.sql
 \ir sql/functions/mf_append.sql
 \ir sql/functions/mf_ensure_segments.sql

@@ -19,6 +19,11 @@ its outcome once the transaction that handled it has committed, so an acknowledg
       that refuses it. A refused item must have written nothing (refusals are decided before the
       writes); the others are committed together. Sorted keys mean batches take stream locks in
       one global order and never deadlock each other.
+    * An optional `outside` handler gets the batch first, on a connection outside a transaction
+      block: a handler whose writes are one statement (its own transaction) answers there, or
+      answers None having written nothing, and the batch goes to `handler` in a transaction.
+      One that raises has written nothing either (the statement failed whole): the batch is
+      handled as below.
     * A handler that raises (an unexpected database error, a conflict) fails nobody else: the
       batch is rolled back and each of its items is handled again alone, in a transaction of its
       own, so every caller gets the outcome its item has alone. Handlers must therefore decide
@@ -52,6 +57,8 @@ class TryAgain(Exception):
 _ATTEMPTS_ALONE = 2
 
 Handler = Callable[[asyncpg.Connection, Sequence[I]], Awaitable[Sequence[R | BaseException]]]
+# A handler outside a transaction block: the outcomes, or None where it wrote nothing.
+OutsideHandler = Callable[[asyncpg.Connection, Sequence[I]], Awaitable[Sequence[R | BaseException] | None]]
 
 
 def _fail(future: asyncio.Future[R], exc: BaseException) -> None:
@@ -81,11 +88,13 @@ class GroupCommit(Generic[I, R]):
         max_batch: int = 32,
         concurrency: int = 2,
         share: bool = False,
+        outside: OutsideHandler[I, R] | None = None,
     ) -> None:
         if max_batch < 1 or concurrency < 1:
             raise ValueError("max_batch and concurrency must be at least 1")
         self.pool = pool
         self.handler = handler
+        self.outside = outside
         self.max_batch = max_batch
         self.concurrency = concurrency
         self.share = share
@@ -152,13 +161,28 @@ class GroupCommit(Generic[I, R]):
         """Handle the batch in one transaction; False (nothing committed, nobody answered) when
         the handler raised or the transaction failed."""
         try:
-            async with self.pool.acquire() as conn, conn.transaction():
-                outcomes = self._checked(batch, await self.handler(conn, [p.item for p in batch]))
+            async with self.pool.acquire() as conn:
+                outcomes = await self._outside(conn, batch)
+                if outcomes is None:
+                    async with conn.transaction():
+                        outcomes = self._checked(batch, await self.handler(conn, [p.item for p in batch]))
         except Exception as exc:  # any failure: every item is handled again, alone
             log.debug("group_commit.split", units=len(batch), error=type(exc).__name__)
             return False
         self._answer(batch, outcomes)
         return True
+
+    async def _outside(
+        self, conn: asyncpg.Connection, batch: list[_Pending[I, R]]
+    ) -> Sequence[R | BaseException] | None:
+        if self.outside is None:
+            return None
+        outcomes = await self.outside(conn, [p.item for p in batch])
+        if outcomes is not None and len(outcomes) != len(batch):
+            # Committed already: answered as a defect, never handled again.
+            exc = RuntimeError(f"the handler answered {len(outcomes)} of {len(batch)} items")
+            return [exc] * len(batch)
+        return outcomes
 
     @staticmethod
     def _checked(
@@ -172,8 +196,11 @@ class GroupCommit(Generic[I, R]):
     async def _alone(self, pending: _Pending[I, R]) -> None:
         for attempt in range(1, _ATTEMPTS_ALONE + 1):
             try:
-                async with self.pool.acquire() as conn, conn.transaction():
-                    outcomes = self._checked([pending], await self.handler(conn, [pending.item]))
+                async with self.pool.acquire() as conn:
+                    outcomes = await self._outside(conn, [pending]) if attempt == 1 else None
+                    if outcomes is None:
+                        async with conn.transaction():
+                            outcomes = self._checked([pending], await self.handler(conn, [pending.item]))
             except TryAgain as exc:
                 log.debug("group_commit.try_again", attempt=attempt, reason=str(exc))
                 if attempt < _ATTEMPTS_ALONE:

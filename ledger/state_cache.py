@@ -45,6 +45,10 @@ class StateCache:
         # Appends in one round trip on kept states (`EventStore._append_kept`), and those that
         # found another checkpoint stored than the one kept (then opened as usual).
         self.kept_appends = 0
+        # Of those, the ones whose events were folded before they were sent (ledger/folded_append.py).
+        self.folded_appends = 0
+        # Folded appends the database refused as decided on something not current.
+        self.folded_refused = 0
         self.stale = 0
 
     def known(

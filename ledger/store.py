@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Literal
 
 import asyncpg
 import msgspec
@@ -27,6 +27,7 @@ from ledger.events import (
 )
 from ledger.gpu_sets import GpuSets
 from ledger.group_commit import GroupCommit, TryAgain
+from ledger.inline_projection import InlineProjection, StateSource
 from ledger.reading import (
     EVENT_COLUMNS,
     Checkpoint,
@@ -35,6 +36,7 @@ from ledger.reading import (
     event_from_row,
     read_log,
 )
+from ledger.reserved_positions import ReservedPositions
 from ledger.state_cache import STATE_CACHE_STREAMS, KeptState, StateCache
 from ledger.stored_form import StoredForm, stored_form
 
@@ -106,53 +108,6 @@ class AppendRequest(msgspec.Struct, frozen=True):
     prior_states: Mapping[str, object] = {}
 
 
-class InlineProjection(Protocol):
-    """A read model the store keeps current inside each append's transaction."""
-
-    name: str
-
-    async def apply(
-        self,
-        conn: asyncpg.Connection,
-        stream_id: str,
-        events: Sequence[RecordedEvent],
-        prior: object = None,
-    ) -> object:
-        """Fold `events` into the read model and return the stream's new folded state (None when
-        the projection does not handle the stream). `prior`: the stream's folded state as the
-        caller already loaded it under the stream lock (saves reading it twice), else None."""
-        ...
-
-    async def apply_many(
-        self, conn: asyncpg.Connection, appended: Sequence[tuple[str, Sequence[RecordedEvent], object]]
-    ) -> list[object]:
-        """`apply` for several streams at once, `(stream_id, events, prior)` each, in one write;
-        the new states in the same order."""
-        ...
-
-    def checkpointed(self, stream_id: str, stored: bytes | None) -> object:
-        """The stream's folded state from its checkpoint's bytes as `mf_open_streams` returns them
-        (None: no checkpoint yet), or None for a stream this projection does not handle."""
-        ...
-
-    def persisted(self, state: Any) -> object:
-        """The state as its checkpoint stores it (what `checkpointed` gives back from the bytes)."""
-        ...
-
-    def checkpoint_of(self, state: Any) -> tuple[int, int]:
-        """(stream version, global position) the state has folded up to."""
-        ...
-
-
-class StateSource(Protocol):
-    """Where the folded states `EventStore.open_states` hands out come from: a projection."""
-
-    @property
-    def name(self) -> str: ...
-
-    def checkpointed(self, stream_id: str, stored: bytes | None) -> object: ...
-
-
 def _translate(exc: asyncpg.PostgresError, stream_id: str, expected: int | None) -> LedgerError | None:
     code: object = getattr(exc, "sqlstate", None)
     if code == "MF409":
@@ -166,11 +121,12 @@ def _translate(exc: asyncpg.PostgresError, stream_id: str, expected: int | None)
 
 
 # The two append functions (ledger/sql/functions/): the events' arrays, then `p_locked` for
-# mf_append_many, or the kept checkpoints for mf_append_kept.
+# mf_append_many (called as mf_append_positioned, without positions: one call fewer), or the kept
+# checkpoints for mf_append_kept.
 _APPEND_SQL = {
     "mf_append_many": "SELECT out_stream_index, out_global_position, out_stream_version, "
     "out_already_stored, out_recorded_at "
-    "FROM mf_append_many($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+    "FROM mf_append_positioned($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, NULL)",
     "mf_append_kept": "SELECT out_stream_index, out_global_position, out_stream_version, "
     "out_already_stored, out_recorded_at "
     "FROM mf_append_kept($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
@@ -182,6 +138,30 @@ _STREAM_EVENTS = (
     "SELECT " + EVENT_COLUMNS + " FROM events WHERE stream_id = $1 AND stream_version > $2 "
     "ORDER BY stream_version"
 )
+
+
+def append_arguments(
+    requests: Sequence[AppendRequest], encoded: Sequence[Sequence[StoredForm]]
+) -> list[object]:
+    """The twelve arrays every append function takes first: the streams, their expected
+    versions and counts, then each event's id, type, class, schema version, jsonb data and
+    metadata or compact body, received time and sampled GPUs."""
+    flat = [e for r in requests for e in r.events]
+    codes = [c for per in encoded for c in per]
+    return [
+        [r.stream_id for r in requests],
+        [r.expected_version for r in requests],
+        [len(r.events) for r in requests],
+        [e.event_id for e in flat],
+        [e.event_type for e in flat],
+        [e.event_class for e in flat],
+        [SCHEMA_VERSION] * len(flat),
+        [None if c.data is None else msgspec.Raw(c.data) for c in codes],
+        [None if c.metadata_json is None else msgspec.Raw(c.metadata_json) for c in codes],
+        [c.body for c in codes],
+        [c.metadata.received_at for c in codes],
+        [c.sampled for c in codes],
+    ]
 
 
 class EventStore:
@@ -196,6 +176,7 @@ class EventStore:
         self.projections = tuple(projections)
         self.states = StateCache(state_cache_streams)
         self.gpu_sets = GpuSets()
+        self.reserved = ReservedPositions()
         # Appends of concurrent callers (each its own transaction before) share one: a commit and
         # its WAL flush, one `mf_append_many` and one projection write for the lot. A lone append
         # still runs at once, alone; a conflict in a batch has each of its appends run again alone.
@@ -255,7 +236,7 @@ class EventStore:
         if first is None:
             await self.open_streams(conn, [r.stream_id for r in requests], "")
             return await self.append_many(conn, requests, locked=True)
-        encoded = await self._encoded(conn, requests)
+        encoded = await self.encoded(conn, requests)
         kept = await self._append_kept(conn, requests, encoded, first)
         if kept is not None:
             return kept
@@ -304,7 +285,7 @@ class EventStore:
         another checkpoint is stored: nothing written, the locks held; the caller opens the
         streams (`open_states`) in the same transaction and decides again."""
         return await self._send_kept(
-            conn, requests, await self._encoded(conn, requests), projection, kept, rebuild
+            conn, requests, await self.encoded(conn, requests), projection, kept, rebuild
         )
 
     async def _send_kept(
@@ -345,13 +326,14 @@ class EventStore:
         write per projection. Each stream is checked as `append` checks it; with more than one
         stream, a conflict, tombstone or duplicate raises a plain LedgerError for the whole call
         (the caller's group commit then runs each alone, where the typed error names its stream)."""
-        encoded = await self._encoded(conn, requests)
+        encoded = await self.encoded(conn, requests)
         rows = await self._send(conn, requests, encoded, "mf_append_many", (locked,))
         return await self._recorded(conn, requests, encoded, rows)
 
-    async def _encoded(
+    async def encoded(
         self, conn: asyncpg.Connection, requests: Sequence[AppendRequest]
     ) -> list[list[StoredForm]]:
+        """Each event as the log stores it, the GPU sets its snapshots name stored first."""
         if any(not r.events for r in requests):
             raise ValueError("append needs at least one event per stream")
         # Each snapshot's GPU set, worked out once for both the store's memory and the encoding.
@@ -380,24 +362,9 @@ class EventStore:
             # The events and their read-model rows are one unit of work: outside a transaction
             # block each statement commits alone, and the events would be stored without them.
             raise RuntimeError("an append with inline projections runs in the caller's transaction")
-        flat = [e for r in requests for e in r.events]
-        codes = [c for per in encoded for c in per]
         try:
             rows: list[asyncpg.Record] = await conn.fetch(
-                _APPEND_SQL[function],
-                [r.stream_id for r in requests],
-                [r.expected_version for r in requests],
-                [len(r.events) for r in requests],
-                [e.event_id for e in flat],
-                [e.event_type for e in flat],
-                [e.event_class for e in flat],
-                [SCHEMA_VERSION] * len(flat),
-                [None if c.data is None else msgspec.Raw(c.data) for c in codes],
-                [None if c.metadata_json is None else msgspec.Raw(c.metadata_json) for c in codes],
-                [c.body for c in codes],
-                [c.metadata.received_at for c in codes],
-                [c.sampled for c in codes],
-                *extra,
+                _APPEND_SQL[function], *append_arguments(requests, encoded), *extra
             )
         except asyncpg.PostgresError as exc:
             if getattr(exc, "sqlstate", None) == "MF424":

@@ -37,6 +37,7 @@ import asyncpg
 import msgspec
 
 from ledger.events import NewEvent, RecordedEvent
+from ledger.folded_append import NotFolded, PartBuilder, append_folded
 from ledger.state_cache import KeptState
 from ledger.store import AppendRequest, AppendResult, EventStore, StreamInfo, StreamTombstoned
 
@@ -228,3 +229,27 @@ class UnitOfWork(Generic[S]):
             state = after if isinstance(after, self.owner.state_type) else kept.states[sid]
             out.append(Committed(result.events, state, result.stream_version, result.already_stored))
         return out
+
+    async def append_folded(
+        self,
+        conn: asyncpg.Connection,
+        kept: KeptStreams[S],
+        events: Sequence[Sequence[NewEvent]],
+        part: PartBuilder | None = None,
+    ) -> tuple[list[Committed[S]], object] | NotFolded:
+        """`append_kept` as one statement outside a transaction block, the caller's `part` in it
+        (ledger/folded_append.py): the committed states and the part's answer, or NotFolded where
+        nothing was written (the caller appends the usual way, in a transaction)."""
+        requests = [
+            AppendRequest(sid, entry.version, evs, {self.owner.name: entry.state})
+            for sid, entry, evs in zip(kept.stream_ids, kept.kept, events, strict=True)
+        ]
+        done = await append_folded(self.store, conn, requests, self.owner.name, kept.kept, kept.rebuild, part)
+        if isinstance(done, NotFolded):
+            return done
+        out: list[Committed[S]] = []
+        for sid, result in zip(kept.stream_ids, done.results, strict=True):
+            after = result.states.get(self.owner.name)
+            state = after if isinstance(after, self.owner.state_type) else kept.states[sid]
+            out.append(Committed(result.events, state, result.stream_version, result.already_stored))
+        return out, done.answer

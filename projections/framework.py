@@ -108,22 +108,39 @@ def _changes_sql(ops: tuple[tuple[str, str, TableSpec], ...], state_table: str) 
     row it found carries the lock it took (`xmax` is not 0), an inserted one has none. The
     statement answers how many such rows it found; the caller checks that every one it expected
     was there."""
+    ctes, found = changes_ctes(ops, state_table, base=0, gate=None, prefix="")
+    return f"WITH {', '.join(ctes)} SELECT {found}"
+
+
+@functools.cache
+def changes_ctes(
+    ops: tuple[tuple[str, str, TableSpec], ...], state_table: str, *, base: int, gate: str | None, prefix: str
+) -> tuple[tuple[str, ...], str]:
+    """`_changes_sql`'s data-modifying CTEs, to be part of a larger statement: their parameters
+    numbered from `base` + 1 (the projection's name, then the states' five arrays, then the
+    tables' row arrays), their names begun with `prefix`, and every one of them writing only
+    where `gate` (an SQL condition that names no row: planned as a one-time filter, evaluated
+    before the CTE writes a row) holds. With the expression that counts the existing rows and
+    checkpoints they found."""
+    when = f" AND {gate}" if gate else ""
+    where = f" WHERE {gate}" if gate else ""
     ctes: list[str] = []
     counted: list[str] = []
-    n = 6
+    n = base + 6
     for i, (op, table, spec) in enumerate(ops):
         n += 1
         param = f"${n}"
         source = f"jsonb_populate_recordset(NULL::{table}, {param})"
         cols = ", ".join(spec.columns)
+        name = f"{prefix}c{i}"
         if op == "delete":
             # The rows' first key column's values come again as an array ($n+1): planned against
             # jsonb_populate_recordset's guess of 100 rows alone, the join reads the whole table.
             n += 1
             match = " AND ".join(f"t.{k} = x.{k}" for k in spec.key)
             ctes.append(
-                f"c{i} AS (DELETE FROM {table} t USING {source} x "
-                f"WHERE t.{spec.key[0]} = ANY(${n}::text[]) AND {match})"
+                f"{name} AS (DELETE FROM {table} t USING {source} x "
+                f"WHERE t.{spec.key[0]} = ANY(${n}::text[]) AND {match}{when})"
             )
             continue
         updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in spec.columns if c not in spec.key)
@@ -131,14 +148,14 @@ def _changes_sql(ops: tuple[tuple[str, str, TableSpec], ...], state_table: str) 
         returning = ""
         if op == "update":
             returning = " RETURNING xmax::text <> '0' AS found"
-            counted.append(f"c{i}")
+            counted.append(name)
         ctes.append(
-            f"c{i} AS (INSERT INTO {table} ({cols}) SELECT {cols} FROM {source} "
+            f"{name} AS (INSERT INTO {table} ({cols}) SELECT {cols} FROM {source}{where} "
             f"ON CONFLICT ({', '.join(spec.key)}) {conflict}{returning})"
         )
     states = (
-        "unnest($2::text[], $3::bigint[], $4::bigint[], $5::bytea[], $6::boolean[]) "
-        "AS u(stream_id, stream_version, position, state, stored)"
+        f"unnest(${base + 2}::text[], ${base + 3}::bigint[], ${base + 4}::bigint[], ${base + 5}::bytea[], "
+        f"${base + 6}::boolean[]) AS u(stream_id, stream_version, position, state, stored)"
     )
     upsert = (
         "ON CONFLICT (projection, stream_id) DO UPDATE SET stream_version = EXCLUDED.stream_version, "
@@ -146,14 +163,24 @@ def _changes_sql(ops: tuple[tuple[str, str, TableSpec], ...], state_table: str) 
     )
     insert = (
         f"INSERT INTO {state_table} (projection, stream_id, stream_version, position, state) "
-        f"SELECT $1, u.stream_id, u.stream_version, u.position, u.state FROM {states}"
+        f"SELECT ${base + 1}, u.stream_id, u.stream_version, u.position, u.state FROM {states}"
     )
-    ctes.append(f"s AS ({insert} WHERE u.stored {upsert} RETURNING xmax::text <> '0' AS found)")
-    counted.append("s")
-    ctes.append(f"n AS ({insert} WHERE NOT u.stored {upsert})")
-    return f"WITH {', '.join(ctes)} SELECT " + " + ".join(
-        f"(SELECT count(*) FROM {c} WHERE {c}.found)" for c in counted
-    )
+    ctes.append(f"{prefix}s AS ({insert} WHERE u.stored{when} {upsert} RETURNING xmax::text <> '0' AS found)")
+    counted.append(f"{prefix}s")
+    ctes.append(f"{prefix}n AS ({insert} WHERE NOT u.stored{when} {upsert})")
+    found = " + ".join(f"(SELECT count(*) FROM {c} WHERE {c}.found)" for c in counted)
+    return tuple(ctes), found
+
+
+class RowChanges(msgspec.Struct, frozen=True):
+    """A batch's changes of one projection's rows and checkpoints, as one statement sends them
+    (`changes_ctes`): the operations, their arguments after the projection's name (the states'
+    five arrays, then each operation's rows), and how many stored rows and checkpoints the
+    operations must find."""
+
+    ops: tuple[tuple[str, str, TableSpec], ...]
+    args: list[object]
+    expected: int
 
 
 class Projection(Generic[S]):
@@ -303,25 +330,37 @@ class Projection(Generic[S]):
     ) -> list[S | None]:
         """`apply` for several streams (a group commit's batch): each folded alone, every change
         written in one statement."""
-        out: list[S | None] = []
-        changes: list[tuple[str, S, S]] = []
         # The states no caller loaded, in one round trip (a query per stream made a batch's
         # latency grow with its size).
         missing = [
             sid for sid, _e, prior in appended if self.handles(sid) and not isinstance(prior, self.state_type)
         ]
         loaded = await self.load_states(conn, missing) if missing else {}
+        out, changes = self.fold_many(
+            [(sid, events, loaded.get(sid, prior)) for sid, events, prior in appended]
+        )
+        if changes:
+            await self.write_changes_many(conn, changes)
+        return out
+
+    def fold_many(
+        self, appended: Sequence[tuple[str, Sequence[RecordedEvent], object]]
+    ) -> tuple[list[S | None], list[tuple[str, S, S]]]:
+        """Each stream's events folded onto its prior state (every stream this projection
+        handles must have one): the new states (None for a stream it does not handle) and the
+        changes `(stream_id, before, after)` to write."""
+        out: list[S | None] = []
+        changes: list[tuple[str, S, S]] = []
         for stream_id, events, prior in appended:
             if not self.handles(stream_id):
                 out.append(None)
                 continue
-            before = prior if isinstance(prior, self.state_type) else loaded[stream_id]
-            after = self.fold_all(before, events)
-            changes.append((stream_id, before, after))
+            if not isinstance(prior, self.state_type):
+                raise TypeError(f"{self.name}: no prior state of {stream_id} to fold onto")
+            after = self.fold_all(prior, events)
+            changes.append((stream_id, prior, after))
             out.append(after)
-        if changes:
-            await self.write_changes_many(conn, changes)
-        return out
+        return out, changes
 
     async def write_changes(
         self, conn: asyncpg.Connection, stream_id: str, before: S, after: S, *, suffix: str = ""
@@ -333,6 +372,32 @@ class Projection(Generic[S]):
         self, conn: asyncpg.Connection, changes: Sequence[tuple[str, S, S]], *, suffix: str = ""
     ) -> None:
         """`write_changes` for several streams `(stream_id, before, after)`, in one statement."""
+        written = self.row_changes(changes, suffix=suffix)
+        updated = await conn.fetchval(
+            _changes_sql(written.ops, STATE_TABLE + suffix), self.name, *written.args
+        )
+        if updated != written.expected:
+            raise RuntimeError(self.not_stored_message(written.expected - updated))
+
+    def not_stored_message(self, missing: int) -> str:
+        # A row or checkpoint the stream's state had is not stored: the read model is not the
+        # fold of its log (`rebuild` makes it so). Refused, so the append writes nothing.
+        return (
+            f"{self.name}: {missing} of the rows and checkpoints the folded states had "
+            "are not stored; run `modelforge-hw rebuild`"
+        )
+
+    def changes_statement(
+        self, written: RowChanges, *, base: int, gate: str, prefix: str
+    ) -> tuple[tuple[str, ...], str]:
+        """`written` as CTEs of a larger statement (`changes_ctes`): their arguments are the
+        projection's name, then `written.args`, numbered from `base` + 1."""
+        return changes_ctes(written.ops, STATE_TABLE, base=base, gate=gate, prefix=prefix)
+
+    def row_changes(self, changes: Sequence[tuple[str, S, S]], *, suffix: str = "") -> RowChanges:
+        """What `write_changes_many` sends for these changes (pure): the operations, their
+        arguments after the projection's name, and how many stored rows and checkpoints they
+        must find."""
         if len({stream_id for stream_id, _b, _a in changes}) != len(changes):
             raise ValueError("one statement writes each stream once: fold a stream's events together")
         gone_by: dict[str, list[dict[str, Any]]] = {spec.name: [] for spec in self.tables}
@@ -368,7 +433,13 @@ class Projection(Generic[S]):
             # A state folded from any event was checkpointed with it (the initial state is at 0).
             stored.append(self.checkpoint_of(before)[0] > 0)
         ops: list[tuple[str, str, TableSpec]] = []
-        args: list[object] = []
+        args: list[object] = [
+            [stream_id for stream_id, _b, _a in changes],
+            versions,
+            positions,
+            states,
+            stored,
+        ]
         expected = sum(stored)
         for spec in self.tables:
             if gone_by[spec.name]:
@@ -382,20 +453,4 @@ class Projection(Generic[S]):
             if added_by[spec.name]:
                 ops.append(("upsert", spec.name + suffix, spec))
                 args.append(added_by[spec.name])
-        updated = await conn.fetchval(
-            _changes_sql(tuple(ops), STATE_TABLE + suffix),
-            self.name,
-            [stream_id for stream_id, _b, _a in changes],
-            versions,
-            positions,
-            states,
-            stored,
-            *args,
-        )
-        if updated != expected:
-            # A row or checkpoint the stream's state had is not stored: the read model is not the
-            # fold of its log (`rebuild` makes it so). Refused, so the append rolls back.
-            raise RuntimeError(
-                f"{self.name}: {expected - updated} of the rows and checkpoints the folded states had "
-                "are not stored; run `modelforge-hw rebuild`"
-            )
+        return RowChanges(tuple(ops), args, expected)

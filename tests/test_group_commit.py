@@ -214,3 +214,36 @@ async def test_a_handler_that_asks_to_try_again_runs_its_item_once_more_and_only
         await group.run("b", Item("b", refuse=True))
     assert calls.count("b") == 2
     assert await rows(probe) == [("a", 1)]
+
+
+async def test_an_outside_handler_answers_in_one_statement_or_hands_the_batch_to_the_transaction(
+    probe: asyncpg.Pool,
+) -> None:
+    # The outside handler writes every item of a batch in one statement (its own transaction) and
+    # answers, or answers None for a batch holding "later": that batch goes to the handler, in a
+    # transaction. One holding "broken" fails its statement: nothing of it stands, and each item
+    # is handled alone, where an item whose statement fails again gets that error.
+    outside_seen: list[list[str]] = []
+
+    async def outside(conn: asyncpg.Connection, items: Sequence[Item]) -> list[str | BaseException] | None:
+        keys = [i.key for i in items]
+        outside_seen.append(keys)
+        assert not conn.is_in_transaction()
+        if "later" in keys:
+            return None
+        await conn.execute(
+            "INSERT INTO gc_probe (k) SELECT CASE WHEN k = 'broken' THEN NULL ELSE k END FROM unnest($1::text[]) k",
+            keys,
+        )
+        return [f"outside:{k}" for k in keys]
+
+    seen.clear()
+    gc: GroupCommit[Item, str] = GroupCommit(probe, handler, max_batch=3, concurrency=1, outside=outside)
+    assert await gc.run("a", Item("a")) == "outside:a"
+    answers = await asyncio.gather(*(gc.run(k, Item(k)) for k in ("b", "later", "c")))
+    assert answers == ["B", "LATER", "C"]  # the handler's answers: the batch went to it
+    answers = await asyncio.gather(*(gc.run(k, Item(k)) for k in ("d", "broken")), return_exceptions=True)
+    assert answers[0] == "outside:d"
+    assert isinstance(answers[1], asyncpg.NotNullViolationError)
+    assert await rows(probe) == [("a", 1), ("b", 1), ("c", 1), ("d", 1), ("later", 1)]
+    assert ["b", "c", "later"] in outside_seen and ["broken", "d"] in outside_seen

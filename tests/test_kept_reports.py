@@ -147,7 +147,8 @@ async def test_one_row_written_behind_the_servers_back_sends_its_whole_batch_rou
     pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
     # Two reports in one batch on kept copies, one of whose rows was written since: the batch's
-    # append and the advance of the other row must not stand (each report is decided alone again).
+    # folded statement must not stand, its append and the other row's advance included; the batch
+    # is decided again in a transaction, on the rows it reads there.
     a = server(pool, tmp_path, "a")
     repaired, _ = await enrolled(a, "repaired-in-batch")
     steady, _ = await enrolled(a, "steady-in-batch")
@@ -159,6 +160,7 @@ async def test_one_row_written_behind_the_servers_back_sends_its_whole_batch_rou
             "UPDATE agent_stream_positions SET last_sequence = 10 WHERE node_id = $1", repaired.node_id
         )
     batches_before = a.reports.group_commit.batches
+    folded_before = a.reports.store.states.folded_appends
     outcomes = await asyncio.gather(
         a.reports.accept_report(repaired, report_body("repaired-in-batch", 3, mem_avail=3), None),
         a.reports.accept_report(steady, report_body("steady-in-batch", 3, mem_avail=3), None),
@@ -168,7 +170,8 @@ async def test_one_row_written_behind_the_servers_back_sends_its_whole_batch_rou
     assert isinstance(refused, Conflict) and "older than the last accepted (10)" in refused.detail
     assert isinstance(accepted, ReportAck) and accepted.status == "accepted"
     assert a.reports.positions.stale == 1
-    assert a.reports.group_commit.batches - batches_before == 2  # the batch split: each alone
+    assert a.reports.group_commit.batches - batches_before == 1
+    assert a.reports.store.states.folded_appends == folded_before
     assert await position(pool, repaired.node_id) == (10, 2, 0)
     assert await position(pool, steady.node_id) == (3, 3, 0)
     await verify(pool)

@@ -2,11 +2,12 @@
 (asyncpg's query logger sees every statement a connection sends, BEGIN and COMMIT included;
 docs/performance.md has the figures). A report sends 7 statements where its node is opened (the
 lock and the state load are one call, `mf_open_streams`; a projection writes all its changed rows
-and its state in one statement), and 5 where the server kept the node's state and stream position
-from its previous report (the lock, the check of the kept checkpoint and the append are one call,
-`mf_append_kept`, and the position is read from the kept copy, checked by its advance); a refresh
-sends 5. Reports that arrive together (group commit) send the same statements for the whole
-batch. A snapshot whose GPU set the store does not know stored adds one statement (storing it, or
+and its state in one statement), and 1 where the server kept the node's state and stream position
+from its previous report: the lock, the check of the kept checkpoint, the append, the read
+models' rows and the position's advance are one statement outside a transaction block
+(`mf_append_folded`, ledger/folded_append.py), besides which the server reserves the log's
+positions it folds at, one statement per 128 (counted apart); a refresh sends 5. Reports that
+arrive together (group commit) send the same statements for the whole batch. A snapshot whose GPU set the store does not know stored adds one statement (storing it, or
 finding it stored: docs/storage.md), so the counts are taken once a report of these GPUs has
 found their set committed."""
 
@@ -30,11 +31,12 @@ from tests.fakes.fake_pynvml import FakeNvml
 from tests.fixtures_nvml import multi_gpu_scenario
 from tests.sample_reads import latest_samples
 
-REPORT_STATEMENTS = 5  # BEGIN, locks + kept checkpoint checked + append, one write, advance, COMMIT
+REPORT_STATEMENTS = 1  # locks + kept checkpoint checked + append + rows + advance, one transaction
 OPENING_STATEMENTS = 7  # BEGIN, lock and state, position, append, one write, advance, COMMIT
 REFRESH_STATEMENTS = 5  # BEGIN, lock and state, append, one write, COMMIT
-# Reports that arrive together (group commit): the same five for the whole batch.
-BATCH_STATEMENTS = 5
+# Reports that arrive together (group commit): the same one for the whole batch.
+BATCH_STATEMENTS = 1
+RESERVATION = "nextval('events_global_position_seq'"
 
 
 class Counter:
@@ -42,7 +44,13 @@ class Counter:
         self.queries: list[str] = []
 
     def __call__(self, record: object) -> None:
-        self.queries.append(str(getattr(record, "query", "")))
+        query = str(getattr(record, "query", ""))
+        if RESERVATION in query:
+            self.reservations += 1
+        else:
+            self.queries.append(query)
+
+    reservations = 0
 
 
 @pytest.fixture
@@ -62,7 +70,7 @@ async def counted(database_dsn: str, tmp_path: Path) -> AsyncIterator[tuple[Serv
         await pool.close()
 
 
-async def test_a_steady_state_agent_report_sends_five_statements_and_a_first_one_seven(
+async def test_a_steady_state_agent_report_sends_one_statement_and_a_first_one_seven(
     counted: tuple[Services, Counter],
 ) -> None:
     services, counter = counted
@@ -94,12 +102,12 @@ async def test_a_steady_state_agent_report_sends_five_statements_and_a_first_one
     assert second.status == "accepted" and second.lifecycle_events == [] and second.events > 0
     assert len(counter.queries) == REPORT_STATEMENTS, counter.queries
     # The lock, the kept checkpoint's check and the append in one call, nothing opened besides.
-    assert sum("mf_append_kept" in q for q in counter.queries) == 1
+    assert sum("mf_append_folded" in q for q in counter.queries) == 1
     assert not any("mf_open_streams" in q or "FOR UPDATE" in q for q in counter.queries)
     assert not any("mf_lock_stream" in q or "FROM projection_state" in q for q in counter.queries)
 
 
-async def test_a_node_reporting_on_its_two_streams_in_turn_sends_five_statements_each_time(
+async def test_a_node_reporting_on_its_two_streams_in_turn_sends_one_statement_each_time(
     counted: tuple[Services, Counter],
 ) -> None:
     # An agent sends an inventory report every 30 reports. A report on one stream moves the node
@@ -131,7 +139,7 @@ async def test_a_node_reporting_on_its_two_streams_in_turn_sends_five_statements
         assert not any("mf_open_streams" in q for q in counter.queries)
 
 
-async def test_reports_that_arrive_together_share_one_transaction_of_five_statements(
+async def test_reports_that_arrive_together_share_one_statement(
     counted: tuple[Services, Counter],
 ) -> None:
     services, counter = counted
@@ -153,6 +161,7 @@ async def test_reports_that_arrive_together_share_one_transaction_of_five_statem
     )
     assert [a.status for a in acks] == ["accepted"] * 8
     assert len(counter.queries) == BATCH_STATEMENTS, counter.queries
+    assert counter.reservations <= 1
 
 
 async def test_a_steady_state_local_refresh_sends_one_lock_and_one_state_load(

@@ -45,6 +45,7 @@ from domain.report_decisions import (
     SequenceConflict,
     decide_report,
 )
+from ledger.folded_append import NotFolded, Part, PartBuilder
 from ledger.group_commit import GroupCommit, TryAgain
 from ledger.store import StreamTombstoned
 from ledger.unit_of_work import Committed, KeptStreams, OpenStream
@@ -78,6 +79,34 @@ ON CONFLICT (node_id, stream) DO UPDATE SET
     last_received_at = EXCLUDED.last_received_at
 RETURNING p.node_id, p.stream, p.xmin::text::bigint AS written
 """
+
+
+# The advance of positions a folded batch decided on from kept copies (`_commit_folded`), as part
+# of its one statement: behind the append's gate, every row found (else the statement fails whole),
+# and the transaction that wrote them, the new rows' `xmin`, as the answer.
+def _advance_part(
+    items: Sequence[ReportItem], decided: Sequence[tuple[KeptPosition, AcceptedReport]], recent: list[bytes]
+) -> PartBuilder:
+    def build(base: int, gate: str) -> Part:
+        params = ", ".join(f"${base + i}" for i in range(1, 9))
+        return Part(
+            ctes=(f"adv AS (SELECT * FROM mf_advance_positions({params}) WHERE {gate})",),
+            args=[
+                [i.node_id for i in items],
+                [i.stream for i in items],
+                [i.sequence for i in items],
+                [d.gap for _p, d in decided],
+                recent,
+                [i.observed_at for i in items],
+                [i.received_at for i in items],
+                [p.written for p, _d in decided],
+            ],
+            check=f"(SELECT count(*) = {len(items)} AND count(DISTINCT out_written) = 1 FROM adv)",
+            answer="(SELECT max(out_written) FROM adv)",
+        )
+
+    return build
+
 
 # The advance of positions the batch decided on from kept copies: each row only if it is still
 # the one the copy was taken of (written by the same transaction); the rows it advanced come back
@@ -211,7 +240,10 @@ class ReportService:
         # Concurrent reports of different nodes share transactions and statements
         # (ledger/group_commit.py), `report_transactions` of them at once (docs/capacity.md).
         self.group_commit: GroupCommit[ReportItem, ReportAck] = GroupCommit(
-            inventory.store.pool, self._commit_reports, concurrency=report_transactions
+            inventory.store.pool,
+            self._commit_reports,
+            concurrency=report_transactions,
+            outside=self._commit_folded,
         )
 
     async def accept_report(self, principal: Principal, raw: bytes, sent_at: datetime | None) -> ReportAck:
@@ -289,6 +321,45 @@ class ReportService:
             stored_by = {key: row["recent"] for key, row in positions.items()}
             await self._append_accepted(conn, accepted, outcomes, stored_by)
         return [o for o in outcomes if o is not None]
+
+    async def _commit_folded(
+        self, conn: asyncpg.Connection, items: Sequence[ReportItem]
+    ) -> list[ReportAck | BaseException] | None:
+        """A group commit's batch as one statement outside a transaction block, where every
+        node's state and stream position is kept and every report is accepted: decided on the
+        copies, folded and appended with the read models' rows and the positions' advance
+        (ledger/folded_append.py). None where it wrote nothing (not all kept, a refusal, a copy
+        not current): the batch goes to `_commit_reports`, in a transaction."""
+        kept = self._decide_kept(items)
+        if kept is None:
+            return None
+        streams, decided = kept
+        recent = [
+            recent_bytes(d.recent, i.sequence, p.recent) for i, (p, d) in zip(items, decided, strict=True)
+        ]
+        done = await self.nodes.append_folded(
+            conn, streams, [d.events for _p, d in decided], _advance_part(items, decided, recent)
+        )
+        if isinstance(done, NotFolded):
+            if done.by_part:
+                # A stream position was not its copy: the transaction reads them.
+                self.positions.stale += 1
+                for item in items:
+                    self.positions.drop(item.node_id, item.stream)
+            return None
+        committed, written = done
+        if not isinstance(written, int):
+            raise RuntimeError("the positions' advance answered no transaction")
+        acks: list[ReportAck | BaseException] = []
+        for item, (_p, d), node, state, packed in zip(
+            items, decided, streams.kept, committed, recent, strict=True
+        ):
+            key = (item.node_id, item.stream)
+            self.positions.keep(*key, item.sequence, packed, d.recent, written, state.state)
+            self.positions.carry(*key, (node.version, node.position), state.state)
+            self.inventory.reconciled(item.node_id, state, "agent")
+            acks.append(_accepted_ack(item, d, state))
+        return acks
 
     def _decide_kept(
         self, items: Sequence[ReportItem]

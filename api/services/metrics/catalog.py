@@ -309,6 +309,30 @@ COUNTERS = (
         "kept_appends_stale",
     ),
     MetricSpec(
+        "modelforge_folded_appends_total",
+        "counter",
+        "Report batches appended in one statement outside a transaction block, their events folded"
+        " at positions reserved before they were sent (docs/architecture.md, one statement per batch).",
+        (),
+        "folded_appends",
+    ),
+    MetricSpec(
+        "modelforge_folded_appends_refused_total",
+        "counter",
+        "Report batches whose one statement the database refused as decided on something not"
+        " current (a kept state, a reserved position, a stream position's row): nothing written, the"
+        " batch appended in a transaction instead.",
+        (),
+        "folded_appends_refused",
+    ),
+    MetricSpec(
+        "modelforge_positions_reserved_total",
+        "counter",
+        "Reservations of global positions from the log's sequence (128 a time) for folded appends.",
+        (),
+        "positions_reserved",
+    ),
+    MetricSpec(
         "modelforge_kept_positions_stale_total",
         "counter",
         "Report batches rolled back and run again because a stream position this process kept"

@@ -46,8 +46,8 @@ BEGIN
     RETURN QUERY
         SELECT a.out_stream_index, a.out_global_position, a.out_stream_version, a.out_already_stored,
                a.out_recorded_at
-        FROM mf_append_many(p_stream_ids, p_expected_versions, p_counts, p_event_ids, p_event_types,
-                            p_event_classes, p_schema_versions, p_data, p_metadata, p_bodies,
-                            p_received, p_sampled, true) a;
+        FROM mf_append_positioned(p_stream_ids, p_expected_versions, p_counts, p_event_ids,
+                                  p_event_types, p_event_classes, p_schema_versions, p_data,
+                                  p_metadata, p_bodies, p_received, p_sampled, true, NULL) a;
 END;
 $$;

@@ -1,0 +1,155 @@
+"""A batch of reports on kept copies as one statement (ledger/folded_append.py): its events folded
+before they are sent, at positions reserved from the log's sequence, the read models' rows, the
+checkpoints and the stream positions written by the same statement, and nothing of it where any
+part was decided on something not current."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from tests.agent_support import report_body
+from tests.test_kept_reports import enrolled, position, server, verify
+
+
+async def _log(pool: asyncpg.Pool, node_id: str) -> list[tuple[int, int]]:
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT stream_version, global_position FROM events WHERE stream_id = $1 ORDER BY stream_version",
+            node_id,
+        )
+    return [(r["stream_version"], r["global_position"]) for r in rows]
+
+
+async def test_a_steady_report_is_one_statement_and_rebuilds_to_what_it_wrote(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    a = server(pool, tmp_path, "a")
+    principal, _ = await enrolled(a, "folded-agent")
+    for seq in range(1, 6):
+        ack = await a.reports.accept_report(principal, report_body("folded-agent", seq, mem_avail=seq), None)
+        assert ack.status == "accepted"
+    # Report 1 had no stream position kept; 2 to 5 were folded before they were sent.
+    assert a.reports.store.states.folded_appends == 4
+    assert await position(pool, principal.node_id) == (5, 5, 0)
+    log = await _log(pool, principal.node_id)
+    # A stream's positions ascend with its versions, whoever reserved them.
+    assert [p for _v, p in log] == sorted(p for _v, p in log)
+    async with pool.acquire() as conn:
+        stored = await conn.fetchval(
+            "SELECT position FROM projection_state WHERE projection = 'inventory' AND stream_id = $1",
+            principal.node_id,
+        )
+    assert stored == log[-1][1]  # the checkpoint folded the position the event was stored at
+    await verify(pool)
+
+
+async def test_positions_reserved_below_the_streams_last_are_renewed_before_the_append(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    a = server(pool, tmp_path, "a")
+    principal, _ = await enrolled(a, "reserved-agent")
+    for seq in (1, 2):
+        await a.reports.accept_report(principal, report_body("reserved-agent", seq, mem_avail=seq), None)
+    before = await _log(pool, principal.node_id)
+    reserved = a.reports.store.reserved
+    # What another writer's append would leave: positions this process holds that lie below the
+    # stream's last one (here the ones it used already). The writer renews its reservation.
+    reserved._free = [p for _v, p in before[-2:]]
+    dropped = reserved.dropped
+    ack = await a.reports.accept_report(principal, report_body("reserved-agent", 3, mem_avail=3), None)
+    assert ack.status == "accepted"
+    assert reserved.dropped == dropped + 1
+    assert a.reports.store.states.folded_refused == 0  # renewed before sending, not refused
+    after = await _log(pool, principal.node_id)
+    assert after[: len(before)] == before  # nothing of the refused statement stands
+    assert after[-1][1] > before[-1][1]
+    # The next report is folded again, on a fresh reservation.
+    folded = a.reports.store.states.folded_appends
+    await a.reports.accept_report(principal, report_body("reserved-agent", 4, mem_avail=4), None)
+    assert a.reports.store.states.folded_appends == folded + 1
+    assert await position(pool, principal.node_id) == (4, 4, 0)
+    await verify(pool)
+
+
+async def test_a_position_the_sequence_never_handed_out_is_refused(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    a = server(pool, tmp_path, "a")
+    principal, _ = await enrolled(a, "invented-agent")
+    for seq in (1, 2):
+        await a.reports.accept_report(principal, report_body("invented-agent", seq, mem_avail=seq), None)
+    async with pool.acquire() as conn:
+        last = await conn.fetchval("SELECT last_value FROM events_global_position_seq")
+    a.reports.store.reserved._free = [last + 1_000_000]
+    ack = await a.reports.accept_report(principal, report_body("invented-agent", 3, mem_avail=3), None)
+    assert ack.status == "accepted"
+    assert a.reports.store.states.folded_refused == 1
+    assert all(p <= last + 1_000 for _v, p in await _log(pool, principal.node_id))
+    await verify(pool)
+
+
+async def test_a_read_model_row_missing_refuses_the_report_and_writes_nothing(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    a = server(pool, tmp_path, "a")
+    principal, _ = await enrolled(a, "damaged-agent")
+    for seq in (1, 2):
+        await a.reports.accept_report(principal, report_body("damaged-agent", seq, mem_avail=seq), None)
+    before = await _log(pool, principal.node_id)
+    async with pool.acquire() as conn:
+        await conn.execute("DELETE FROM hw_host_telemetry WHERE node_id = $1", principal.node_id)
+    failed = False
+    try:
+        await a.reports.accept_report(principal, report_body("damaged-agent", 3, mem_avail=3), None)
+    except RuntimeError as exc:
+        failed = "rebuild" in str(exc)
+    assert failed
+    assert await _log(pool, principal.node_id) == before
+    assert await position(pool, principal.node_id) == (2, 2, 0)
+
+
+async def test_the_database_refuses_positions_not_above_each_streams_last(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    # The writer never sends such positions (it renews its reservation first); the function
+    # refuses them all the same, before it writes anything.
+    a = server(pool, tmp_path, "a")
+    principal, _ = await enrolled(a, "guarded-agent")
+    for seq in (1, 2):
+        await a.reports.accept_report(principal, report_body("guarded-agent", seq, mem_avail=seq), None)
+    log = await _log(pool, principal.node_id)
+    version, last = log[-1]
+    async with pool.acquire() as conn:
+        rebuilt = await conn.fetchval(
+            "SELECT rebuilt_at FROM projection_checkpoints WHERE projection = 'inventory'"
+        )
+        fresh = await conn.fetchval("SELECT nextval('events_global_position_seq'::regclass)")
+        for positions in ([last], [fresh, fresh - 1], [None]):
+            with pytest.raises(asyncpg.PostgresError) as refused:
+                await conn.fetch(
+                    "SELECT * FROM mf_append_folded(ARRAY[$1], ARRAY[$2::bigint], ARRAY[$3::int], $4::uuid[], "
+                    "$5::text[], $6::text[], $7::int[], $8::jsonb[], $9::jsonb[], $10::bytea[], "
+                    "$11::timestamptz[], $12::uuid[], $13::bigint[], 'inventory', ARRAY[$2::bigint], "
+                    "ARRAY[$14::bigint], $15)",
+                    principal.node_id,
+                    version,
+                    len(positions),
+                    [uuid.uuid4() for _ in positions],
+                    ["NODE_LABELS_CHANGED"] * len(positions),
+                    ["lifecycle"] * len(positions),
+                    [1] * len(positions),
+                    ['{"labels": {}}'] * len(positions),
+                    ['{"source": "test"}'] * len(positions),
+                    [None] * len(positions),
+                    [None] * len(positions),
+                    [None] * len(positions),
+                    positions,
+                    last,
+                    rebuilt,
+                )
+            assert getattr(refused.value, "sqlstate", None) == "MF412", positions
+    assert await _log(pool, principal.node_id) == log
