@@ -115,8 +115,9 @@ async def day_figures(dsn: str, *, seal: bool) -> tuple[float | None, float | No
 
 async def hours_figures(dsn: str, node_ids: list[str]) -> float:
     """The nodes' telemetry hours, stored by the product's own `store_hour` for every hour their
-    snapshots were received in (the open one too: what its closing will store), bytes (table,
-    TOAST, index) per snapshot they hold."""
+    snapshots were received in (the open one too: what its closing will store): the growth of the
+    table (with its TOAST and index) per snapshot they hold, as the log's storage is measured (an
+    empty table's pages, its index's metapage and root, are no snapshot's)."""
     import asyncpg
 
     from collectors.observations import ACCELERATOR_METRICS, HOST_METRICS
@@ -125,6 +126,7 @@ async def hours_figures(dsn: str, node_ids: list[str]) -> float:
 
     pool = await create_pool(dsn, min_size=1, max_size=2)
     try:
+        before = await pool.fetchval("SELECT pg_total_relation_size('telemetry_hours')")
         hours = await pool.fetch(
             "SELECT DISTINCT stream_id, date_trunc('hour', received_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' "
             "AS hour_start FROM events WHERE event_type = 'NODE_TELEMETRY_OBSERVED' AND stream_id = ANY($1)",
@@ -135,8 +137,10 @@ async def hours_figures(dsn: str, node_ids: list[str]) -> float:
                 pool, r["stream_id"], floor_hour(r["hour_start"]), ACCELERATOR_METRICS, HOST_METRICS
             )
         row = await pool.fetchrow(
-            "SELECT pg_total_relation_size('telemetry_hours') AS size, "
-            "(SELECT sum(observations) FROM telemetry_hours WHERE subject = '') AS held"
+            "SELECT pg_total_relation_size('telemetry_hours') - $2 AS size, (SELECT sum(observations) "
+            "FROM telemetry_hours WHERE subject = '' AND node_id = ANY($1)) AS held",
+            node_ids,
+            before,
         )
     except asyncpg.UndefinedTableError:
         return float("nan")
