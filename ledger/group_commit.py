@@ -22,8 +22,8 @@ its outcome once the transaction that handled it has committed, so an acknowledg
     * An optional `outside` handler gets the batch first, on a connection outside a transaction
       block: a handler whose writes are one statement (its own transaction) answers there, or
       answers None having written nothing, and the batch goes to `handler` in a transaction.
-      One that raises has written nothing either (the statement failed whole): the batch is
-      handled as below.
+      One that raises must have written nothing either (its statement failed whole): the batch
+      is handled as below.
     * A handler that raises (an unexpected database error, a conflict) fails nobody else: the
       batch is rolled back and each of its items is handled again alone, in a transaction of its
       own, so every caller gets the outcome its item has alone. Handlers must therefore decide
@@ -158,8 +158,8 @@ class GroupCommit(Generic[I, R]):
             self._running -= 1
 
     async def _together(self, batch: list[_Pending[I, R]]) -> bool:
-        """Handle the batch in one transaction; False (nothing committed, nobody answered) when
-        the handler raised or the transaction failed."""
+        """Handle the batch in one statement (`outside`) or one transaction; False (nothing
+        committed, nobody answered) when a handler raised or the transaction failed."""
         try:
             async with self.pool.acquire() as conn:
                 outcomes = await self._outside(conn, batch)

@@ -1,10 +1,11 @@
 """The PostgreSQL event store: append with optimistic concurrency and idempotency, stream reads,
 and the gap-safe global catch-up read.
 
-Appends go through the `mf_append_many` database function (ledger/sql/functions/) in one round
-trip; the inline projections then run in the same transaction, so a reader of the read models sees
-its own writes and a crash never leaves events without their projections (or the reverse). The
-folded states the store keeps after writing them: ledger/state_cache.py.
+Appends go through the `mf_append_positioned` database function (ledger/sql/functions/) in one
+round trip; the inline projections then run in the same transaction, so a reader of the read
+models sees its own writes and a crash never leaves events without their projections (or the
+reverse). The folded states the store keeps after writing them: ledger/state_cache.py; an append
+whose fold precedes it, written by one statement with its read models: ledger/folded_append.py.
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ Where the store kept every stream's state (`UnitOfWork.kept`), a batch may decid
 before sending anything and append with `append_kept`: one round trip that takes the locks and
 confirms under them that each kept checkpoint is the one stored, else writes nothing and answers
 None, and the caller opens the streams with `open_many` in the same transaction and decides again.
+Or, outside a transaction block, with `append_folded`: the same confirmation, the events folded
+before they are sent and the read models' rows written by the same statement
+(ledger/folded_append.py), or nothing written and the caller goes the transaction's way.
 
 The ledger knows read models only through the `StateOwner` protocol, so this module does not
 import `projections`.
@@ -221,8 +224,9 @@ class UnitOfWork(Generic[S]):
             for sid, entry, evs in zip(kept.stream_ids, kept.kept, events, strict=True)
         ]
         results = await self.store.append_kept(conn, requests, self.owner.name, kept.kept, kept.rebuild)
-        if results is None:
-            return None
+        return None if results is None else self._committed(kept, results)
+
+    def _committed(self, kept: KeptStreams[S], results: Sequence[AppendResult]) -> list[Committed[S]]:
         out: list[Committed[S]] = []
         for sid, result in zip(kept.stream_ids, results, strict=True):
             after = result.states.get(self.owner.name)
@@ -247,9 +251,4 @@ class UnitOfWork(Generic[S]):
         done = await append_folded(self.store, conn, requests, self.owner.name, kept.kept, kept.rebuild, part)
         if isinstance(done, NotFolded):
             return done
-        out: list[Committed[S]] = []
-        for sid, result in zip(kept.stream_ids, done.results, strict=True):
-            after = result.states.get(self.owner.name)
-            state = after if isinstance(after, self.owner.state_type) else kept.states[sid]
-            out.append(Committed(result.events, state, result.stream_version, result.already_stored))
-        return out, done.answer
+        return self._committed(kept, done.results), done.answer
