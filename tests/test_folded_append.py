@@ -11,6 +11,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from ledger.reserved_positions import ReservedPositions
 from tests.agent_support import report_body
 from tests.test_kept_reports import enrolled, position, server, verify
 
@@ -153,3 +154,22 @@ async def test_the_database_refuses_positions_not_above_each_streams_last(
                 )
             assert getattr(refused.value, "sqlstate", None) == "MF412", positions
     assert await _log(pool, principal.node_id) == log
+
+
+async def test_reserved_positions_ascend_and_are_not_kept_past_their_age(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        kept = ReservedPositions(at_once=4, max_age=3600.0)
+        first = await kept.take(conn, 3)
+        assert first == sorted(first) and kept.reservations == 1
+        second = await kept.take(conn, 1)  # the fourth of the reservation
+        assert second[0] > first[-1] and kept.reservations == 1
+        third = await kept.take(conn, 2)  # none left: reserved again, above all before
+        assert third[0] > second[0] and kept.reservations == 2
+        # Another writer's position, taken from the sequence since: what is left lies below it.
+        later = await conn.fetchval("SELECT nextval('events_global_position_seq'::regclass)")
+        above = await kept.take(conn, 1, above=later)
+        assert above[0] > later and kept.dropped == 1 and kept.reservations == 3
+        aged = ReservedPositions(at_once=4, max_age=0.0)
+        one = await aged.take(conn, 1)
+        two = await aged.take(conn, 1)  # its reservation is too old: dropped, reserved again
+        assert two[0] > one[0] and aged.reservations == 2 and aged.dropped == 1
