@@ -81,6 +81,22 @@ RETURNING p.node_id, p.stream, p.xmin::text::bigint AS written
 """
 
 
+def _advance_arguments(
+    items: Sequence[ReportItem], decided: Sequence[tuple[KeptPosition, AcceptedReport]], recent: list[bytes]
+) -> list[object]:
+    """`mf_advance_positions`' arguments for a batch decided on kept copies."""
+    return [
+        [i.node_id for i in items],
+        [i.stream for i in items],
+        [i.sequence for i in items],
+        [d.gap for _p, d in decided],
+        recent,
+        [i.observed_at for i in items],
+        [i.received_at for i in items],
+        [p.written for p, _d in decided],
+    ]
+
+
 # The advance of positions a folded batch decided on from kept copies (`_commit_folded`), as part
 # of its one statement: behind the append's gate, every row found (else the statement fails whole),
 # and the transaction that wrote them, the new rows' `xmin`, as the answer.
@@ -91,16 +107,7 @@ def _advance_part(
         params = ", ".join(f"${base + i}" for i in range(1, 9))
         return Part(
             ctes=(f"adv AS (SELECT * FROM mf_advance_positions({params}) WHERE {gate})",),
-            args=[
-                [i.node_id for i in items],
-                [i.stream for i in items],
-                [i.sequence for i in items],
-                [d.gap for _p, d in decided],
-                recent,
-                [i.observed_at for i in items],
-                [i.received_at for i in items],
-                [p.written for p, _d in decided],
-            ],
+            args=_advance_arguments(items, decided, recent),
             check=f"(SELECT count(*) = {len(items)} AND count(DISTINCT out_written) = 1 FROM adv)",
             answer="(SELECT max(out_written) FROM adv)",
         )
@@ -410,17 +417,7 @@ class ReportService:
         recent = [
             recent_bytes(d.recent, i.sequence, p.recent) for i, (p, d) in zip(items, decided, strict=True)
         ]
-        rows = await conn.fetch(
-            _ADVANCE_KEPT_SQL,
-            [i.node_id for i in items],
-            [i.stream for i in items],
-            [i.sequence for i in items],
-            [d.gap for _p, d in decided],
-            recent,
-            [i.observed_at for i in items],
-            [i.received_at for i in items],
-            [p.written for p, _d in decided],
-        )
+        rows = await conn.fetch(_ADVANCE_KEPT_SQL, *_advance_arguments(items, decided, recent))
         if len(rows) != len(items):
             self.positions.stale += 1
             for item in items:
