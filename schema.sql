@@ -531,7 +531,6 @@ CREATE INDEX webhook_deliveries_subscription_idx ON webhook_deliveries (subscrip
 \ir sql/functions/mf_open_streams.sql
 \ir sql/functions/mf_append_positioned.sql
 \ir sql/functions/mf_append_many.sql
-\ir sql/functions/mf_kept_current.sql
 \ir sql/functions/mf_append_kept.sql
 \ir sql/functions/mf_append_folded.sql
 \ir sql/functions/mf_require.sql
