@@ -1,11 +1,12 @@
 """A batch appended in one statement, outside a transaction block: its events folded before they
 are sent.
 
-A batch on kept states (ledger/unit_of_work.py `append_kept`) already decides before it sends
-anything; what still cost it five round trips (BEGIN, the append, the read models' rows, the
-caller's own rows, COMMIT) was that the fold needs the events' global positions, which the append
-assigned. Here the writer reserves the positions first (ledger/reserved_positions.py), folds the
-events with them, and sends one statement:
+A batch on kept states (ledger/unit_of_work.py `append_kept`) is decided before anything is
+sent; to write it as one statement, its read models' rows and checkpoints must be known before
+the append too, and the fold that makes them reads each event's global position. So the writer
+reserves the positions first (ledger/reserved_positions.py), folds the events with them, and
+sends one statement (one round trip where a transaction takes five: BEGIN, the append, the rows,
+the caller's own rows, COMMIT):
 
     WITH a AS (mf_append_folded: the locks, the kept states confirmed, the events appended at
                the positions folded, or SQLSTATE MF412 and nothing written),
