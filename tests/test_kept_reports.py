@@ -1,6 +1,7 @@
-"""Agent reports decided on kept copies (api/services/reports.py `_commit_kept`): a server
-that kept a node's folded state and its stream's position from its previous report decides the
-next report before sending anything, and commits it in five statements. The copies are guesses:
+"""Agent reports decided on kept copies (api/services/reports.py `_commit_folded` and
+`_commit_kept`): a server that kept a node's folded state and its stream's position from its
+previous report decides the next report before sending anything, and commits it in one statement
+(five in a transaction where that one wrote nothing). The copies are guesses:
 whatever another server (or a rolled-back transaction of its own) did in between, every report
 gets the answer, and leaves the position, it would have had on what PostgreSQL holds."""
 
@@ -284,7 +285,7 @@ async def test_any_interleaving_of_two_servers_answers_and_counts_as_one_would(
         asyncio.run_coroutine_threadsafe(example(), loop).result()
 
     await asyncio.to_thread(prop)
-    # Both ways were taken: in five statements on kept copies, and refused for what was stored.
+    # Both ways were taken: on kept copies, and refused for what was stored.
     stores = [s.reports.store.states for s in servers]
     assert sum(x.kept_appends for x in stores) > 0 and sum(x.stale for x in stores) > 0
 

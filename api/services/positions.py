@@ -97,10 +97,12 @@ class KeptPosition(msgspec.Struct, frozen=True):
 class KeptPositions:
     """The stream positions this process last read or wrote, by (node, agent stream), so that a
     batch of reports on kept node states can be decided before anything is sent and committed in
-    five statements instead of seven (`ReportService._commit_kept`). A copy is only a guess: the
-    advance applies to a row only while its `xmin` is the copy's (no other transaction wrote it
-    since: another server, or ours rolled back), else the batch is rolled back and runs again on
-    what it reads (ledger.group_commit.TryAgain). Least recently used first out."""
+    one statement (`ReportService._commit_folded`), or five in a transaction instead of seven
+    (`ReportService._commit_kept`). A copy is only a guess: the advance applies to a row only
+    while its `xmin` is the copy's (no other transaction wrote it since: another server, or ours
+    rolled back), else the batch writes nothing and runs again on what it reads (the one
+    statement fails whole; a transaction raises ledger.group_commit.TryAgain). Least recently used
+    first out."""
 
     def __init__(self, streams: int) -> None:
         self.streams = streams
@@ -135,7 +137,7 @@ class KeptPositions:
         that were paired with the checkpoint (stream version, position) the commit moved the node
         on from are paired with the one it moved to: the commit wrote the node's events and the
         position row of `wrote` only, so their rows are as they were when copied, and a node
-        whose reports alternate between its streams is still decided in five statements. Should
+        whose reports alternate between its streams is still decided on its copies. Should
         a row have been written all the same, its advance's `xmin` check still refuses the copy."""
         for stream in STREAMS:
             if stream == wrote:

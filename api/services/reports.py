@@ -287,7 +287,9 @@ class ReportService:
         node's unit of work opened at once (locks in node-id order), each report decided alone
         on its own node's state and stream position (`decide_report`), the accepted ones
         appended, folded and their positions advanced together: seven statements per batch, or
-        five where every node's state and position was kept (`_commit_kept`)."""
+        five where every node's state and position was kept (`_commit_kept`). A batch comes here
+        where its one statement outside a transaction (`_commit_folded`) could not be sent or
+        wrote nothing."""
         kept = self._decide_kept(items)
         if kept is not None:
             done = await self._commit_kept(conn, items, *kept)
