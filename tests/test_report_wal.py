@@ -163,11 +163,14 @@ def test_recent_digests_round_trip_through_their_stored_bytes(steps: list[int], 
     seq = first
     in_front = 0
     for step in steps:
+        before: int | None = seq if stored else None
         seq += step
         recent = {k: v for k, v in recent.items() if int(k) > seq - RECENT_REPORT_DIGESTS}
         recent[str(seq)] = hashlib.sha256(str(seq).encode()).hexdigest()
         packed = recent_bytes(recent, seq, stored)
         assert recent_digests(packed, seq) == recent
+        # A kept copy's window (the stored entries decoded at the sequence before) gives the same.
+        assert recent_bytes(recent, seq, stored, recent_digests(stored, before)) == packed
         assert len(packed) <= 46 * 40
         in_front += packed.endswith(stored) and len(packed) == len(stored) + 40
         stored = packed
@@ -179,8 +182,10 @@ def test_recent_digests_written_anew_where_the_stored_ones_do_not_fit() -> None:
     # stored by another window: a digest that differs, or an entry the new window lacks
     other = recent_bytes({**window, "6": "00" * 32}, 7)
     assert recent_digests(recent_bytes(window, 7, other), 7) == window
+    assert recent_digests(recent_bytes(window, 7, other, recent_digests(other, 7)), 7) == window
     wider = recent_bytes({**window, "4": "11" * 32}, 7)
     assert recent_digests(recent_bytes(window, 7, wider), 7) == window
+    assert recent_digests(recent_bytes(window, 7, wider, recent_digests(wider, 7)), 7) == window
     assert recent_digests(b"", None) == {}
 
 

@@ -31,26 +31,38 @@ def _entry(sequence: int, digest: str) -> bytes:
     return sequence.to_bytes(_SEQUENCE_BYTES, "big", signed=True) + bytes.fromhex(digest)
 
 
-def recent_bytes(recent: Mapping[str, str], last_sequence: int, stored: bytes = b"") -> bytes:
+def recent_bytes(
+    recent: Mapping[str, str],
+    last_sequence: int,
+    stored: bytes = b"",
+    window: Mapping[str, str] | None = None,
+) -> bytes:
     """`agent_stream_positions.recent` as stored, from the decision's {sequence: hex digest} at the
     stream's new `last_sequence`: the entries `stored` (the row's bytes before) lacks in front of
     them, where `recent_digests` of the result at `last_sequence` is exactly `recent`; else
-    `recent` alone, newest first."""
+    `recent` alone, newest first. `window`: `recent_digests` of `stored` at the stream's last
+    sequence before, where the caller holds it (a kept copy): the stored entries are then not
+    unpacked again."""
     floor = last_sequence - RECENT_REPORT_DIGESTS
     if stored and len(stored) % _ENTRY_BYTES == 0 and len(stored) // _ENTRY_BYTES + 1 <= _MAX_ENTRIES:
-        view = memoryview(stored)
         # The stored entries still in the window must all be in `recent`, with the same digest.
-        have = {
-            seq: view[i + _SEQUENCE_BYTES : i + _ENTRY_BYTES]
-            for i in range(0, len(stored), _ENTRY_BYTES)
-            if (seq := int.from_bytes(view[i : i + _SEQUENCE_BYTES], "big", signed=True)) > floor
-        }
+        # The window before holds every stored entry above the floor now, which only rises.
+        have: dict[int, str | memoryview]
+        if window is not None:
+            have = {seq: digest for key, digest in window.items() if (seq := int(key)) > floor}
+        else:
+            view = memoryview(stored)
+            have = {
+                seq: view[i + _SEQUENCE_BYTES : i + _ENTRY_BYTES]
+                for i in range(0, len(stored), _ENTRY_BYTES)
+                if (seq := int.from_bytes(view[i : i + _SEQUENCE_BYTES], "big", signed=True)) > floor
+            }
         added: list[int] = []
         fits = True
         for key, digest in recent.items():
             seq = int(key)
             old = have.pop(seq, None)
-            if seq <= floor or (old is not None and old.hex() != digest):
+            if seq <= floor or (old is not None and (old if isinstance(old, str) else old.hex()) != digest):
                 fits = False
                 break
             if old is None:

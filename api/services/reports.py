@@ -344,7 +344,8 @@ class ReportService:
             return None
         streams, decided = kept
         recent = [
-            recent_bytes(d.recent, i.sequence, p.recent) for i, (p, d) in zip(items, decided, strict=True)
+            recent_bytes(d.recent, i.sequence, p.recent, p.window)
+            for i, (p, d) in zip(items, decided, strict=True)
         ]
         done = await self.nodes.append_folded(
             conn, streams, [d.events for _p, d in decided], _advance_part(items, decided, recent)
@@ -417,7 +418,8 @@ class ReportService:
         if committed is None:
             return None
         recent = [
-            recent_bytes(d.recent, i.sequence, p.recent) for i, (p, d) in zip(items, decided, strict=True)
+            recent_bytes(d.recent, i.sequence, p.recent, p.window)
+            for i, (p, d) in zip(items, decided, strict=True)
         ]
         rows = await conn.fetch(_ADVANCE_KEPT_SQL, *_advance_arguments(items, decided, recent))
         if len(rows) != len(items):
