@@ -9,10 +9,13 @@ import uuid
 from pathlib import Path
 
 import asyncpg
+import msgspec
 import pytest
 
+from collectors.facts import Known
+from collectors.observations import StorageObservation
 from ledger.reserved_positions import ReservedPositions
-from tests.agent_support import report_body
+from tests.agent_support import observation, report_body
 from tests.test_kept_reports import enrolled, position, server, verify
 
 
@@ -173,3 +176,39 @@ async def test_reserved_positions_ascend_and_are_not_kept_past_their_age(pool: a
         one = await aged.take(conn, 1)
         two = await aged.take(conn, 1)  # its reservation is too old: dropped, reserved again
         assert two[0] > one[0] and aged.reservations == 2 and aged.dropped == 1
+
+
+async def test_a_folded_report_that_removes_rows_and_changes_the_inventory_rebuilds_alike(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    # The folded statement's deletes (a mount gone) and lifecycle events (a GPU gone, a mount
+    # added) in the read models, numbered after the append's parameters.
+    a = server(pool, tmp_path, "a")
+    principal, _ = await enrolled(a, "changing-agent")
+    two_mounts = msgspec.structs.replace(
+        observation().host,
+        storage=[
+            StorageObservation(mount="/", used_bytes=Known(10), total_bytes=Known(100)),
+            StorageObservation(mount="/data", used_bytes=Known(5), total_bytes=Known(50)),
+        ],
+    )
+    bodies = [
+        observation(mem_avail=1),
+        msgspec.structs.replace(observation(mem_avail=2), host=two_mounts),
+        msgspec.structs.replace(observation(mem_avail=3, gpus=1), host=two_mounts),
+        observation(mem_avail=4, gpus=1),
+    ]
+    for seq, obs in enumerate(bodies, start=1):
+        ack = await a.reports.accept_report(
+            principal, report_body("changing-agent", seq, stream="inventory", obs=obs), None
+        )
+        assert ack.status == "accepted"
+    assert a.reports.store.states.folded_appends == 3
+    async with pool.acquire() as conn:
+        mounts = await conn.fetch("SELECT mount FROM hw_node_storage WHERE node_id = $1", principal.node_id)
+        statuses = await conn.fetch(
+            "SELECT status FROM hw_accelerators WHERE node_id = $1 ORDER BY device_index", principal.node_id
+        )
+    assert [r["mount"] for r in mounts] == ["/"]
+    assert [r["status"] for r in statuses] == ["active", "missing"]
+    await verify(pool)
