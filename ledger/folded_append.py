@@ -151,9 +151,11 @@ async def append_folded(
     base = len(args)
     own, found = owner.changes_statement(written, base=base, gate=_GATE, prefix="p")
     ctes.extend(own)
-    args.extend([projection, *written.args])
+    args.extend([projection, *written.args, written.expected])
+    # Counts are parameters, not literals: one statement text per shape of writes, whatever the
+    # batch's size, so the connection's prepared statements are reused.
     checks = [
-        f"mf_require(({found}) = {written.expected}, 'MF417', 'read-model rows or checkpoints missing')"
+        f"mf_require(({found}) = ${len(args)}::bigint, 'MF417', 'read-model rows or checkpoints missing')"
     ]
     answer = "NULL"
     if part is not None:

@@ -228,3 +228,33 @@ async def test_a_report_keeps_gpu_metrics_in_its_event_not_in_the_nodes_checkpoi
     }
     assert own_rows == 0
     assert len(metrics) == len(samples) and all(p == newest and x and x.metrics for p, x in metrics)
+
+
+async def test_a_batch_sends_the_same_statement_text_whatever_its_size(
+    counted: tuple[Services, Counter],
+) -> None:
+    # The counts a folded statement checks are parameters: one prepared statement serves batches
+    # of every size, instead of a new one (a Parse, a plan) per size.
+    services, counter = counted
+    token = await services.enrollment.create_token(3600, 5)
+    principals = []
+    for i in range(5):
+        enrolled = await services.enrollment.enroll(
+            token.token,
+            EnrollRequest(identity_key=f"sized-{i}", identity_source="configured", hostname=f"s{i}"),
+        )
+        principals.append(await services.credentials.authenticate(enrolled.credential))
+        await services.reports.accept_report(principals[-1], report_body(f"sized-{i}", 1, mem_avail=1), None)
+    texts = []
+    for seq, size in ((2, 1), (3, 5)):
+        counter.queries.clear()
+        acks = await asyncio.gather(
+            *(
+                services.reports.accept_report(p, report_body(f"sized-{i}", seq, mem_avail=seq), None)
+                for i, p in enumerate(principals[:size])
+            )
+        )
+        assert [a.status for a in acks] == ["accepted"] * size
+        (text,) = counter.queries
+        texts.append(text)
+    assert "mf_append_folded" in texts[0] and texts[0] == texts[1]

@@ -107,8 +107,8 @@ def _advance_part(
         params = ", ".join(f"${base + i}" for i in range(1, 9))
         return Part(
             ctes=(f"adv AS (SELECT * FROM mf_advance_positions({params}) WHERE {gate})",),
-            args=_advance_arguments(items, decided, recent),
-            check=f"(SELECT count(*) = {len(items)} AND count(DISTINCT out_written) = 1 FROM adv)",
+            args=[*_advance_arguments(items, decided, recent), len(items)],
+            check=f"(SELECT count(*) = ${base + 9}::bigint AND count(DISTINCT out_written) = 1 FROM adv)",
             answer="(SELECT max(out_written) FROM adv)",
         )
 
