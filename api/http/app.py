@@ -28,6 +28,7 @@ from api.http.console import ConsolePlugin
 from api.http.context import DEPENDENCIES, AppContext, operator_guard
 from api.http.decommission import decommission_routers
 from api.http.discovery import DISCOVERY_ROUTES
+from api.http.fast_report import report_front
 from api.http.gpu_history import GPU_HISTORY_ROUTES
 from api.http.health_policy import health_policy_routers
 from api.http.telemetry import TELEMETRY_ROUTES
@@ -453,4 +454,6 @@ def create_app(
     if context is not None:
         app.state.ctx = context
     openapi_contract.install(app)
+    # The agents' reports are answered in front of the router (api/http/fast_report.py).
+    app.asgi_handler = report_front(app.asgi_handler, app)
     return app
