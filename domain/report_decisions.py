@@ -8,6 +8,7 @@ a value here, with its stable problem slug and its detail, so the decision is te
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Literal, Protocol
 
@@ -88,7 +89,7 @@ class AcceptedReport(msgspec.Struct, frozen=True):
     events: list[NewEvent]
     last: int | None
     gap: int
-    recent: dict[str, str]
+    recent: dict[int, str]
 
 
 ReportDecision = CredentialRefusal | SequenceConflict | DuplicateReport | AcceptedReport
@@ -109,17 +110,18 @@ def token_refusal(state: TokenUses, now: datetime) -> TokenRefusal | None:
 
 
 def sequence_refusal(
-    stream: str, seq: int, last: int | None, recent: dict[str, str], digest: str
+    stream: str, seq: int, last: int | None, recent: Mapping[int, str], digest: str
 ) -> SequenceConflict | None:
-    """A report's sequence against the stream's last accepted one: None to accept (or to answer
-    `duplicate`, decided by the caller), else the conflict."""
-    if last is None or seq > last or recent.get(str(seq)) == digest:
+    """A report's sequence against the stream's last accepted one (`recent`: the digests of the
+    stream's recently accepted reports by sequence): None to accept (or to answer `duplicate`,
+    decided by the caller), else the conflict."""
+    if last is None or seq > last or recent.get(seq) == digest:
         return None
     if seq == last:
         detail = f"sequence {seq} of stream {stream} was already accepted with other content"
     else:
         detail = f"sequence {seq} of stream {stream} is older than the last accepted ({last})"
-        if str(seq) in recent:
+        if seq in recent:
             detail += " and was accepted with other content"
     return SequenceConflict(stream=stream, sequence=seq, last_sequence=last, detail=detail)
 
@@ -128,7 +130,7 @@ def decide_report(
     state: NodeState,
     item: ReportItem,
     last: int | None,
-    recent: dict[str, str],
+    recent: Mapping[int, str],
     policy: HealthPolicy = DEFAULT_POLICY,
 ) -> ReportDecision:
     """A report against its node's folded state and its stream's position: refused, an unchanged
@@ -154,8 +156,9 @@ def decide_report(
         agent_sequence_gap=gap if gap > 0 else None,
         actor=f"credential:{item.credential_id}",
     )
-    kept = {k: v for k, v in recent.items() if int(k) > seq - RECENT_REPORT_DIGESTS}
-    kept[str(seq)] = item.digest
+    floor = seq - RECENT_REPORT_DIGESTS
+    kept = {k: v for k, v in recent.items() if k > floor}
+    kept[seq] = item.digest
     events = [
         NewEvent(payload=p, metadata=metadata)
         for p in reconcile(item.observation, state, item.identity, policy)

@@ -163,7 +163,7 @@ def test_preview_blockers_are_the_active_leases_and_the_digest_binds_them() -> N
 
 @given(st.integers(1, 50), st.integers(0, 50), st.booleans())
 def test_a_sequence_is_refused_only_when_reused_with_other_content(seq: int, last: int, same: bool) -> None:
-    recent = {str(last): "a" * 64}
+    recent = {last: "a" * 64}
     digest = "a" * 64 if same else "b" * 64
     refusal = sequence_refusal("inventory", seq, last, recent, digest)
     if seq > last or (seq == last and same):
@@ -220,13 +220,13 @@ def test_a_report_is_refused_a_duplicate_or_accepted_on_its_nodes_state_alone(
     digest = "d" * 64
     state = agent_node(revoked=revoked)
     item = report_item(seq, digest)
-    recent = {} if last is None else {str(last): digest if same_content else "e" * 64}
+    recent = {} if last is None else {last: digest if same_content else "e" * 64}
     decision = decide_report(state, item, last, recent)
     if revoked:
         assert isinstance(decision, CredentialRefusal) and decision.problem == "credential-revoked"
     elif last is None or seq > last:
         assert isinstance(decision, AcceptedReport)
-        assert decision.gap == seq - (last or 0) - 1 and decision.recent[str(seq)] == digest
+        assert decision.gap == seq - (last or 0) - 1 and decision.recent[seq] == digest
         assert decision.events and all(e.metadata.agent_sequence == seq for e in decision.events)
     elif seq == last and same_content:
         assert isinstance(decision, DuplicateReport) and decision.last == last
@@ -244,7 +244,7 @@ def test_a_stream_keeps_the_digests_of_its_last_sequences_to_answer_retries(
     a retry of one of them is a duplicate with the same bytes and a conflict with others."""
     state = agent_node()
     last: int | None = None
-    recent: dict[str, str] = {}
+    recent: dict[int, str] = {}
     accepted: list[int] = []
     for step in steps:
         seq = (last or 0) + step
@@ -254,10 +254,10 @@ def test_a_stream_keeps_the_digests_of_its_last_sequences_to_answer_retries(
         assert gaps == {step - 1 if step > 1 else None}
         accepted.append(seq)
         last, recent = seq, decision.recent
-    assert sorted(map(int, recent)) == [s for s in accepted if s > accepted[-1] - RECENT_REPORT_DIGESTS]
+    assert sorted(recent) == [s for s in accepted if s > accepted[-1] - RECENT_REPORT_DIGESTS]
     retried = data.draw(st.sampled_from(accepted))
     again = decide_report(state, report_item(retried, f"{retried:064x}"), last, recent)
-    if str(retried) in recent:
+    if retried in recent:
         assert again == DuplicateReport(last)
     else:
         assert isinstance(again, SequenceConflict) and "older than the last accepted" in again.detail

@@ -159,14 +159,14 @@ def test_recent_digests_round_trip_through_their_stored_bytes(steps: list[int], 
     back exactly the window the decision kept, stay under the 2 KB at which PostgreSQL would move
     them to TOAST, and mostly grow by the new entry in front of the bytes stored before."""
     stored = b""
-    recent: dict[str, str] = {}
+    recent: dict[int, str] = {}
     seq = first
     in_front = 0
     for step in steps:
         before: int | None = seq if stored else None
         seq += step
-        recent = {k: v for k, v in recent.items() if int(k) > seq - RECENT_REPORT_DIGESTS}
-        recent[str(seq)] = hashlib.sha256(str(seq).encode()).hexdigest()
+        recent = {k: v for k, v in recent.items() if k > seq - RECENT_REPORT_DIGESTS}
+        recent[seq] = hashlib.sha256(str(seq).encode()).hexdigest()
         packed = recent_bytes(recent, seq, stored)
         assert recent_digests(packed, seq) == recent
         # A kept copy's window (the stored entries decoded at the sequence before) gives the same.
@@ -178,14 +178,19 @@ def test_recent_digests_round_trip_through_their_stored_bytes(steps: list[int], 
 
 
 def test_recent_digests_written_anew_where_the_stored_ones_do_not_fit() -> None:
-    window = {str(s): hashlib.sha256(bytes([s])).hexdigest() for s in (5, 6, 7)}
+    window = {s: hashlib.sha256(bytes([s])).hexdigest() for s in (5, 6, 7)}
     # stored by another window: a digest that differs, or an entry the new window lacks
-    other = recent_bytes({**window, "6": "00" * 32}, 7)
+    other = recent_bytes({**window, 6: "00" * 32}, 7)
     assert recent_digests(recent_bytes(window, 7, other), 7) == window
     assert recent_digests(recent_bytes(window, 7, other, recent_digests(other, 7)), 7) == window
-    wider = recent_bytes({**window, "4": "11" * 32}, 7)
+    wider = recent_bytes({**window, 4: "11" * 32}, 7)
     assert recent_digests(recent_bytes(window, 7, wider), 7) == window
     assert recent_digests(recent_bytes(window, 7, wider, recent_digests(wider, 7)), 7) == window
+    # an entry at the window's floor is not put in front of the stored ones (it would be read past)
+    stored = recent_bytes(window, 7)
+    below = {**window, 8: "22" * 32, 8 - RECENT_REPORT_DIGESTS: "33" * 32}
+    assert not recent_bytes(below, 8, stored).endswith(stored)
+    assert not recent_bytes(below, 8, stored, recent_digests(stored, 7)).endswith(stored)
     assert recent_digests(b"", None) == {}
 
 

@@ -112,9 +112,9 @@ async def test_a_filled_0_1_0_database_migrates_forward_keeping_every_event(empt
             "WHERE node_id = 'abea93e7-7a8b-5a6f-a013-a166c5533f2a' AND stream = 'inventory'"
         )
         assert recent_digests(position["recent"], position["last_sequence"]) == {
-            "1": "a1a33f4f69cb4d9cd569406345e7315ae86813253441e2d258cffec3670e115d",
-            "2": "b5bb2c060d9ae2107c433b7c35ba1a6dae43fceef19274b82b278a77606d29cc",
-            "3": "f4edbc00af999876b466fcee32e281fbb6cf473cd1ca3006418edac09b676bae",
+            1: "a1a33f4f69cb4d9cd569406345e7315ae86813253441e2d258cffec3670e115d",
+            2: "b5bb2c060d9ae2107c433b7c35ba1a6dae43fceef19274b82b278a77606d29cc",
+            3: "f4edbc00af999876b466fcee32e281fbb6cf473cd1ca3006418edac09b676bae",
         }
         # 0.1.0 logged each GPU's sample as its own ACCELERATOR_TELEMETRY_OBSERVED: the telemetry
         # rows (0006: a position, no copy) find every GPU's metrics in those events, one at a

@@ -32,10 +32,10 @@ def _entry(sequence: int, digest: str) -> bytes:
 
 
 def recent_bytes(
-    recent: Mapping[str, str],
+    recent: Mapping[int, str],
     last_sequence: int,
     stored: bytes = b"",
-    window: Mapping[str, str] | None = None,
+    window: Mapping[int, str] | None = None,
 ) -> bytes:
     """`agent_stream_positions.recent` as stored, from the decision's {sequence: hex digest} at the
     stream's new `last_sequence`: the entries `stored` (the row's bytes before) lacks in front of
@@ -45,36 +45,25 @@ def recent_bytes(
     unpacked again."""
     floor = last_sequence - RECENT_REPORT_DIGESTS
     if stored and len(stored) % _ENTRY_BYTES == 0 and len(stored) // _ENTRY_BYTES + 1 <= _MAX_ENTRIES:
-        # The stored entries still in the window must all be in `recent`, with the same digest.
-        # The window before holds every stored entry above the floor now, which only rises.
-        have: dict[int, str | memoryview]
-        if window is not None:
-            have = {seq: digest for key, digest in window.items() if (seq := int(key)) > floor}
-        else:
-            view = memoryview(stored)
-            have = {
-                seq: view[i + _SEQUENCE_BYTES : i + _ENTRY_BYTES]
-                for i in range(0, len(stored), _ENTRY_BYTES)
-                if (seq := int.from_bytes(view[i : i + _SEQUENCE_BYTES], "big", signed=True)) > floor
-            }
-        added: list[int] = []
-        fits = True
-        for key, digest in recent.items():
-            seq = int(key)
-            old = have.pop(seq, None)
-            if seq <= floor or (old is not None and (old if isinstance(old, str) else old.hex()) != digest):
-                fits = False
-                break
-            if old is None:
-                added.append(seq)
-        if fits and not have and len(stored) // _ENTRY_BYTES + len(added) <= _MAX_ENTRIES:
-            return b"".join(_entry(seq, recent[str(seq)]) for seq in sorted(added, reverse=True)) + stored
-    return b"".join(
-        _entry(int(key), digest) for key, digest in sorted(recent.items(), key=lambda kv: -int(kv[0]))
-    )
+        # The stored entries still in the window must all be in `recent`, with the same digest,
+        # and what `recent` holds besides them must lie above the floor. The window before holds
+        # every stored entry above the floor now, which only rises. Compared as dict views (C).
+        have = (
+            {seq: digest for seq, digest in window.items() if seq > floor}
+            if window is not None
+            else recent_digests(stored, last_sequence)
+        )
+        added = sorted(recent.keys() - have.keys(), reverse=True)
+        if (
+            have.items() <= recent.items()
+            and (not added or added[-1] > floor)
+            and len(stored) // _ENTRY_BYTES + len(added) <= _MAX_ENTRIES
+        ):
+            return b"".join(_entry(seq, recent[seq]) for seq in added) + stored
+    return b"".join(_entry(seq, recent[seq]) for seq in sorted(recent, reverse=True))
 
 
-def recent_digests(raw: bytes, last_sequence: int | None) -> dict[str, str]:
+def recent_digests(raw: bytes, last_sequence: int | None) -> dict[int, str]:
     """The decision's {sequence: hex digest} from `recent_bytes`: the entries within the window of
     the stream's `last_sequence` (None: a stream without a row)."""
     if len(raw) % _ENTRY_BYTES:
@@ -82,11 +71,11 @@ def recent_digests(raw: bytes, last_sequence: int | None) -> dict[str, str]:
     if last_sequence is None:
         return {}
     floor = last_sequence - RECENT_REPORT_DIGESTS
-    out: dict[str, str] = {}
+    out: dict[int, str] = {}
     for i in range(0, len(raw), _ENTRY_BYTES):
         seq = int.from_bytes(raw[i : i + _SEQUENCE_BYTES], "big", signed=True)
         if seq > floor:
-            out[str(seq)] = raw[i + _SEQUENCE_BYTES : i + _ENTRY_BYTES].hex()
+            out[seq] = raw[i + _SEQUENCE_BYTES : i + _ENTRY_BYTES].hex()
     return out
 
 
@@ -100,7 +89,7 @@ class KeptPosition(msgspec.Struct, frozen=True):
     recent: bytes  # the row's `recent` as stored (`recent_bytes`)
     # The same as the decision reads it (`recent_digests` at `last_sequence`): kept decoded, so
     # that a steady report does not unpack its stream's digests again.
-    window: dict[str, str]
+    window: dict[int, str]
     written: int
     node_version: int
     node_position: int
@@ -130,7 +119,7 @@ class KeptPositions:
         stream: str,
         last_sequence: int,
         recent: bytes,
-        window: dict[str, str],
+        window: dict[int, str],
         written: int,
         node: NodeState,
     ) -> None:
