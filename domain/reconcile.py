@@ -235,6 +235,19 @@ def reconcile(
 _SAMPLE = -1
 
 
+def _xid_versions(acc: AcceleratorState | None) -> dict[XidOccurrence, int]:
+    """The stream version that recorded each XID the GPU remembers (`AcceleratorState.xid_version`
+    of each, in one pass: the first of equal occurrences)."""
+    if acc is None:
+        return {}
+    xids = acc.xids
+    versions = acc.xid_versions if len(acc.xid_versions) == len(xids) else [0] * len(xids)
+    out: dict[XidOccurrence, int] = {}
+    for x, v in zip(xids, versions, strict=True):
+        out.setdefault(x, v)
+    return out
+
+
 def _health_events(
     observation: HardwareObservation, state: NodeState, policy: HealthPolicy, version: int
 ) -> list[EventPayload]:
@@ -262,24 +275,32 @@ def _health_events(
     for gpu_uuid, signals, reported, before, sampled in judged:
         acc = state.accelerators.get(gpu_uuid)
         accelerator_id = accelerator_id_for(state.node_id, gpu_uuid)
-        known = list(acc.xids) if acc is not None else []
-        versions = {x: acc.xid_version(x) for x in known} if acc is not None else {}
-        seen = {(x.code, x.at) for x in known}
-        for xid in reported:
-            if (xid.code, xid.at) in seen:
-                continue  # the same occurrence reported again
-            seen.add((xid.code, xid.at))
-            known.append(xid)
-            events.append(
-                AcceleratorXidObserved(accelerator_id=accelerator_id, uuid=gpu_uuid, code=xid.code, at=xid.at)
-            )
-            versions[xid] = version + len(events)
+        remembered: list[XidOccurrence] = acc.xids if acc is not None else []
+        # Most reports bring no XID and change no verdict: the versions are worked out for those
+        # that do (every GPU of every report otherwise, up to MAX_RECENT_XIDS each).
+        known = remembered
+        added: dict[XidOccurrence, int] = {}
+        if reported:
+            known = list(remembered)
+            seen = {(x.code, x.at) for x in known}
+            for xid in reported:
+                if (xid.code, xid.at) in seen:
+                    continue  # the same occurrence reported again
+                seen.add((xid.code, xid.at))
+                known.append(xid)
+                events.append(
+                    AcceleratorXidObserved(
+                        accelerator_id=accelerator_id, uuid=gpu_uuid, code=xid.code, at=xid.at
+                    )
+                )
+                added[xid] = version + len(events)
         # The XIDs of this report were drained during its collection, after `observed_at` was
         # taken: judged at the latest of them, so they count at once rather than a refresh later.
         previous = acc.telemetry.health if sampled and acc is not None and acc.telemetry is not None else None
-        at = max([now, *(x.at for x in reported)])
+        at = max(now, *(x.at for x in reported)) if reported else now
         after, counted = evaluate(policy, signals, known, at, previous)
         if after != before:
+            versions = {**_xid_versions(acc), **added}
             evidence = sorted({versions.get(x, 0) for x in counted} - {0})
             if sampled:
                 evidence.append(_SAMPLE)

@@ -89,6 +89,33 @@ async def test_a_bad_policy_is_refused_naming_line_and_key_and_nothing_changes(
     assert await log_size(pool) == before
 
 
+async def test_a_verdict_names_the_xids_of_earlier_reports_as_its_evidence(
+    pool: asyncpg.Pool,
+    client: httpx.AsyncClient,  # noqa: F811
+) -> None:
+    """The third XID of a rule that counts three arrives a report after the first two: the
+    verdict's evidence is all three XID events, the two the GPU remembered and the new one."""
+    r = await client.post(POLICY, json={"policy": XID_13_THRICE, "actor": "ana"}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    service = HardwareInventoryService(EventStore(pool, ALL_PROJECTIONS))
+    first, second, third = thrice(10)
+    await report(service, "policy-b", [with_health(gpu(1), signals(xids=[first, second])), gpu(2)])
+    node_events = [e for e in await every_event(pool) if e.stream_id != HEALTH_POLICY_STREAM]
+    assert not [e for e in node_events if isinstance(e.payload, AcceleratorHealthChanged)]
+    await report(service, "policy-b", [with_health(gpu(1), signals(xids=[third])), gpu(2)])
+    node_events = [e for e in await every_event(pool) if e.stream_id != HEALTH_POLICY_STREAM]
+    (changed,) = [e for e in node_events if isinstance(e.payload, AcceleratorHealthChanged)]
+    assert isinstance(changed.payload, AcceleratorHealthChanged)
+    by_version = {e.stream_version: e for e in node_events if e.stream_id == changed.stream_id}
+    named = [by_version[v].payload for v in changed.payload.evidence[:-1]]
+    assert [(type(x), x.at) for x in named] == [  # type: ignore[union-attr]
+        (AcceleratorXidObserved, first.at),
+        (AcceleratorXidObserved, second.at),
+        (AcceleratorXidObserved, third.at),
+    ]
+    assert isinstance(by_version[changed.payload.evidence[-1]].payload, NodeTelemetryObserved)
+
+
 async def test_applied_policy_decides_names_its_digest_and_evidence_and_rebuilds_exactly(
     pool: asyncpg.Pool,
     client: httpx.AsyncClient,  # noqa: F811
