@@ -13,6 +13,7 @@ Decisions (docs/architecture.md has the reasoning):
 from __future__ import annotations
 
 from collections.abc import Mapping
+from operator import attrgetter
 
 import msgspec
 
@@ -87,11 +88,21 @@ def _accelerator_discovered(
     )
 
 
+# A GPU's inventory facts as one tuple, of its folded state or of an observation.
+_inventory_facts = attrgetter(*ACCELERATOR_INVENTORY_FACTS)
+
+
 def _accelerator_changes(
     acc: AcceleratorState, obs: AcceleratorObservation, driver: Fact, cuda: Fact
 ) -> dict[str, FactChange]:
     # Only the facts that differ are diffed (`_diff` passes over equal ones): most reports of a
-    # GPU repeat every inventory fact, and build no pair at all.
+    # GPU repeat every inventory fact, and build no pair at all (told in one comparison of them all).
+    if (
+        driver == acc.driver_version
+        and cuda == acc.cuda_driver_version
+        and _inventory_facts(acc) == _inventory_facts(obs)
+    ):
+        return {}
     pairs: dict[str, tuple[Fact, Fact]] = {}
     for name in ACCELERATOR_INVENTORY_FACTS:
         old, new = getattr(acc, name), getattr(obs, name)
