@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Iterable
 from datetime import datetime
 from functools import lru_cache
 from typing import Literal, TypeAlias
@@ -370,29 +371,32 @@ def _host_sample(
     )
 
 
-def _accelerator_sample(
+def _accelerator_samples(
     s: NodeState,
-    gpu_uuid: str,
-    telemetry: dict[str, Fact],
-    health: AcceleratorHealthSignals | None,
+    samples: Iterable[tuple[str, dict[str, Fact], AcceleratorHealthSignals | None]],
     event: RecordedEvent,
 ) -> NodeState:
-    acc0 = s.accelerators.get(gpu_uuid)
-    if acc0 is None or acc0.status != "active":
-        return s
-    # `last_seen_at` stays as the lifecycle left it; readers take the later of it and the
-    # telemetry's receive time, so a report does not rewrite the accelerator row.
-    acc = msgspec.structs.replace(
-        acc0,
-        telemetry=Telemetry(
-            metrics=dict(telemetry),
-            observed_at=event.metadata.observed_at,
-            received_at=event.metadata.received_at,
-            position=event.global_position,
-            health=health,
-        ),
-    )
-    return msgspec.structs.replace(s, accelerators={**s.accelerators, gpu_uuid: acc})
+    """Each active GPU's sample `(uuid, telemetry, health)` of one event, in one new state."""
+    accelerators: dict[str, AcceleratorState] | None = None
+    for gpu_uuid, telemetry, health in samples:
+        acc0 = s.accelerators.get(gpu_uuid)
+        if acc0 is None or acc0.status != "active":
+            continue
+        if accelerators is None:
+            accelerators = dict(s.accelerators)
+        # `last_seen_at` stays as the lifecycle left it; readers take the later of it and the
+        # telemetry's receive time, so a report does not rewrite the accelerator row.
+        accelerators[gpu_uuid] = msgspec.structs.replace(
+            acc0,
+            telemetry=Telemetry(
+                metrics=dict(telemetry),
+                observed_at=event.metadata.observed_at,
+                received_at=event.metadata.received_at,
+                position=event.global_position,
+                health=health,
+            ),
+        )
+    return s if accelerators is None else msgspec.structs.replace(s, accelerators=accelerators)
 
 
 def evolve(state: NodeState, event: RecordedEvent) -> NodeState:
@@ -530,11 +534,10 @@ def evolve(state: NodeState, event: RecordedEvent) -> NodeState:
         case HostTelemetryObserved():
             s = _host_sample(s, p.telemetry, p.storage, event)
         case AcceleratorTelemetryObserved():
-            s = _accelerator_sample(s, p.uuid, p.telemetry, p.health, event)
+            s = _accelerator_samples(s, [(p.uuid, p.telemetry, p.health)], event)
         case NodeTelemetryObserved():
             s = _host_sample(s, p.telemetry, p.storage, event)
-            for sample in p.accelerators:
-                s = _accelerator_sample(s, sample.uuid, sample.telemetry, sample.health, event)
+            s = _accelerator_samples(s, [(a.uuid, a.telemetry, a.health) for a in p.accelerators], event)
         case _:
             pass  # events of other concerns (credentials, leases) do not change inventory.
     if isinstance(p, _FINGERPRINT_INPUTS):
