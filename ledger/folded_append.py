@@ -194,13 +194,16 @@ async def append_folded(
     store.states.kept_appends += 1
     store.states.folded_appends += 1
     results: list[AppendResult] = []
+    # The states as their checkpoints store them, worked out once, with the rows (in the order of
+    # the streams the projection folds).
+    persisted = iter(written.persisted)
     for r, events, state in zip(requests, recorded, states, strict=True):
         stored_events = [msgspec.structs.replace(e, recorded_at=at) for e in events]
         folded: dict[str, object] = {}
         if state is not None:
             folded[projection] = state
             version, position = owner.checkpoint_of(state)
-            store.states.keep(projection, r.stream_id, version, position, owner.persisted(state))
+            store.states.keep(projection, r.stream_id, version, position, next(persisted))
         results.append(
             AppendResult(r.stream_id, stored_events[-1].stream_version, stored_events, False, folded)
         )

@@ -83,6 +83,11 @@ class RowWrites(Protocol):
         """How many stored rows and checkpoints the writes must find."""
         ...
 
+    @property
+    def persisted(self) -> list[Any]:
+        """Each folded state as its checkpoint stores it, in the order of the changes."""
+        ...
+
 
 class StateSource(Protocol):
     """Where the folded states `EventStore.open_states` hands out come from: a projection."""

@@ -181,6 +181,8 @@ class RowChanges(msgspec.Struct, frozen=True):
     ops: tuple[tuple[str, str, TableSpec], ...]
     args: list[object]
     expected: int
+    # Each change's state as its checkpoint stores it (`persisted`), in the changes' order.
+    persisted: list[Any] = msgspec.field(default_factory=list)
 
 
 class Projection(Generic[S]):
@@ -244,7 +246,10 @@ class Projection(Generic[S]):
     def encode_state(self, state: S) -> bytes:
         """The checkpoint's bytes (`projection_state.state`): a format byte, then the persisted
         state as msgpack, deflated, or in its two parts where the projection splits it."""
-        kept = self.persisted(state)
+        return self._encode_persisted(self.persisted(state))
+
+    def _encode_persisted(self, kept: S) -> bytes:
+        """`encode_state` of a state `persisted` already gave."""
         if self.volatile_type is None:
             packed = _msgpack_encoder.encode(kept)
             return _MSGPACK_DEFLATE + zlib.compress(packed, _DEFLATE_LEVEL, _DEFLATE_WBITS)
@@ -407,6 +412,7 @@ class Projection(Generic[S]):
         positions: list[int] = []
         states: list[bytes] = []
         stored: list[bool] = []
+        persisted: list[S] = []
         for _stream_id, before, after in changes:
             old_rows, new_rows = self.rows(before), self.rows(after)
             for spec in self.tables:
@@ -429,7 +435,9 @@ class Projection(Generic[S]):
             version, position = self.checkpoint_of(after)
             versions.append(version)
             positions.append(position)
-            states.append(self.encode_state(after))
+            kept = self.persisted(after)
+            persisted.append(kept)
+            states.append(self._encode_persisted(kept))
             # A state folded from any event was checkpointed with it (the initial state is at 0).
             stored.append(self.checkpoint_of(before)[0] > 0)
         ops: list[tuple[str, str, TableSpec]] = []
@@ -453,4 +461,4 @@ class Projection(Generic[S]):
             if added_by[spec.name]:
                 ops.append(("upsert", spec.name + suffix, spec))
                 args.append(added_by[spec.name])
-        return RowChanges(tuple(ops), args, expected)
+        return RowChanges(tuple(ops), args, expected, persisted)

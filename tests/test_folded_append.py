@@ -5,6 +5,7 @@ part was decided on something not current."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 
@@ -48,6 +49,45 @@ async def test_a_steady_report_is_one_statement_and_rebuilds_to_what_it_wrote(
             principal.node_id,
         )
     assert stored == log[-1][1]  # the checkpoint folded the position the event was stored at
+    await verify(pool)
+
+
+async def test_nodes_folded_in_one_statement_each_keep_their_own_state(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """Two nodes of different GPUs whose reports share each statement: every next report is
+    decided on its own node's folded state, so neither node's log gains a lifecycle event."""
+    from api.config import ServerConfig
+    from api.wiring import build_services
+
+    # One report transaction at a time, so both nodes' reports wait for the same statement.
+    a = build_services(
+        pool, ServerConfig(state_dir=tmp_path / "a", collector_timeout=5.0, report_transactions=1)
+    )
+    nodes = {"folded-one": 1, "folded-three": 3}
+    principals = {key: (await enrolled(a, key))[0] for key in nodes}
+    for seq in range(1, 7):
+        acks = await asyncio.gather(
+            *(
+                a.reports.accept_report(
+                    principals[key],
+                    report_body(key, seq, obs=observation(mem_avail=seq, gpus=gpus, hostname=key)),
+                    None,
+                )
+                for key, gpus in nodes.items()
+            )
+        )
+        assert [ack.status for ack in acks] == ["accepted", "accepted"]
+    assert a.reports.group_commit.units > a.reports.group_commit.batches  # statements were shared
+    assert a.reports.store.states.folded_appends >= 4
+    for key, gpus in nodes.items():
+        async with pool.acquire() as conn:
+            lifecycle = await conn.fetch(
+                "SELECT event_type FROM events WHERE stream_id = $1 AND event_class = 'lifecycle' "
+                "AND event_type LIKE 'ACCELERATOR%' ORDER BY stream_version",
+                principals[key].node_id,
+            )
+        assert [r["event_type"] for r in lifecycle] == ["ACCELERATOR_DISCOVERED"] * gpus, key
     await verify(pool)
 
 
