@@ -101,9 +101,13 @@ class AcceleratorState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # same order: what a verdict names as its evidence.
     xid_versions: list[int] = []
 
-    def xid_version(self, xid: XidOccurrence) -> int:
+    def versions_of_xids(self) -> dict[XidOccurrence, int]:
+        """The stream version that recorded each of `xids` (the first of equal occurrences)."""
         versions = self.xid_versions if len(self.xid_versions) == len(self.xids) else [0] * len(self.xids)
-        return next((v for x, v in zip(self.xids, versions, strict=True) if x == xid), 0)
+        out: dict[XidOccurrence, int] = {}
+        for x, v in zip(self.xids, versions, strict=True):
+            out.setdefault(x, v)
+        return out
 
 
 MAX_RECENT_XIDS = 64

@@ -246,19 +246,6 @@ def reconcile(
 _SAMPLE = -1
 
 
-def _xid_versions(acc: AcceleratorState | None) -> dict[XidOccurrence, int]:
-    """The stream version that recorded each XID the GPU remembers (`AcceleratorState.xid_version`
-    of each, in one pass: the first of equal occurrences)."""
-    if acc is None:
-        return {}
-    xids = acc.xids
-    versions = acc.xid_versions if len(acc.xid_versions) == len(xids) else [0] * len(xids)
-    out: dict[XidOccurrence, int] = {}
-    for x, v in zip(xids, versions, strict=True):
-        out.setdefault(x, v)
-    return out
-
-
 def _health_events(
     observation: HardwareObservation, state: NodeState, policy: HealthPolicy, version: int
 ) -> list[EventPayload]:
@@ -311,7 +298,7 @@ def _health_events(
         at = max(now, *(x.at for x in reported)) if reported else now
         after, counted = evaluate(policy, signals, known, at, previous)
         if after != before:
-            versions = {**_xid_versions(acc), **added}
+            versions = {**(acc.versions_of_xids() if acc is not None else {}), **added}
             evidence = sorted({versions.get(x, 0) for x in counted} - {0})
             if sampled:
                 evidence.append(_SAMPLE)
