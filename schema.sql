@@ -1,4 +1,4 @@
--- ModelForge hardware plane: the database schema of this release, schema version 21, whole.
+-- ModelForge hardware plane: the database schema of this release, schema version 22, whole.
 --
 -- `modelforge-hw migrate` (and `serve`, at start) creates a new database from this file, in one
 -- transaction. A database made by an older release is brought to the same schema by the numbered
@@ -12,6 +12,8 @@
 
 -- Whether lz4 is there, asked by the storage settings below.
 \ir sql/functions/mf_has_lz4.sql
+-- A stream's key in the log's indexes by stream, which are made below.
+\ir sql/functions/mf_stream_key.sql
 
 -- Every schema version this database has: one made from this file has them all.
 CREATE TABLE schema_version (
@@ -100,10 +102,19 @@ $$;
 
 -- The gap-safe read walks the log in commit order.
 CREATE INDEX events_tx_position_idx ON events (tx_id, global_position);
--- One stream's events in commit order (a read of the log filtered by stream).
-CREATE INDEX events_stream_tx_idx ON events (stream_id, tx_id, global_position);
--- One node's observations by the time they were received (a GPU's or a host's telemetry history).
-CREATE INDEX events_stream_observation_received_idx ON events (stream_id, received_at)
+-- One stream's events in commit order (a read of the log filtered by stream), and one node's
+-- observations by the time they were received (a GPU's or a host's telemetry history).
+-- A stream's key: both are keyed by the stream's eight-byte key (mf_stream_key), not its id. A day
+-- segment takes every node's snapshots at once, each at the end of its node's entries, so a full
+-- leaf page splits in half and these indexes stay about two thirds full until the day is sealed:
+-- an entry of 36 or 28 bytes in place of 68 or 60 is what keeps them small. Two streams may share
+-- a key, so a read by one of them checks the stream id too, written
+-- `(stream_id = $1 OR mf_stream_key(stream_id) <> mf_stream_key($1))` beside the key's condition
+-- (the second half never holds there): PostgreSQL takes `stream_id = $1` and the key's condition
+-- as independent, expects a node's thousands of rows to be a handful and sorts them all for one
+-- page; this way its estimate is the key's and it walks the index in order.
+CREATE INDEX events_stream_tx_idx ON events (mf_stream_key(stream_id), tx_id, global_position);
+CREATE INDEX events_stream_observation_received_idx ON events (mf_stream_key(stream_id), received_at)
     WHERE event_class = 'observation';
 -- Reads of the log by the time events were recorded (point-in-time reads).
 CREATE INDEX events_recorded_at_idx ON events (recorded_at);
@@ -125,13 +136,14 @@ CREATE TABLE event_segments (
 -- for each index whichever way a database came to this version.
 CREATE TABLE events_permanent (LIKE events INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING COMPRESSION);
 CREATE INDEX events_permanent_tx_position_idx ON events_permanent (tx_id, global_position);
-CREATE INDEX events_permanent_stream_tx_idx ON events_permanent (stream_id, tx_id, global_position);
+CREATE INDEX events_permanent_stream_tx_idx
+    ON events_permanent (mf_stream_key(stream_id), tx_id, global_position);
 -- Retention finds the permanent segment's observations received before its cutoff (a day segment
 -- goes whole, so its observations need no such index: one index entry less per snapshot).
 CREATE INDEX events_permanent_observation_received_idx ON events_permanent (received_at)
     WHERE event_class = 'observation';
 CREATE INDEX events_permanent_stream_observation_received_idx
-    ON events_permanent (stream_id, received_at) WHERE event_class = 'observation';
+    ON events_permanent (mf_stream_key(stream_id), received_at) WHERE event_class = 'observation';
 -- Reads of the log filtered by event type, on the permanent segment alone: the day segments hold
 -- telemetry snapshots only, which a read by type finds by walking them in commit order (they are
 -- most of every day), so an index of their one type would be an entry per snapshot no read needs.
@@ -551,5 +563,5 @@ CREATE INDEX webhook_deliveries_subscription_idx ON webhook_deliveries (subscrip
 \ir sql/triggers/gpu_sets_immutable.sql
 \ir sql/triggers/gpu_sets_no_truncate.sql
 
--- This file is schema version 21: a database made from it has what every numbered step gives.
-INSERT INTO schema_version (version) SELECT generate_series(1, 21);
+-- This file is schema version 22: a database made from it has what every numbered step gives.
+INSERT INTO schema_version (version) SELECT generate_series(1, 22);

@@ -197,7 +197,12 @@ _LOG_READ = (
     "WHERE (events.tx_id, events.global_position) > ($1::xid8, $2::bigint) "
     "AND events.tx_id < pg_snapshot_xmin(pg_current_snapshot())"
 )
-_BY_STREAM = " AND events.stream_id = ${n}"
+# The stream's key leads the index of one stream's events in commit order; the id is checked
+# in the form that keeps PostgreSQL's row estimate the key's (schema.sql, "A stream's key").
+_BY_STREAM = (
+    " AND mf_stream_key(events.stream_id) = mf_stream_key(${n})"
+    " AND (events.stream_id = ${n} OR mf_stream_key(events.stream_id) <> mf_stream_key(${n}))"
+)
 _BY_TYPES = " AND events.event_type = ANY(${n}::text[])"
 _BY_CLASS = " AND events.event_class = ${n}"
 _BY_ACCELERATOR = " AND (events.data->>'uuid' = ${n} OR events.data->>'accelerator_uuid' = ${n})"

@@ -2,11 +2,11 @@
 
 While its day lasts, a day segment takes every node's snapshots at once, and its three indexes
 keyed by stream take each node's newest entry at the end of that node's entries: a full leaf page
-splits in half and its left half never fills again, so those indexes stay about 60 % full (110
-bytes of each entry's 70). Once the day is over nothing more is appended to it (an append's
-segment is the day it was received), and its indexes are rebuilt packed: each index set to
-`fillfactor = 100` and built again with REINDEX CONCURRENTLY, which locks out neither reads nor
-appends. About 110 bytes less per snapshot; the heap is packed already (appends only).
+splits in half and its left half never fills again, so those indexes stay about 60 % full. Once
+the day is over nothing more is appended to it (an append's segment is the day it was received),
+and its indexes are rebuilt packed: each index set to `fillfactor = 100` and built again with
+REINDEX CONCURRENTLY, which locks out neither reads nor appends. About 65 bytes less per
+snapshot; the heap is packed already (appends only).
 
 A segment is sealed one hour after its day ended (a transaction that took its received time just
 before midnight has committed by then), by the retention pass (its last step, under its lock: a

@@ -244,24 +244,33 @@ def gpu_samples(common_body: bytes, gpu_body: bytes | None) -> HourSamples:
 # -- reading ----------------------------------------------------------------------------------
 
 # A node's ($1) observations received in [$2, $3): the predicate of the history's read of the
-# log, of the count a read checks a stored hour by, and of what an hour is stored from, so the
-# three agree on which rows an hour holds. An observation's segment is the UTC day it was
-# received, or the permanent one ('infinity'): the days before the range are not searched at all.
-RECEIVED_IN: LiteralString = (
-    "e.stream_id = $1 AND e.event_class = 'observation' "
+# log and of what an hour is stored from, so the two agree on which rows an hour holds. An
+# observation's segment is the UTC day it was received, or the permanent one ('infinity'): the
+# days before the range are not searched at all. The index of observations by receive time leads
+# with the stream's key, which another stream may share (schema.sql, "A stream's key"): KEYED_IN
+# is every row of the key, RECEIVED_IN checks the stream id as well, in the form that keeps
+# PostgreSQL's row estimate the key's.
+KEYED_IN: LiteralString = (
+    "mf_stream_key(e.stream_id) = mf_stream_key($1) "
+    "AND e.event_class = 'observation' "
     "AND e.segment >= ($2::timestamptz AT TIME ZONE 'UTC')::date "
     "AND e.received_at >= $2::timestamptz AND e.received_at < $3::timestamptz "
+)
+RECEIVED_IN: LiteralString = (
+    KEYED_IN + "AND (e.stream_id = $1 OR mf_stream_key(e.stream_id) <> mf_stream_key($1)) "
 )
 # The stored hours of a node in [$2, $3) for the subjects $4, of this FORMAT.
 STORED: LiteralString = (
     "SELECT hour, subject, observations, body FROM telemetry_hours "
     "WHERE node_id = $1 AND hour >= $2 AND hour < $3 AND subject = ANY($4::text[]) AND format = $5"
 )
-# How many observation rows the log holds per hour of [$2, $3) (an index-only count on the
-# history's index).
+# How many observation rows the log holds per hour of [$2, $3) under the node's key: an
+# index-only count on the history's index, which never reads a row for its stream id. Where
+# another stream shares the key it counts that stream's rows too, so none of the node's stored
+# hours agrees with it and they are read from the log: slower, never another node's samples.
 COUNTED: LiteralString = (
     "SELECT date_trunc('hour', e.received_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS hour_start, "
-    "count(*) AS rows_held FROM events e WHERE " + RECEIVED_IN + "GROUP BY 1"
+    "count(*) AS rows_held FROM events e WHERE " + KEYED_IN + "GROUP BY 1"
 )
 
 
@@ -336,7 +345,9 @@ _DUE: LiteralString = (
     "SELECT n.node_id FROM hw_nodes n "
     "WHERE NOT EXISTS (SELECT 1 FROM telemetry_hours t WHERE t.node_id = n.node_id AND t.hour = $1 "
     "AND t.subject = '' AND t.format = $2) "
-    "AND EXISTS (SELECT 1 FROM events e WHERE e.stream_id = n.node_id AND e.event_class = 'observation' "
+    "AND EXISTS (SELECT 1 FROM events e WHERE mf_stream_key(e.stream_id) = mf_stream_key(n.node_id) "
+    "AND (e.stream_id = n.node_id OR mf_stream_key(e.stream_id) <> mf_stream_key(n.node_id)) "
+    "AND e.event_class = 'observation' "
     "AND e.segment >= ($1::timestamptz AT TIME ZONE 'UTC')::date "
     "AND e.received_at >= $1::timestamptz AND e.received_at < $1::timestamptz + interval '1 hour') "
     "ORDER BY n.node_id LIMIT $3"

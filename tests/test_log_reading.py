@@ -299,3 +299,53 @@ async def test_a_page_lets_other_work_run_while_it_decodes(
     assert len(seen) == len(whole.entries) >= 9
     slices = seen[::2]  # the first row of each slice of two
     assert ran_between(slices), seen
+
+
+async def test_streams_that_share_an_index_key_are_read_apart(pool: asyncpg.Pool) -> None:
+    """The log's indexes by stream hold an eight-byte key of the stream id (mf_stream_key), which
+    two streams may share. Here every stream has the same key: a read of one stream's events and
+    the history's read of one node's observations still find that stream's rows alone."""
+    from datetime import UTC, datetime, timedelta
+
+    from ledger.telemetry_hours import COUNTED, RECEIVED_IN
+
+    at = datetime(2026, 12, 1, 10, tzinfo=UTC)
+    data = validate_payload(
+        HostTelemetryObserved(telemetry={"memory_available_bytes": Known(3)}, storage=[])
+    )[0].decode()
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "CREATE OR REPLACE FUNCTION mf_stream_key(p_stream_id text) RETURNS bigint "
+            "LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 7::bigint $$"
+        )
+        await conn.execute("REINDEX TABLE events")
+        for version in (1, 2, 3):
+            for stream in ("shared-a", "shared-b"):
+                await conn.execute(
+                    "INSERT INTO events (event_id, stream_id, stream_version, event_type, "
+                    "event_class, schema_version, data, metadata, received_at) VALUES ($1, $2, $3, "
+                    "'HOST_TELEMETRY_OBSERVED', 'observation', 1, $4::text::jsonb, $5::text::jsonb, $6)",
+                    uuid.uuid4(),
+                    stream,
+                    version,
+                    data,
+                    validate_metadata(meta())[0].decode(),
+                    at + timedelta(minutes=version),
+                )
+        await conn.execute("SET enable_seqscan = off")  # the indexes, as with a fleet's log
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        only_a = LogFilter(stream_id="shared-a")
+        while len((await read_log(conn, Checkpoint(), limit=100)).entries) < 6:
+            assert loop.time() < deadline, "the log's horizon did not pass its events"
+            await asyncio.sleep(0.05)
+        read, after = [], Checkpoint()
+        while (page := await read_log(conn, after, limit=2, where=only_a)).entries:
+            read += [(e.stream_id, e.stream_version) for e in page.entries]
+            after = page.resume
+        assert read == [("shared-a", 1), ("shared-a", 2), ("shared-a", 3)]
+        window = ("shared-b", at, at + timedelta(hours=1))
+        assert await conn.fetchval(f"SELECT count(*) FROM events e WHERE {RECEIVED_IN}", *window) == 3
+        # the count a stored hour is checked by is the key's: this node's hours are read from the log
+        counted = await conn.fetch(COUNTED, *window)
+        assert [(r["hour_start"], r["rows_held"]) for r in counted] == [(at, 6)]
