@@ -349,3 +349,22 @@ async def test_streams_that_share_an_index_key_are_read_apart(pool: asyncpg.Pool
         # the count a stored hour is checked by is the key's: this node's hours are read from the log
         counted = await conn.fetch(COUNTED, *window)
         assert [(r["hour_start"], r["rows_held"]) for r in counted] == [(at, 6)]
+
+
+async def test_a_read_by_stream_walks_the_stream_keys_index_in_commit_order(pool: asyncpg.Pool) -> None:
+    """A page of one node's events, with a log of many nodes' snapshots: PostgreSQL walks the
+    index of the stream's key in commit order and stops at the page's end, never fetching and
+    sorting the node's every row for one page (which it did where its estimate of the node's rows
+    took the key's condition and the id's as independent: a handful instead of thousands)."""
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO events (event_id, stream_id, stream_version, event_type, event_class, "
+            "schema_version, body) SELECT gen_random_uuid(), 'many-' || s, v, "
+            "'NODE_TELEMETRY_OBSERVED', 'observation', 1, '\\x01'::bytea "
+            "FROM generate_series(1, 400) v, generate_series(1, 60) s ORDER BY v, s"
+        )
+        await conn.execute("ANALYZE events")
+        page = reading._log_query(Checkpoint(), LogFilter(stream_id="many-7"), 50)
+        plan = [r[0] for r in await conn.fetch("EXPLAIN " + page.text, *page.args)]
+        assert not any("Sort  (" in line for line in plan), plan  # a Sort node, not a merge's key
+        assert any("Index Scan using events_permanent_stream_tx_idx" in line for line in plan), plan
