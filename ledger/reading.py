@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, LiteralString
 
 import asyncpg
 import msgspec
@@ -189,6 +189,15 @@ class LogPage(msgspec.Struct, frozen=True):
     more: bool
 
 
+def of_stream(column: LiteralString, stream: LiteralString) -> LiteralString:
+    """The SQL condition that the stream id `column` is `stream` (each an SQL expression), by the
+    stream's key that the log's indexes by stream lead with. The id is checked too, as another
+    stream may share the key, in the form that keeps PostgreSQL's row estimate the key's
+    (schema.sql, "A stream's key")."""
+    key, wanted = f"mf_stream_key({column})", f"mf_stream_key({stream})"
+    return f"{key} = {wanted} AND ({column} = {stream} OR {key} <> {wanted})"
+
+
 # The gap-safe read: after the checkpoint ($1, $2), below the horizon, in commit order. A filter
 # adds its condition, a fixed fragment whose `{n}` is its parameter's number (the only thing ever
 # put into one); the limit takes the last number.
@@ -197,12 +206,7 @@ _LOG_READ = (
     "WHERE (events.tx_id, events.global_position) > ($1::xid8, $2::bigint) "
     "AND events.tx_id < pg_snapshot_xmin(pg_current_snapshot())"
 )
-# The stream's key leads the index of one stream's events in commit order; the id is checked
-# in the form that keeps PostgreSQL's row estimate the key's (schema.sql, "A stream's key").
-_BY_STREAM = (
-    " AND mf_stream_key(events.stream_id) = mf_stream_key(${n})"
-    " AND (events.stream_id = ${n} OR mf_stream_key(events.stream_id) <> mf_stream_key(${n}))"
-)
+_BY_STREAM = " AND " + of_stream("events.stream_id", "${n}")
 _BY_TYPES = " AND events.event_type = ANY(${n}::text[])"
 _BY_CLASS = " AND events.event_class = ${n}"
 _BY_ACCELERATOR = " AND (events.data->>'uuid' = ${n} OR events.data->>'accelerator_uuid' = ${n})"

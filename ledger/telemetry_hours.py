@@ -44,6 +44,7 @@ from ledger.compact import SET_FORMATS, UndecodableBody
 from ledger.compact_decode import gpu_names
 from ledger.compact_views import Values, gpu_values, host_values, snapshot_times
 from ledger.gpu_sets import stored_sets
+from ledger.reading import of_stream
 
 log = structlog.get_logger(__name__)
 
@@ -248,17 +249,14 @@ def gpu_samples(common_body: bytes, gpu_body: bytes | None) -> HourSamples:
 # observation's segment is the UTC day it was received, or the permanent one ('infinity'): the
 # days before the range are not searched at all. The index of observations by receive time leads
 # with the stream's key, which another stream may share (schema.sql, "A stream's key"): KEYED_IN
-# is every row of the key, RECEIVED_IN checks the stream id as well, in the form that keeps
-# PostgreSQL's row estimate the key's.
-KEYED_IN: LiteralString = (
-    "mf_stream_key(e.stream_id) = mf_stream_key($1) "
+# is every row of the key, RECEIVED_IN checks the stream id as well (`of_stream`).
+_IN_WINDOW: LiteralString = (
     "AND e.event_class = 'observation' "
     "AND e.segment >= ($2::timestamptz AT TIME ZONE 'UTC')::date "
     "AND e.received_at >= $2::timestamptz AND e.received_at < $3::timestamptz "
 )
-RECEIVED_IN: LiteralString = (
-    KEYED_IN + "AND (e.stream_id = $1 OR mf_stream_key(e.stream_id) <> mf_stream_key($1)) "
-)
+KEYED_IN: LiteralString = "mf_stream_key(e.stream_id) = mf_stream_key($1) " + _IN_WINDOW
+RECEIVED_IN = of_stream("e.stream_id", "$1") + " " + _IN_WINDOW
 # The stored hours of a node in [$2, $3) for the subjects $4, of this FORMAT.
 STORED: LiteralString = (
     "SELECT hour, subject, observations, body FROM telemetry_hours "
@@ -345,8 +343,7 @@ _DUE: LiteralString = (
     "SELECT n.node_id FROM hw_nodes n "
     "WHERE NOT EXISTS (SELECT 1 FROM telemetry_hours t WHERE t.node_id = n.node_id AND t.hour = $1 "
     "AND t.subject = '' AND t.format = $2) "
-    "AND EXISTS (SELECT 1 FROM events e WHERE mf_stream_key(e.stream_id) = mf_stream_key(n.node_id) "
-    "AND (e.stream_id = n.node_id OR mf_stream_key(e.stream_id) <> mf_stream_key(n.node_id)) "
+    "AND EXISTS (SELECT 1 FROM events e WHERE " + of_stream("e.stream_id", "n.node_id") + " "
     "AND e.event_class = 'observation' "
     "AND e.segment >= ($1::timestamptz AT TIME ZONE 'UTC')::date "
     "AND e.received_at >= $1::timestamptz AND e.received_at < $1::timestamptz + interval '1 hour') "
