@@ -107,7 +107,7 @@ class EnrollResponse(msgspec.Struct, frozen=True):
     superseded_credentials: list[str] = []
 
 
-class Report(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class Report(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """POST /api/v1/agent/reports, with `Authorization: Bearer <node credential>`."""
 
     protocol: int
@@ -138,28 +138,30 @@ class ReportAck(msgspec.Struct, frozen=True):
 # --- the wire contract of an observation: typed per fact and per metric -------------------------------
 # Report.observation is decoded into the collectors' HardwareObservation (what the server
 # reconciles); these mirror Structs say what its values may be. decode_report checks a body
-# against them first, so a value outside the contract never reaches the ledger.
+# against them first, so a value outside the contract never reaches the ledger. They are
+# dropped as soon as that check is done, trees nothing refers back into: untracked by the
+# garbage collector (gc=False), as the observations are.
 
 T = TypeVar("T")
 
 
-class _Known(msgspec.Struct, Generic[T], frozen=True, tag_field="state", tag="known"):
+class _Known(msgspec.Struct, Generic[T], frozen=True, tag_field="state", tag="known", gc=False):
     value: T
 
 
-class _Unknown(msgspec.Struct, frozen=True, tag_field="state", tag="unknown"):
+class _Unknown(msgspec.Struct, frozen=True, tag_field="state", tag="unknown", gc=False):
     pass
 
 
-class _Unsupported(msgspec.Struct, frozen=True, tag_field="state", tag="unsupported"):
+class _Unsupported(msgspec.Struct, frozen=True, tag_field="state", tag="unsupported", gc=False):
     pass
 
 
-class _Unavailable(msgspec.Struct, frozen=True, tag_field="state", tag="unavailable"):
+class _Unavailable(msgspec.Struct, frozen=True, tag_field="state", tag="unavailable", gc=False):
     reason: Text
 
 
-class _TemporarilyFailed(msgspec.Struct, frozen=True, tag_field="state", tag="temporarily_failed"):
+class _TemporarilyFailed(msgspec.Struct, frozen=True, tag_field="state", tag="temporarily_failed", gc=False):
     reason: Text
 
 
@@ -218,6 +220,7 @@ def _telemetry_struct(name: str, metrics: dict[str, Any]) -> Any:
         ],
         frozen=True,
         forbid_unknown_fields=True,
+        gc=False,
     )
 
 
@@ -225,27 +228,27 @@ _HostTelemetry = _telemetry_struct("HostTelemetry", HOST_METRIC_TYPES)
 _AcceleratorTelemetry = _telemetry_struct("AcceleratorTelemetry", ACCELERATOR_METRIC_TYPES)
 
 
-class _OsInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class _OsInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     name: _fact_of(Text)  # type: ignore[valid-type]
     version: _fact_of(Text)  # type: ignore[valid-type]
     kernel: _fact_of(Text)  # type: ignore[valid-type]
     architecture: _fact_of(Text)  # type: ignore[valid-type]
 
 
-class _CpuInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class _CpuInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     model: _fact_of(Text)  # type: ignore[valid-type]
     sockets: _fact_of(Count)  # type: ignore[valid-type]
     physical_cores: _fact_of(Count)  # type: ignore[valid-type]
     logical_cores: _fact_of(Count)  # type: ignore[valid-type]
 
 
-class _Storage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class _Storage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     mount: Text
     used_bytes: _fact_of(StorageBytes)  # type: ignore[valid-type]
     total_bytes: _fact_of(StorageBytes)  # type: ignore[valid-type]
 
 
-class _Host(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class _Host(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     hostname: Hostname
     os: _OsInfo
     cpu: _CpuInfo
@@ -265,7 +268,7 @@ EccMode: TypeAlias = Literal["enabled", "disabled"]
 XidCode: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
 
 
-class _XidOccurrence(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class _XidOccurrence(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     code: XidCode
     at: AwareDatetime
 
@@ -273,7 +276,7 @@ class _XidOccurrence(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 Xids: TypeAlias = Annotated[list[_XidOccurrence], msgspec.Meta(max_length=MAX_XIDS)]
 
 
-class _HealthSignals(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class _HealthSignals(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     clock_event_reasons: Annotated[
         dict[ShortText, _fact_of(bool)],  # type: ignore[valid-type]
         msgspec.Meta(max_length=MAX_CLOCK_EVENT_REASONS),
@@ -296,7 +299,7 @@ class _HealthSignals(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     xids: Xids = []
 
 
-class _Accelerator(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class _Accelerator(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     uuid: GpuUuid
     index: _fact_of(GpuIndex)  # type: ignore[valid-type]
     name: _fact_of(Text)  # type: ignore[valid-type]
@@ -308,7 +311,7 @@ class _Accelerator(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     health: _HealthSignals | None = None
 
 
-class _Nvml(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class _Nvml(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     status: Literal["complete", "incomplete", "unavailable"]
     reason: Text | None
     driver_version: _fact_of(ShortText)  # type: ignore[valid-type]
@@ -317,21 +320,21 @@ class _Nvml(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     unlisted_xids: Annotated[dict[GpuUuid, Xids], msgspec.Meta(max_length=MAX_ACCELERATORS)] = {}
 
 
-class _CollectorRun(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class _CollectorRun(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     collector: ShortText
     ok: bool
     duration_seconds: Annotated[float, msgspec.Meta(ge=0, le=MAX_DURATION_SECONDS)]
     error: Text | None = None
 
 
-class _Observation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class _Observation(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     observed_at: AwareDatetime
     host: _Host
     nvml: _Nvml
     collectors: Annotated[list[_CollectorRun], msgspec.Meta(max_length=MAX_COLLECTORS)] = []
 
 
-class _Report(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class _Report(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     protocol: int
     node_id: ShortText
     identity_key: IdentityKey
@@ -391,6 +394,7 @@ def _without_nul_patterns(t: Any) -> Any:
             forbid_unknown_fields=config.forbid_unknown_fields,
             tag_field=config.tag_field,
             tag=config.tag,
+            gc=config.gc,
         )
     elif origin is Union or origin is UnionType:
         twin = Union[tuple(_without_nul_patterns(a) for a in args)]  # noqa: UP007 - built from a tuple

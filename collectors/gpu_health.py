@@ -48,14 +48,15 @@ _ERROR_TIMEOUT = 10
 _FEATURE_ENABLED = 1
 
 
-class XidOccurrence(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+# Untracked by the garbage collector, as observations are (collectors/observations.py).
+class XidOccurrence(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """One XID error: its code and when the collector drained it (NVML's event carries no time)."""
 
     code: int
     at: datetime
 
 
-class AcceleratorHealthSignals(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class AcceleratorHealthSignals(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """What NVML says about one GPU's health at one collection."""
 
     # Reason name (CLOCK_EVENT_REASONS) -> Known(bool active) or the call's failure.

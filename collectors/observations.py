@@ -33,21 +33,26 @@ ACCELERATOR_METRICS: tuple[str, ...] = (
 HOST_METRICS: tuple[str, ...] = ("memory_available_bytes", "memory_total_bytes")
 
 
-class OsInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+# Observations are trees of frozen Structs: by their types, a list or dict in one holds only facts
+# and the observations below it, so none can be part of a reference cycle, and the garbage
+# collector does not track them (gc=False), as with the facts (collectors/facts.py).
+
+
+class OsInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     name: Fact
     version: Fact
     kernel: Fact
     architecture: Fact
 
 
-class CpuInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class CpuInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     model: Fact
     sockets: Fact
     physical_cores: Fact
     logical_cores: Fact
 
 
-class StorageObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class StorageObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """One relevant mount (the state directory's filesystem, `/`)."""
 
     mount: str
@@ -55,7 +60,7 @@ class StorageObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     total_bytes: Fact
 
 
-class HostObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class HostObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """What SystemHostCollector saw. Inventory facts plus host telemetry."""
 
     hostname: str
@@ -83,7 +88,7 @@ DRIVER_FACTS: tuple[str, ...] = ("driver_version", "cuda_driver_version")
 NODE_INVENTORY_FACTS: tuple[str, ...] = ("memory_total_bytes", *DRIVER_FACTS)
 
 
-class AcceleratorObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class AcceleratorObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """One NVIDIA GPU as NVML reported it. Reconciled by `uuid` only."""
 
     uuid: str
@@ -99,7 +104,7 @@ class AcceleratorObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=
     health: AcceleratorHealthSignals | None = None
 
 
-class NvmlScan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class NvmlScan(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """The NVML enumeration.
 
     `complete`: every device handle and identity call succeeded, so absence of a known UUID means
@@ -116,7 +121,7 @@ class NvmlScan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     unlisted_xids: dict[str, list[XidOccurrence]] = {}
 
 
-class CollectorRun(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class CollectorRun(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """A collector's success and duration: its failure is data, never a crash of the refresh."""
 
     collector: str
@@ -125,7 +130,7 @@ class CollectorRun(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     error: str | None = None
 
 
-class HardwareObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class HardwareObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """One refresh's worth of observation of one host."""
 
     observed_at: datetime
