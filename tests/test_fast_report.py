@@ -159,6 +159,18 @@ async def test_refusals_and_replays_are_answered_as_the_route_does(twin: Twin) -
             twin.headers(key),
             400,
         ),
+        (
+            "a raw NUL byte",
+            report_body(key, 6).replace(b'"gpu-host-1"', b'"gpu\x00host"'),
+            twin.headers(key),
+            400,
+        ),
+        (
+            "nested deeper than the guard allows",
+            report_body(key, 6).replace(b'"collectors":[', b'"collectors":[' + b"[" * 70 + b"]" * 70 + b","),
+            twin.headers(key),
+            400,
+        ),
         ("outside the contract", _mutated(key, 6, lambda t: t.update(sequence=0)), twin.headers(key), 400),
         ("unknown protocol", _mutated(key, 6, lambda t: t.update(protocol=99)), twin.headers(key), 400),
         (
@@ -173,6 +185,10 @@ async def test_refusals_and_replays_are_answered_as_the_route_does(twin: Twin) -
         assert fast.status_code == status, (name, fast.text)
         assert went_fast, name
         same(fast, plain)
+        if name in ("a NUL in a string", "a raw NUL byte"):
+            assert fast.json()["type"].endswith("nul-character"), (name, fast.text)
+        if name == "nested deeper than the guard allows":
+            assert fast.json()["type"].endswith("nesting-too-deep"), fast.text
         if status >= 400:
             assert fast.headers["content-type"] == "application/problem+json", name
 

@@ -12,6 +12,9 @@ app has it) and answers the plain case itself:
   * then exactly what the guards and the route do, in their order: the credential first (an
     unauthenticated caller gets 401 whatever it sends), then the body, refused as the
     hostile-input guard refuses it (api/http/guards.py `check_body`), then the report service.
+    The guard runs only on a body the report's decode refuses, before that refusal: it refuses
+    nothing the decode accepts (no NUL, nesting bounded by the schema), so the answers are the
+    route's.
 
 A refusal (401, 400, 403, 409, 410, 503 ...) is handed to Litestar with the request, and the
 route's middleware (`report_fast_path`) raises it there before the route reads anything, so
@@ -130,9 +133,10 @@ def report_front(handler: ASGIApp, app: Litestar) -> ASGIApp:
         try:
             principal = await services.credentials.authenticate(bearer_token(plain.authorization))
             raw = await _body(receive, limit)
-            if len(raw) <= MAX_SCANNED_BODY:
-                check_body(raw)
-            ack = await services.reports.accept_report(principal, raw, sent_at_of(plain.sent_at))
+            # The guard runs where the decode refuses the body (ReportService.report_item): it
+            # refuses no body the decode accepts, and answers first where both refuse.
+            guard = check_body if len(raw) <= MAX_SCANNED_BODY else None
+            ack = await services.reports.accept_report(principal, raw, sent_at_of(plain.sent_at), guard)
         except Exception as exc:  # answered by Litestar's handlers, as the route's own are
             scope[_REFUSAL] = exc  # type: ignore[literal-required]
             await handler(scope, _nothing_more, send)

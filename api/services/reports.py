@@ -124,22 +124,44 @@ FROM mf_advance_positions($1, $2, $3, $4, $5, $6, $7, $8)
 """
 
 
+class BodyRefused(Exception):
+    """The edge's guard refused a report's body (`refusal`): answered as it is, before anything
+    else the service would check."""
+
+    def __init__(self, refusal: Exception) -> None:
+        super().__init__(str(refusal))
+        self.refusal = refusal
+
+
 def report_item(
-    principal: Principal, raw: bytes, received_at: datetime, sent_at: datetime | None
+    principal: Principal,
+    raw: bytes,
+    received_at: datetime,
+    sent_at: datetime | None,
+    body_guard: Callable[[bytes], None] | None = None,
 ) -> ReportItem:
     """A report's bytes, validated against the protocol and its credential: what its decision
-    reads. Raises InvalidRequest or Forbidden."""
+    reads. Raises InvalidRequest or Forbidden, or what `body_guard` raises (below)."""
     try:
         report = decode_report(raw)
-    except msgspec.ValidationError as exc:  # a DecodeError too: catch it first
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        # The edge's hostile-input guard, deferred to here: a body the typed decode accepts holds
+        # no NUL (a raw one is malformed JSON, an escaped one is out of contract) and is nested no
+        # deeper than the schema, so the guard refuses only bodies the decode refused; where it
+        # refuses one, its answer comes first, as where it runs before the route.
+        if body_guard is not None:
+            try:
+                body_guard(raw)
+            except Exception as refusal:
+                raise BodyRefused(refusal) from exc
+        if not isinstance(exc, msgspec.ValidationError):
+            raise InvalidRequest("malformed-json", "Malformed JSON", str(exc)) from exc
         raise InvalidRequest(
             "validation-failed",
             "Request validation failed",
             "the report does not match the schema",
             errors=[str(exc)],
         ) from exc
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest("malformed-json", "Malformed JSON", str(exc)) from exc
     if report.protocol != PROTOCOL_VERSION:
         raise InvalidRequest(
             "unsupported-protocol",
@@ -253,15 +275,23 @@ class ReportService:
             outside=self._commit_folded,
         )
 
-    async def accept_report(self, principal: Principal, raw: bytes, sent_at: datetime | None) -> ReportAck:
+    async def accept_report(
+        self,
+        principal: Principal,
+        raw: bytes,
+        sent_at: datetime | None,
+        body_guard: Callable[[bytes], None] | None = None,
+    ) -> ReportAck:
         """Validate, check the sequence, and reconcile one report: one unit of work on the node's
         stream (one lock, one state load, one append, one fold). Nothing is appended unless the
         report is accepted (a report for a decommissioned node is refused and audited in a stream
-        of its own)."""
+        of its own). `body_guard`: the edge's check of a body it has not run yet (`report_item`)."""
         try:
-            item = report_item(principal, raw, self.clock(), sent_at)
+            item = report_item(principal, raw, self.clock(), sent_at, body_guard)
             await self.inventory.health_policies.fresh()
             ack = await self.group_commit.run(item.node_id, item)
+        except BodyRefused as exc:
+            raise exc.refusal from None
         except (InvalidRequest, Forbidden):
             await self.credentials.reverify(principal)
             raise
