@@ -13,7 +13,6 @@ construction and is checked row for row by `rebuild --verify`.
 from __future__ import annotations
 
 import functools
-import hashlib
 import operator
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -54,8 +53,8 @@ _REST_DEFLATE_LEVEL = 6
 
 
 _msgpack_encoder = msgspec.msgpack.Encoder()
-# The deflated rests a projection keeps (`Projection._deflated`): as many as the folded states a
-# server keeps (`state_cache_streams`' default), about 2 KB each.
+# The rests a projection keeps, one per stream (`Projection._rest_bytes`): as many as the folded
+# states a server keeps (`state_cache_streams`' default), about 4.5 KB each with their deflate.
 _KEPT_RESTS = 10_000
 
 
@@ -197,7 +196,7 @@ class Projection(Generic[S]):
     version: int = 1
 
     def __init__(self) -> None:
-        self._rests: dict[bytes, bytes] = {}
+        self._rests: dict[str, tuple[Any, bytes]] = {}
 
     def initial(self, stream_id: str) -> S:
         raise NotImplementedError
@@ -248,28 +247,33 @@ class Projection(Generic[S]):
         state as msgpack, deflated, or in its two parts where the projection splits it."""
         return self._encode_persisted(self.persisted(state))
 
-    def _encode_persisted(self, kept: S) -> bytes:
-        """`encode_state` of a state `persisted` already gave."""
+    def _encode_persisted(self, kept: S, stream_id: str | None = None) -> bytes:
+        """`encode_state` of a state `persisted` already gave (of the stream `stream_id`, where
+        known: its rest's bytes may be kept, `_rest_bytes`)."""
         if self.volatile_type is None:
             packed = _msgpack_encoder.encode(kept)
             return _MSGPACK_DEFLATE + zlib.compress(packed, _DEFLATE_LEVEL, _DEFLATE_WBITS)
         volatile, rest = self.split(kept)
         head = _msgpack_encoder.encode(volatile)
-        tail = self._deflated(_msgpack_encoder.encode(rest))
+        tail = self._rest_bytes(rest, stream_id)
         return b"".join((_SPLIT_DEFLATE, len(head).to_bytes(4, "big"), head, tail))
 
-    def _deflated(self, packed: bytes) -> bytes:
-        """The rest's deflate, kept by a digest of its msgpack: a steady report leaves the rest as
-        its node's previous report wrote it, so it is deflated once, not with every report (a
-        digest of the bytes costs a fraction of their deflate). Deflate gives the same bytes for
-        the same input, so a kept one is what deflating again would give. First in, first out."""
-        key = hashlib.blake2b(packed, digest_size=16).digest()
-        tail = self._rests.get(key)
-        if tail is None:
-            tail = zlib.compress(packed, _REST_DEFLATE_LEVEL, _DEFLATE_WBITS)
+    def _rest_bytes(self, rest: S, stream_id: str | None) -> bytes:
+        """The rest's msgpack, deflated. A steady report leaves the rest as its stream's previous
+        one was, so the last rest of each stream is kept with its bytes: an equal rest (one
+        comparison of the two, which share most of their objects) takes them instead of being
+        encoded and deflated again. Deflate gives the same bytes for the same input, so kept bytes
+        are what encoding again would give. First in, first out, per stream."""
+        if stream_id is not None:
+            kept = self._rests.get(stream_id)
+            if kept is not None and kept[0] == rest:
+                return kept[1]
+        tail = zlib.compress(_msgpack_encoder.encode(rest), _REST_DEFLATE_LEVEL, _DEFLATE_WBITS)
+        if stream_id is not None:
+            self._rests.pop(stream_id, None)
             if len(self._rests) >= _KEPT_RESTS:
                 del self._rests[next(iter(self._rests))]
-            self._rests[key] = tail
+            self._rests[stream_id] = (rest, tail)
         return tail
 
     def decode_state(self, raw: str | bytes) -> S:
@@ -413,7 +417,7 @@ class Projection(Generic[S]):
         states: list[bytes] = []
         stored: list[bool] = []
         persisted: list[S] = []
-        for _stream_id, before, after in changes:
+        for stream_id, before, after in changes:
             old_rows, new_rows = self.rows(before), self.rows(after)
             for spec in self.tables:
                 old_list, new_list = old_rows.get(spec.name, ()), new_rows.get(spec.name, ())
@@ -437,7 +441,7 @@ class Projection(Generic[S]):
             positions.append(position)
             kept = self.persisted(after)
             persisted.append(kept)
-            states.append(self._encode_persisted(kept))
+            states.append(self._encode_persisted(kept, stream_id))
             # A state folded from any event was checkpointed with it (the initial state is at 0).
             stored.append(self.checkpoint_of(before)[0] > 0)
         ops: list[tuple[str, str, TableSpec]] = []

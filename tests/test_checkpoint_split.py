@@ -67,19 +67,65 @@ def test_every_folded_state_decodes_from_its_split_checkpoint(history: list, aga
         states[node_id] = after
 
 
-@settings(max_examples=30, deadline=None)
+def _checkpoint(projection: InventoryProjection, node_id: str, before: NodeState, after: NodeState) -> bytes:
+    """The checkpoint a folded append writes for `after` (`Projection.row_changes`)."""
+    written = projection.row_changes([(node_id, projection.persisted(before), after)])
+    states = written.args[3]
+    assert isinstance(states, list)
+    return bytes(states[0])
+
+
+@settings(max_examples=60, deadline=None)
 @given(history=histories)
-def test_a_kept_rest_is_the_bytes_a_fresh_deflate_gives(history: list) -> None:  # type: ignore[type-arg]
-    """The projection keeps the deflated rests it wrote (`Projection._deflated`): a checkpoint
-    built with them is byte for byte the one a projection that keeps none builds."""
+def test_a_kept_rest_is_the_bytes_a_fresh_encoding_gives(history: list) -> None:  # type: ignore[type-arg]
+    """The projection keeps each stream's last rest with its bytes (`Projection._rest_bytes`): a
+    checkpoint written with them is byte for byte the one a projection that keeps none writes,
+    and what it decodes to is the state folded."""
+    projection = InventoryProjection()
     states: dict[str, NodeState] = {}
     for n, (node_no, step) in enumerate(history):
         identity = NodeIdentity(key=f"kept-rest-{node_no}", source="configured")
         node_id = node_id_for(identity.key)
-        after = _fold(states.get(node_id) or INVENTORY.initial(node_id), identity, step, n)
-        for state in (after, _fold(after, identity, step, n + 1)):  # the second: the rest kept
-            assert INVENTORY.encode_state(state) == InventoryProjection().encode_state(state)
+        before = states.get(node_id) or INVENTORY.initial(node_id)
+        after = _fold(before, identity, step, n)
+        steady = _fold(after, identity, step, n + 1)  # its rest kept from `after`
+        for was, state in ((before, after), (after, steady)):
+            raw = _checkpoint(projection, node_id, was, state)
+            assert raw == InventoryProjection().encode_state(state)
+            assert projection.decode_state(raw) == INVENTORY.persisted(state)
         states[node_id] = after
+
+
+def test_a_rest_that_changed_is_encoded_again() -> None:
+    """A kept rest is used only where the new one equals it: a change of anything in it (here a
+    GPU's name, then back) is written as it is."""
+    projection = InventoryProjection()
+    identity = NodeIdentity(key="kept-rest-change", source="configured")
+    node_id = node_id_for(identity.key)
+    step = {
+        "gpus": {0, 1},
+        "status": "complete",
+        "driver": "580.95.05",
+        "kernel": "6.8.0-45-generic",
+        "temp": 40,
+        "swap_pci": False,
+        "flicker": False,
+        "fan_zero": False,
+        "health": "none",
+    }
+    first = _fold(INVENTORY.initial(node_id), identity, step, 0)
+    renamed = msgspec.structs.replace(
+        first,
+        stream_version=first.stream_version + 1,
+        accelerators={
+            u: msgspec.structs.replace(a, name=Known("NVIDIA H200 renamed"))
+            for u, a in first.accelerators.items()
+        },
+    )
+    for was, state in ((INVENTORY.initial(node_id), first), (first, renamed), (renamed, first)):
+        raw = _checkpoint(projection, node_id, was, state)
+        assert projection.decode_state(raw) == INVENTORY.persisted(state)
+        assert raw == InventoryProjection().encode_state(state)
 
 
 def test_the_host_metrics_and_mounts_of_every_availability_come_back_as_they_were() -> None:
