@@ -9,6 +9,7 @@ there is one code path for both.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -41,6 +42,7 @@ from ledger.unit_of_work import Committed, OpenStream, UnitOfWork
 from projections.inventory import INVENTORY
 
 log = structlog.get_logger(__name__)
+_ROOT_LOGGER = logging.getLogger()
 
 
 class EventSummary(msgspec.Struct, frozen=True):
@@ -208,13 +210,16 @@ class HardwareInventoryService:
         self.counters.events += len(committed.events)
         lifecycle = [e.event_type for e in committed.events if e.event_class == "lifecycle"]
         # Telemetry-only runs are the steady state of a fleet: debug, not a log line per report.
-        (log.info if lifecycle else log.debug)(
-            "inventory.reconciled",
-            node_id=node_id,
-            source=source,
-            lifecycle_events=lifecycle,
-            status=committed.state.inventory_status,
-        )
+        # Asked first of the level the logs were configured at (runtime/logs.py sets the standard
+        # library's root to it too): structlog's proxy binds a logger on every call, even to drop it.
+        if lifecycle or _ROOT_LOGGER.isEnabledFor(logging.DEBUG):
+            (log.info if lifecycle else log.debug)(
+                "inventory.reconciled",
+                node_id=node_id,
+                source=source,
+                lifecycle_events=lifecycle,
+                status=committed.state.inventory_status,
+            )
 
     async def record_revival_refused(
         self,
