@@ -19,7 +19,7 @@ from domain.reconcile import reconcile
 from ledger.events import SCHEMA_VERSION, NewEvent, RecordedEvent
 from projections.inventory import INVENTORY, InventoryProjection
 from tests.builders import T0, meta
-from tests.test_projection_property import histories, observation_of
+from tests.test_projection_property import histories, observation_of, plain_step
 
 
 def _fold(state: NodeState, identity: NodeIdentity, step: dict, n: int) -> NodeState:  # type: ignore[type-arg]
@@ -102,17 +102,7 @@ def test_a_rest_that_changed_is_encoded_again() -> None:
     projection = InventoryProjection()
     identity = NodeIdentity(key="kept-rest-change", source="configured")
     node_id = node_id_for(identity.key)
-    step = {
-        "gpus": {0, 1},
-        "status": "complete",
-        "driver": "580.95.05",
-        "kernel": "6.8.0-45-generic",
-        "temp": 40,
-        "swap_pci": False,
-        "flicker": False,
-        "fan_zero": False,
-        "health": "none",
-    }
+    step = plain_step()
     first = _fold(INVENTORY.initial(node_id), identity, step, 0)
     renamed = msgspec.structs.replace(
         first,

@@ -50,6 +50,22 @@ steps = st.fixed_dictionaries(
 histories = st.lists(st.tuples(st.integers(0, 2), steps), min_size=1, max_size=12)
 
 
+def plain_step(**changes: object) -> dict[str, object]:
+    """One step of `steps` with nothing unusual: two GPUs, a complete scan, no health signal."""
+    return {
+        "gpus": {0, 1},
+        "status": "complete",
+        "driver": "550.54.15",
+        "kernel": "6.8.0-45-generic",
+        "temp": 40,
+        "swap_pci": False,
+        "flicker": False,
+        "fan_zero": False,
+        "health": "none",
+        **changes,
+    }
+
+
 def health_of(kind: str, n: int) -> AcceleratorHealthSignals | None:
     """Signals of GPU `n`; only GPU 1 ever has a problem, so verdicts differ between GPUs."""
     if kind == "none":

@@ -37,7 +37,7 @@ from tests.agent_support import report_body
 from tests.builders import meta
 from tests.fakes.fake_pynvml import FakeNvml
 from tests.fixtures_nvml import multi_gpu_scenario
-from tests.test_projection_property import observation_of
+from tests.test_projection_property import observation_of, plain_step
 
 # The log's own tables (the stream row's lock is the append's) are not the projections' to write.
 PROJECTION_WRITTEN = (
@@ -215,16 +215,7 @@ async def test_verify_compares_checkpoints_by_state_whichever_encoding_stored_th
     store = EventStore(pool, ALL_PROJECTIONS)
     identity = NodeIdentity(key="two-encodings", source="configured")
     node_id = node_id_for(identity.key)
-    step = {
-        "gpus": {0, 1},
-        "status": "complete",
-        "driver": "550.54.15",
-        "kernel": "6.8.0-45-generic",
-        "temp": 40,
-        "swap_pci": False,
-        "flicker": False,
-        "fan_zero": False,
-    }
+    step = plain_step()
     async with UnitOfWork(store, INVENTORY).open(node_id) as stream:
         await stream.decide(
             lambda s: [NewEvent(p, meta()) for p in reconcile(observation_of(step), s, identity)]
