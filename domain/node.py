@@ -360,17 +360,19 @@ def _administrative(state: NodeState, event: RecordedEvent) -> NodeState:
 def _host_sample(
     s: NodeState, telemetry: dict[str, Fact], storage: list[StorageObservation], event: RecordedEvent
 ) -> NodeState:
-    # Telemetry alone does not clear a failed run: the next refresh does.
+    # Telemetry alone does not clear a failed run: the next refresh does. The metrics and mounts
+    # are the event's own dict and list, not copies: folded states and events are values that
+    # nothing changes in place.
     at = event.metadata.received_at
     return msgspec.structs.replace(
         s,
         host_telemetry=Telemetry(
-            metrics=dict(telemetry),
+            metrics=telemetry,
             observed_at=event.metadata.observed_at,
             received_at=at,
             position=event.global_position,
         ),
-        storage=list(storage),
+        storage=storage,
         last_seen_at=at if s.discovered else s.last_seen_at,
     )
 
@@ -393,7 +395,7 @@ def _accelerator_samples(
         accelerators[gpu_uuid] = msgspec.structs.replace(
             acc0,
             telemetry=Telemetry(
-                metrics=dict(telemetry),
+                metrics=telemetry,
                 observed_at=event.metadata.observed_at,
                 received_at=event.metadata.received_at,
                 position=event.global_position,

@@ -224,15 +224,17 @@ def reconcile(
             else e
             for e in events
         ]
+    # The observation's own dicts and lists: it is a value nothing changes in place (the fold
+    # takes them on into the state likewise).
     events.append(
         NodeTelemetryObserved(
-            telemetry=dict(host.telemetry),
-            storage=list(host.storage),
+            telemetry=host.telemetry,
+            storage=host.storage,
             accelerators=[
                 AcceleratorSample(
                     accelerator_id=accelerator_id_for(node_id, obs.uuid),
                     uuid=obs.uuid,
-                    telemetry=dict(obs.telemetry),
+                    telemetry=obs.telemetry,
                     health=None if obs.health is None else msgspec.structs.replace(obs.health, xids=[]),
                 )
                 for obs in nvml.accelerators
