@@ -208,22 +208,26 @@ _SCALARS = frozenset({bool, int, float, str})
 def group(facts: Mapping[str, Fact], codebook: Sequence[str]) -> Dense:
     out: Dense = []
     append = out.append
+    absent = 0
     for n in codebook:
         f = facts.get(n)
         if f is None:
             append(ABSENT_FACT)
+            absent += 1
         elif type(f) is Known and type(f.value) in _SCALARS:
             append(f.value)
         else:
             append(fact(f))
-    return _closed(out, facts, codebook)
+    return _closed(out, facts, codebook, len(codebook) - absent)
 
 
-def _closed(out: Dense, facts: Mapping[str, Fact], codebook: Sequence[str]) -> Dense:
-    """A group's values with its trailing ABSENTs left out and the names the codebook lacks after."""
+def _closed(out: Dense, facts: Mapping[str, Fact], codebook: Sequence[str], found: int) -> Dense:
+    """A group's values with its trailing ABSENTs left out and the names the codebook lacks after.
+    `found`: how many of the codebook's names `facts` gave a fact for; where that is all of its
+    entries (most groups), none is a name the codebook lacks, and the names need no other look."""
     while out and out[-1] is ABSENT_FACT:
         out.pop()
-    if len(facts) > len(codebook) or not _NAMES[codebook].issuperset(facts):
+    if len(facts) > found and (len(facts) > len(codebook) or not _NAMES[codebook].issuperset(facts)):
         names = _NAMES[codebook]
         for n in facts:
             if type(n) is not str:
@@ -281,11 +285,10 @@ def _group_2(facts: Mapping[str, Fact], codebook: Sequence[str], layout: Layout)
     out: Dense = []
     append = out.append
     get = facts.get
+    absent = 0
     for n, unit, mask in layout:
         f = get(n)
-        if f is None:
-            append(ABSENT_FACT)
-        elif type(f) is Known:
+        if type(f) is Known:
             v: Any = f.value
             t = type(v)
             if unit == NONE:
@@ -302,9 +305,12 @@ def _group_2(facts: Mapping[str, Fact], codebook: Sequence[str], layout: Layout)
                 append(k)
             else:
                 append(in_units(f, unit))
+        elif f is None:
+            append(ABSENT_FACT)
+            absent += 1
         else:
             append(fact(f))
-    return _closed(out, facts, codebook)
+    return _closed(out, facts, codebook, len(layout) - absent)
 
 
 def as_id(value: str, pattern: re.Pattern[str], prefix: int) -> str | bytes:
