@@ -150,19 +150,33 @@ def reconcile(
                     changes={"hostname": FactChange(before=state.hostname, after=host.hostname)}
                 )
             )
-        pairs: dict[str, tuple[Fact, Fact]] = {
-            "memory_total_bytes": (state.memory_total_bytes, host.memory_total_bytes),
-        }
-        for name in ("name", "version", "kernel", "architecture"):
-            pairs[f"os.{name}"] = (getattr(state.os, name), getattr(host.os, name))
-        for name in ("model", "sockets", "physical_cores", "logical_cores"):
-            pairs[f"cpu.{name}"] = (getattr(state.cpu, name), getattr(host.cpu, name))
-        if nvml.status != "unavailable":
-            pairs["driver_version"] = (state.driver_version, nvml.driver_version)
-            pairs["cuda_driver_version"] = (state.cuda_driver_version, nvml.cuda_driver_version)
-        changes = _diff(pairs)
-        if changes:
-            events.append(HardwareChanged(subject="node", changes=changes))
+        # Most reports repeat every node fact: told in one comparison of them all (equal facts
+        # make no change), the pairs diffed one by one only where something differs.
+        if not (
+            host.memory_total_bytes == state.memory_total_bytes
+            and host.os == state.os
+            and host.cpu == state.cpu
+            and (
+                nvml.status == "unavailable"
+                or (
+                    nvml.driver_version == state.driver_version
+                    and nvml.cuda_driver_version == state.cuda_driver_version
+                )
+            )
+        ):
+            pairs: dict[str, tuple[Fact, Fact]] = {
+                "memory_total_bytes": (state.memory_total_bytes, host.memory_total_bytes),
+            }
+            for name in ("name", "version", "kernel", "architecture"):
+                pairs[f"os.{name}"] = (getattr(state.os, name), getattr(host.os, name))
+            for name in ("model", "sockets", "physical_cores", "logical_cores"):
+                pairs[f"cpu.{name}"] = (getattr(state.cpu, name), getattr(host.cpu, name))
+            if nvml.status != "unavailable":
+                pairs["driver_version"] = (state.driver_version, nvml.driver_version)
+                pairs["cuda_driver_version"] = (state.cuda_driver_version, nvml.cuda_driver_version)
+            changes = _diff(pairs)
+            if changes:
+                events.append(HardwareChanged(subject="node", changes=changes))
         driver = _settled(nvml.driver_version, state.driver_version)
         cuda = _settled(nvml.cuda_driver_version, state.cuda_driver_version)
 

@@ -30,6 +30,7 @@ from domain.report_decisions import (
 from ledger.events import (
     AcceleratorDiscovered,
     AcceleratorMissing,
+    HardwareChanged,
     NewEvent,
     RecordedEvent,
     WorkLeaseAcquired,
@@ -108,6 +109,32 @@ def test_observing_the_same_host_again_appends_observations_only(history: list[d
     again = log.observe(last, T0 + timedelta(minutes=1))
     assert lifecycle(again) == []
     assert log.state.fingerprint == fingerprint
+
+
+@settings(max_examples=60, deadline=None)
+@given(first=steps, then=steps)
+def test_every_node_fact_that_changes_is_recorded_as_a_hardware_change(first: dict, then: dict) -> None:  # type: ignore[type-arg]
+    """Between two scans, the node's own facts (kernel, driver) that differ are named in one
+    node-level HardwareChanged, and none that is the same: as an operator reads them in the audit."""
+    log = Log()
+    log.observe(observation_of(first))
+    before = log.state
+    events = log.observe(observation_of(then), T0 + timedelta(minutes=1))
+    changed = {
+        name
+        for e in events
+        if isinstance(e.payload, HardwareChanged) and e.payload.subject == "node"
+        for name in e.payload.changes
+    }
+    scan_then = observation_of(then)
+    expected = {"os.kernel"} if then["kernel"] != first["kernel"] else set()
+    if then["status"] != "unavailable":
+        if scan_then.nvml.driver_version != before.driver_version:
+            expected.add("driver_version")
+        if scan_then.nvml.cuda_driver_version != before.cuda_driver_version:
+            expected.add("cuda_driver_version")
+    assert changed == expected
+    assert log.state.os == scan_then.host.os
 
 
 @settings(max_examples=60, deadline=None)
