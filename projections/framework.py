@@ -24,6 +24,7 @@ import msgspec
 from ledger.events import RecordedEvent
 
 S = TypeVar("S")
+_K = TypeVar("_K")
 
 Row = tuple[Any, ...]
 Rows = Mapping[str, Sequence[Row]]
@@ -53,9 +54,18 @@ _REST_DEFLATE_LEVEL = 6
 
 
 _msgpack_encoder = msgspec.msgpack.Encoder()
-# The rests a projection keeps, one per stream (`Projection._rest_bytes`): as many as the folded
-# states a server keeps (`state_cache_streams`' default), about 4.5 KB each with their deflate.
+# What a projection keeps per stream (`Projection._rest_bytes`, `row_changes`): the last rest
+# with its deflate, and the last state with its rows, for as many streams as the folded states a
+# server keeps (`state_cache_streams`' default), about 7 KB each.
 _KEPT_RESTS = 10_000
+
+
+def _keep(kept: dict[str, _K], stream_id: str, value: _K) -> None:
+    """`value` as the stream's, in a memo of at most _KEPT_RESTS streams (first in, first out)."""
+    kept.pop(stream_id, None)
+    if len(kept) >= _KEPT_RESTS:
+        del kept[next(iter(kept))]
+    kept[stream_id] = value
 
 
 class TableSpec(msgspec.Struct, frozen=True):
@@ -197,6 +207,8 @@ class Projection(Generic[S]):
 
     def __init__(self) -> None:
         self._rests: dict[str, tuple[Any, bytes]] = {}
+        # Each stream's last checkpointed state with the rows written for it (`row_changes`).
+        self._written: dict[str, tuple[Any, Rows]] = {}
 
     def initial(self, stream_id: str) -> S:
         raise NotImplementedError
@@ -270,10 +282,7 @@ class Projection(Generic[S]):
                 return kept[1]
         tail = zlib.compress(_msgpack_encoder.encode(rest), _REST_DEFLATE_LEVEL, _DEFLATE_WBITS)
         if stream_id is not None:
-            self._rests.pop(stream_id, None)
-            if len(self._rests) >= _KEPT_RESTS:
-                del self._rests[next(iter(self._rests))]
-            self._rests[stream_id] = (rest, tail)
+            _keep(self._rests, stream_id, (rest, tail))
         return tail
 
     def decode_state(self, raw: str | bytes) -> S:
@@ -418,7 +427,11 @@ class Projection(Generic[S]):
         stored: list[bool] = []
         persisted: list[S] = []
         for stream_id, before, after in changes:
-            old_rows, new_rows = self.rows(before), self.rows(after)
+            # Where `before` is the state this projection last checkpointed for the stream (the
+            # kept copy a folded append starts from), its rows are the ones written then.
+            last = self._written.get(stream_id)
+            old_rows = last[1] if last is not None and last[0] is before else self.rows(before)
+            new_rows = self.rows(after)
             for spec in self.tables:
                 old_list, new_list = old_rows.get(spec.name, ()), new_rows.get(spec.name, ())
                 # Most of a stream's tables do not change with an event (a steady report changes
@@ -442,6 +455,7 @@ class Projection(Generic[S]):
             kept = self.persisted(after)
             persisted.append(kept)
             states.append(self._encode_persisted(kept, stream_id))
+            _keep(self._written, stream_id, (kept, new_rows))
             # A state folded from any event was checkpointed with it (the initial state is at 0).
             stored.append(self.checkpoint_of(before)[0] > 0)
         ops: list[tuple[str, str, TableSpec]] = []

@@ -96,6 +96,31 @@ def test_a_kept_rest_is_the_bytes_a_fresh_encoding_gives(history: list) -> None:
         states[node_id] = after
 
 
+@settings(max_examples=60, deadline=None)
+@given(history=histories)
+def test_a_projection_that_keeps_what_it_wrote_writes_what_one_that_keeps_nothing_writes(
+    history: list,  # type: ignore[type-arg]
+) -> None:
+    """A folded append starts from the state its projection last checkpointed for the stream
+    (the kept copy): the projection keeps that state's rows and rest (`row_changes`), and what it
+    sends, rows and checkpoints, is what a projection that keeps nothing sends for the same
+    change; a state it did not write (here every third) is read afresh."""
+    keeping = InventoryProjection()
+    kept: dict[str, NodeState] = {}
+    folded: dict[str, NodeState] = {}
+    for n, (node_no, step) in enumerate(history):
+        identity = NodeIdentity(key=f"kept-rows-{node_no}", source="configured")
+        node_id = node_id_for(identity.key)
+        before = folded.get(node_id) or INVENTORY.initial(node_id)
+        start = kept[node_id] if node_id in kept and n % 3 else INVENTORY.persisted(before)
+        for after in (_fold(before, identity, step, n), _fold(before, identity, plain_step(temp=n), n)):
+            written = keeping.row_changes([(node_id, start, after)])
+            fresh = InventoryProjection().row_changes([(node_id, start, after)])
+            assert (written.ops, written.args, written.expected) == (fresh.ops, fresh.args, fresh.expected)
+        kept[node_id] = written.persisted[0]
+        folded[node_id] = after
+
+
 def test_a_rest_that_changed_is_encoded_again() -> None:
     """A kept rest is used only where the new one equals it: a change of anything in it (here a
     GPU's name, then back) is written as it is."""
