@@ -3,8 +3,10 @@ UUIDs, so the log's unique index of event ids grows at its right edge."""
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -44,3 +46,28 @@ def test_a_new_event_takes_a_time_ordered_id_unless_given_one() -> None:
     assert first.event_id.version == second.event_id.version == 7 and first.event_id < second.event_id
     given_id = uuid.uuid4()
     assert NewEvent(payload=payload, metadata=meta(), event_id=given_id).event_id == given_id
+
+
+def test_ids_made_at_once_by_threads_and_by_a_forked_child_are_all_different() -> None:
+    """The random bits are read ahead in batches (ledger/events.py `_random_74`): no two threads
+    take the same bits, and a child forked with bits read ahead does not make its parent's ids."""
+    new_event_id()  # bits read ahead before the fork
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its ids in the same milliseconds as the parent's, through the pipe
+        try:
+            os.write(write, b"".join(event_id_at(0).bytes for _ in range(200)))
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        raw = pipe.read()
+    os.waitpid(pid, 0)
+    child = {uuid.UUID(bytes=raw[i : i + 16]) for i in range(0, len(raw), 16)}
+    made: list[uuid.UUID] = []
+    with ThreadPoolExecutor(8) as pool:
+        for batch in pool.map(lambda _n: [event_id_at(0) for _ in range(2_000)], range(8)):
+            made.extend(batch)
+    parent = set(made)
+    assert len(child) == 200 and len(parent) == len(made) == 16_000
+    assert not child & parent
