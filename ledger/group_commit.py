@@ -102,6 +102,7 @@ class GroupCommit(Generic[I, R]):
         self._running = 0
         self._busy = 0  # lanes inside a transaction
         self._drains: set[asyncio.Task[None]] = set()  # referenced, so none is collected midway
+        self._loop: asyncio.AbstractEventLoop | None = None
         # Observability (the server's /metrics): transactions committed and items they committed.
         self.batches = 0
         self.units = 0
@@ -109,7 +110,11 @@ class GroupCommit(Generic[I, R]):
     async def run(self, key: str, item: I) -> R:
         """Handle `item` in a transaction shared with other callers' items; its result once that
         transaction committed, or the exception that refused it."""
-        loop = asyncio.get_running_loop()
+        # The loop this runs on, asked of asyncio only when the one kept is not running (a new
+        # loop: tests start one each): asking costs a system call (getpid) every time.
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            loop = self._loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
         self._waiting.append(_Pending(key, item, future))
         if self._running < self.concurrency:
