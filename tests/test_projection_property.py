@@ -180,16 +180,7 @@ async def test_rebuild_verify_cli_exits_0_then_1_after_tampering(
     history = [
         (
             0,
-            {
-                "gpus": {0, 1},
-                "status": "complete",
-                "driver": "550.54.15",
-                "kernel": "6.8.0-45-generic",
-                "temp": 40,
-                "swap_pci": False,
-                "flicker": False,
-                "fan_zero": True,
-            },
+            plain_step(fan_zero=True),
         ),
         (
             1,

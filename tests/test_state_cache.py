@@ -23,7 +23,7 @@ from ledger.unit_of_work import UnitOfWork
 from projections.inventory import ALL_PROJECTIONS, INVENTORY
 from projections.rebuild import rebuild
 from tests.builders import meta
-from tests.test_projection_property import observation_of, steps
+from tests.test_projection_property import observation_of, plain_step, steps
 
 
 class RolledBack(Exception):
@@ -112,16 +112,7 @@ async def test_a_store_uses_its_kept_state_and_sends_no_state_back(store: EventS
     identity = NodeIdentity(key="kept", source="configured")
     node_id = node_id_for(identity.key)
     uow = UnitOfWork(store, INVENTORY)
-    step = {
-        "gpus": {0, 1},
-        "status": "complete",
-        "driver": "550.54.15",
-        "kernel": "6.8.0-45-generic",
-        "temp": 40,
-        "swap_pci": False,
-        "flicker": False,
-        "fan_zero": False,
-    }
+    step = plain_step()
     for temp in (40, 41, 42):
         async with uow.open(node_id) as stream:
             await stream.decide(
@@ -151,16 +142,7 @@ async def test_after_a_rebuild_the_rebuilt_states_are_used(store: EventStore) ->
     identity = NodeIdentity(key="rebuilt", source="configured")
     node_id = node_id_for(identity.key)
     uow = UnitOfWork(store, INVENTORY)
-    step = {
-        "gpus": {0},
-        "status": "complete",
-        "driver": "550.54.15",
-        "kernel": "6.8.0-45-generic",
-        "temp": 40,
-        "swap_pci": False,
-        "flicker": False,
-        "fan_zero": False,
-    }
+    step = plain_step(gpus={0})
     for _ in range(2):
         async with uow.open(node_id) as stream:
             await stream.decide(
