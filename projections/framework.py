@@ -274,8 +274,10 @@ class Projection(Generic[S]):
         """The rest's msgpack, deflated. A steady report leaves the rest as its stream's previous
         one was, so the last rest of each stream is kept with its bytes: an equal rest (one
         comparison of the two, which share most of their objects) takes them instead of being
-        encoded and deflated again. Deflate gives the same bytes for the same input, so kept bytes
-        are what encoding again would give. First in, first out, per stream."""
+        encoded and deflated again. Equal rests encode alike: a rest's values only change through
+        events, which the decisions make where a value differs (by the same `==`), so an equal
+        rest holds the very values the kept one did; tests/test_checkpoint_split.py compares the
+        bytes with fresh ones over arbitrary histories. First in, first out, per stream."""
         if stream_id is not None:
             kept = self._rests.get(stream_id)
             if kept is not None and kept[0] == rest:
