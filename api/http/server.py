@@ -20,6 +20,7 @@ from api.config import ServerConfig, load_or_create_admin_token
 from api.http import readiness
 from api.http.app import create_app
 from api.http.context import AppContext
+from api.http.one_write import OneWriteHttpProtocol
 from api.services.webhook_delivery import DeliverySettings, WebhookDispatcher
 from api.wiring import build_services, prepare_database
 from collectors.observations import ACCELERATOR_METRICS, HOST_METRICS
@@ -178,8 +179,9 @@ def serve(config: ServerConfig) -> int:
                 log_config=None,
                 access_log=False,
                 lifespan="on",
-                # httptools parses HTTP in C; h11 (pure Python) costs a tenth of a report's CPU.
-                http="httptools",
+                # httptools parses HTTP in C (h11, pure Python, costs a tenth of a report's CPU);
+                # each response leaves in one write (api/http/one_write.py).
+                http=OneWriteHttpProtocol,
             ),
             app,
         )
