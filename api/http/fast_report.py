@@ -35,11 +35,9 @@ from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.routes import HTTPRoute
 from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
 
-from agent.protocol import SENT_AT_HEADER, sent_at_of
+from agent.protocol import REPORTS_PATH, SENT_AT_HEADER, sent_at_of
 from api.http.context import AppContext, bearer_token
 from api.http.guards import MAX_SCANNED_BODY, check_body
-
-REPORTS_PATH = "/api/v1/agent/reports"
 
 _SENT_AT = SENT_AT_HEADER.lower().encode("latin-1")
 _encoder = msgspec.json.Encoder()
