@@ -12,8 +12,12 @@ its outcome once the transaction that handled it has committed, so an acknowledg
       With `share=True` a batch takes only its share of what waits when other lanes are free
       too, so that callers who come back together (answered by one batch, like a fixed set of
       writers) fill transactions that run side by side rather than one after the other. Without
-      it (callers that arrive independently, like HTTP requests) batches stay as large as they
-      come, which costs less per item. At low load an item runs at once, alone.
+      it (callers that arrive independently, like HTTP requests) a lane beyond the first opens
+      only once a full batch (`max_batch`) waits: while one transaction runs, what arrives waits
+      for the next, so batches stay as large as they come, which costs both sides less per item
+      (free lanes made several small transactions instead of one: docs/capacity.md), and a lane
+      held up (a lock, a slow commit) holds the rest up for at most a batch's worth of arrivals.
+      At low load an item runs at once, alone.
     * The handler gets the batch's items sorted by key (stream ids) and one connection inside
       the batch's transaction, and returns one outcome per item: its result, or the exception
       that refuses it. A refused item must have written nothing (refusals are decided before the
@@ -117,7 +121,9 @@ class GroupCommit(Generic[I, R]):
             loop = self._loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
         self._waiting.append(_Pending(key, item, future))
-        if self._running < self.concurrency:
+        if self._running == 0 or (
+            self._running < self.concurrency and (self.share or len(self._waiting) >= self.max_batch)
+        ):
             self._running += 1
             drain = loop.create_task(self._drain())
             self._drains.add(drain)

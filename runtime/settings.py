@@ -247,9 +247,9 @@ SETTINGS: tuple[Setting, ...] = (
         value=3,
         kind="count",
         help=(
-            "Agent-report transactions the server runs at once, each on a connection of its own; "
-            "reports that arrive meanwhile wait and go together in the next one (group commit; "
-            "docs/capacity.md)."
+            "Agent-report transactions the server runs at most at once, each on a connection of its "
+            "own; reports that arrive while one runs wait and go together in the next, and another "
+            "runs beside it only once a full batch (32 reports) waits (group commit; docs/capacity.md)."
         ),
     ),
     Setting(

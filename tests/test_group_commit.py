@@ -83,6 +83,32 @@ async def test_items_that_arrive_together_are_shared_by_the_free_lanes(probe: as
     assert await transactions(probe) == [4, 4] and (group.batches, group.units) == (2, 8)
 
 
+async def test_another_lane_opens_only_once_a_full_batch_waits(probe: asyncpg.Pool) -> None:
+    """Callers that arrive independently wait for the running transaction and go together in the
+    next, unless a full batch waits: then a free lane takes it, even while the first is held up."""
+    release = asyncio.Event()
+
+    async def held(conn: asyncpg.Connection, items: Sequence[Item]) -> list[str | BaseException]:
+        if items[0].key == "first":
+            await release.wait()
+        return await handler(conn, items)
+
+    group: GroupCommit[Item, str] = GroupCommit(probe, held, max_batch=4, concurrency=3)
+    first = asyncio.create_task(group.run("first", Item("first")))
+    try:
+        await asyncio.sleep(0.05)
+        few = [asyncio.create_task(group.run(k, Item(k))) for k in ("a", "b", "c")]
+        await asyncio.sleep(0.2)
+        assert not any(t.done() for t in few), "less than a batch waits: no second transaction"
+        fourth = asyncio.create_task(group.run("d", Item("d")))
+        assert await asyncio.wait_for(asyncio.gather(*few, fourth), 10) == ["A", "B", "C", "D"]
+        assert not first.done()
+    finally:
+        release.set()  # the held transaction ends whatever the test found
+    assert await first == "FIRST"
+    assert await transactions(probe) == [1, 4]
+
+
 async def test_a_batch_never_exceeds_max_batch(probe: asyncpg.Pool) -> None:
     group: GroupCommit[Item, str] = GroupCommit(probe, handler, max_batch=3, concurrency=1)
     keys = [f"k{i:02d}" for i in range(10)]
