@@ -2,9 +2,9 @@
 iteration writes to a connection and sends it at the iteration's end.
 
 uvicorn writes a response's status line and headers when the app starts it, and its body when the
-app sends that: two `write(2)` calls for every answer, each of which, on a loopback or LAN socket,
-runs the kernel's whole send path (and wakes the peer, which finds half a response). On the agents'
-reports that was about a tenth of the server's CPU (docs/profiles/steady-report.md). The app sends
+app sends that: two `write(2)` calls, two segments and two wake-ups of the client (which finds
+half a response) for every answer; the agent's side of a report costs measurably less with one
+(docs/profiles/steady-report.md, "A response in one write"). The app sends
 both parts in one step of its task, so deferring the socket write to the end of the loop
 iteration (`call_soon`) sends them as one; what is written later (a streamed body's next chunk)
 goes out in its own iteration's write, as before. Nothing is reordered: a close, an EOF or a
