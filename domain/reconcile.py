@@ -288,7 +288,9 @@ def _health_events(
         judged.append((gpu_uuid, last, xids, acc.health, False))
     for gpu_uuid, signals, reported, before, sampled in judged:
         acc = state.accelerators.get(gpu_uuid)
-        accelerator_id = accelerator_id_for(state.node_id, gpu_uuid)
+        accelerator_id = (
+            acc.accelerator_id if acc is not None else accelerator_id_for(state.node_id, gpu_uuid)
+        )
         remembered: list[XidOccurrence] = acc.xids if acc is not None else []
         # Most reports bring no XID and change no verdict: the versions are worked out for those
         # that do (every GPU of every report otherwise, up to MAX_RECENT_XIDS each).
