@@ -381,8 +381,10 @@ def _accelerator_samples(
     s: NodeState,
     samples: Iterable[tuple[str, dict[str, Fact], AcceleratorHealthSignals | None]],
     event: RecordedEvent,
+    metrics: bool,
 ) -> NodeState:
-    """Each active GPU's sample `(uuid, telemetry, health)` of one event, in one new state."""
+    """Each active GPU's sample `(uuid, telemetry, health)` of one event, in one new state (its
+    metrics left out unless `metrics`)."""
     accelerators: dict[str, AcceleratorState] | None = None
     for gpu_uuid, telemetry, health in samples:
         acc0 = s.accelerators.get(gpu_uuid)
@@ -395,7 +397,7 @@ def _accelerator_samples(
         accelerators[gpu_uuid] = msgspec.structs.replace(
             acc0,
             telemetry=Telemetry(
-                metrics=telemetry,
+                metrics=telemetry if metrics else {},
                 observed_at=event.metadata.observed_at,
                 received_at=event.metadata.received_at,
                 position=event.global_position,
@@ -405,8 +407,10 @@ def _accelerator_samples(
     return s if accelerators is None else msgspec.structs.replace(s, accelerators=accelerators)
 
 
-def evolve(state: NodeState, event: RecordedEvent) -> NodeState:
-    """Fold one event of the node's stream into its state. Pure."""
+def evolve(state: NodeState, event: RecordedEvent, *, gpu_metrics: bool = True) -> NodeState:
+    """Fold one event of the node's stream into its state. Pure. Without `gpu_metrics`, a GPU's
+    sample keeps its times, position and health signals, not its metrics: the form a checkpoint
+    stores (projections/inventory.py `persisted`), as the event at that position holds them."""
     p = event.payload
     if isinstance(p, _ADMINISTRATIVE):
         return _administrative(state, event)
@@ -540,10 +544,12 @@ def evolve(state: NodeState, event: RecordedEvent) -> NodeState:
         case HostTelemetryObserved():
             s = _host_sample(s, p.telemetry, p.storage, event)
         case AcceleratorTelemetryObserved():
-            s = _accelerator_samples(s, [(p.uuid, p.telemetry, p.health)], event)
+            s = _accelerator_samples(s, [(p.uuid, p.telemetry, p.health)], event, gpu_metrics)
         case NodeTelemetryObserved():
             s = _host_sample(s, p.telemetry, p.storage, event)
-            s = _accelerator_samples(s, [(a.uuid, a.telemetry, a.health) for a in p.accelerators], event)
+            s = _accelerator_samples(
+                s, [(a.uuid, a.telemetry, a.health) for a in p.accelerators], event, gpu_metrics
+            )
         case _:
             pass  # events of other concerns (credentials, leases) do not change inventory.
     if isinstance(p, _FINGERPRINT_INPUTS):

@@ -211,6 +211,12 @@ class InventoryProjection(Projection[NodeState]):
         return NodeState(node_id=stream_id)
 
     def fold(self, state: NodeState, event: RecordedEvent) -> NodeState:
+        # Folded as `persisted` keeps it: a report's GPU metrics are not copied into the state
+        # only to be left out of its checkpoint again.
+        return evolve(state, event, gpu_metrics=False)
+
+    def fold_whole(self, state: NodeState, event: RecordedEvent) -> NodeState:
+        """`fold` with each GPU's metrics in its sample (what an as-of read shows)."""
         return evolve(state, event)
 
     def persisted(self, state: NodeState) -> NodeState:

@@ -60,7 +60,7 @@ async def inventory_as_of(
                     if current is not None:
                         states.append(current)
                     current = INVENTORY.initial(event.stream_id)
-                current = INVENTORY.fold(current, event)
+                current = INVENTORY.fold_whole(current, event)
                 position = max(position, event.global_position)
             last = (rows[-1]["stream_id"], rows[-1]["stream_version"])
     if current is not None:

@@ -22,11 +22,12 @@ from tests.builders import T0, meta
 from tests.test_projection_property import histories, observation_of, plain_step
 
 
-def _fold(state: NodeState, identity: NodeIdentity, step: dict, n: int) -> NodeState:  # type: ignore[type-arg]
+def _fold(state: NodeState, identity: NodeIdentity, step: dict, n: int, *, whole: bool = False) -> NodeState:  # type: ignore[type-arg]
     at = T0 + timedelta(seconds=10 * n)
+    fold = INVENTORY.fold_whole if whole else INVENTORY.fold
     for payload in reconcile(observation_of(step), state, identity):
         event = NewEvent(payload, meta(at))
-        state = INVENTORY.fold(
+        state = fold(
             state,
             RecordedEvent(
                 global_position=state.position + 7,
@@ -165,3 +166,26 @@ def test_the_host_metrics_and_mounts_of_every_availability_come_back_as_they_wer
         ],
     )
     assert INVENTORY.decode_state(INVENTORY.encode_state(state)) == state
+
+
+@settings(max_examples=60, deadline=None)
+@given(history=histories)
+def test_the_projection_folds_what_its_checkpoint_keeps(history: list) -> None:  # type: ignore[type-arg]
+    """`fold` leaves each GPU sample's metrics out, as the checkpoint does; `fold_whole` keeps
+    them for as-of reads. Report after report, the one is the other as persisted (the decisions
+    read no metric), and only the whole fold holds the metrics the reports brought."""
+    slim: dict[str, NodeState] = {}
+    whole: dict[str, NodeState] = {}
+    for n, (node_no, step) in enumerate(history):
+        identity = NodeIdentity(key=f"slim-{node_no}", source="configured")
+        node_id = node_id_for(identity.key)
+        initial = INVENTORY.initial(node_id)
+        slim[node_id] = _fold(slim.get(node_id) or initial, identity, step, n)
+        whole[node_id] = _fold(whole.get(node_id) or initial, identity, step, n, whole=True)
+        assert slim[node_id] == INVENTORY.persisted(whole[node_id])
+        assert INVENTORY.encode_state(slim[node_id]) == INVENTORY.encode_state(whole[node_id])
+        for acc in slim[node_id].accelerators.values():
+            assert acc.telemetry is None or acc.telemetry.metrics == {}
+        for observed in observation_of(step).nvml.accelerators:
+            acc = whole[node_id].accelerators[observed.uuid]
+            assert acc.telemetry is not None and acc.telemetry.metrics == observed.telemetry
