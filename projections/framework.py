@@ -420,9 +420,10 @@ class Projection(Generic[S]):
         must find."""
         if len({stream_id for stream_id, _b, _a in changes}) != len(changes):
             raise ValueError("one statement writes each stream once: fold a stream's events together")
-        gone_by: dict[str, list[dict[str, Any]]] = {spec.name: [] for spec in self.tables}
-        changed_by: dict[str, list[dict[str, Any]]] = {spec.name: [] for spec in self.tables}
-        added_by: dict[str, list[dict[str, Any]]] = {spec.name: [] for spec in self.tables}
+        # By table, only where a row is gone, changed or added (a steady report: two tables).
+        gone_by: dict[str, list[dict[str, Any]]] = {}
+        changed_by: dict[str, list[dict[str, Any]]] = {}
+        added_by: dict[str, list[dict[str, Any]]] = {}
         versions: list[int] = []
         positions: list[int] = []
         states: list[bytes] = []
@@ -447,10 +448,12 @@ class Projection(Generic[S]):
                 for k, r in new.items():
                     was = old.get(k)
                     if was is None:
-                        added_by[spec.name].append(dict(zip(spec.columns, r, strict=True)))
+                        added_by.setdefault(spec.name, []).append(dict(zip(spec.columns, r, strict=True)))
                     elif was != r:
-                        changed_by[spec.name].append(dict(zip(spec.columns, r, strict=True)))
-                gone_by[spec.name].extend(_key_object(spec, k) for k in old if k not in new)
+                        changed_by.setdefault(spec.name, []).append(dict(zip(spec.columns, r, strict=True)))
+                left = [_key_object(spec, k) for k in old if k not in new]
+                if left:
+                    gone_by.setdefault(spec.name, []).extend(left)
             version, position = self.checkpoint_of(after)
             versions.append(version)
             positions.append(position)
@@ -470,15 +473,18 @@ class Projection(Generic[S]):
         ]
         expected = sum(stored)
         for spec in self.tables:
-            if gone_by[spec.name]:
+            gone = gone_by.get(spec.name)
+            if gone:
                 ops.append(("delete", spec.name + suffix, spec))
-                args.append(gone_by[spec.name])
-                args.append(list({r[spec.key[0]] for r in gone_by[spec.name]}))
-            if changed_by[spec.name]:
+                args.append(gone)
+                args.append(list({r[spec.key[0]] for r in gone}))
+            changed = changed_by.get(spec.name)
+            if changed:
                 ops.append(("update", spec.name + suffix, spec))
-                args.append(changed_by[spec.name])
-                expected += len(changed_by[spec.name])
-            if added_by[spec.name]:
+                args.append(changed)
+                expected += len(changed)
+            added = added_by.get(spec.name)
+            if added:
                 ops.append(("upsert", spec.name + suffix, spec))
-                args.append(added_by[spec.name])
+                args.append(added)
         return RowChanges(tuple(ops), args, expected, persisted)
