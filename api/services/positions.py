@@ -31,28 +31,16 @@ def _entry(sequence: int, digest: str) -> bytes:
     return sequence.to_bytes(_SEQUENCE_BYTES, "big", signed=True) + bytes.fromhex(digest)
 
 
-def recent_bytes(
-    recent: Mapping[int, str],
-    last_sequence: int,
-    stored: bytes = b"",
-    window: Mapping[int, str] | None = None,
-) -> bytes:
+def recent_bytes(recent: Mapping[int, str], last_sequence: int, stored: bytes = b"") -> bytes:
     """`agent_stream_positions.recent` as stored, from the decision's {sequence: hex digest} at the
     stream's new `last_sequence`: the entries `stored` (the row's bytes before) lacks in front of
     them, where `recent_digests` of the result at `last_sequence` is exactly `recent`; else
-    `recent` alone, newest first. `window`: `recent_digests` of `stored` at the stream's last
-    sequence before, where the caller holds it (a kept copy): the stored entries are then not
-    unpacked again."""
+    `recent` alone, newest first. A decision made on a kept copy's window: `advanced_bytes`."""
     floor = last_sequence - RECENT_REPORT_DIGESTS
     if stored and len(stored) % _ENTRY_BYTES == 0 and len(stored) // _ENTRY_BYTES + 1 <= _MAX_ENTRIES:
         # The stored entries still in the window must all be in `recent`, with the same digest,
-        # and what `recent` holds besides them must lie above the floor. The window before holds
-        # every stored entry above the floor now, which only rises. Compared as dict views (C).
-        have = (
-            {seq: digest for seq, digest in window.items() if seq > floor}
-            if window is not None
-            else recent_digests(stored, last_sequence)
-        )
+        # and what `recent` holds besides them must lie above the floor. Compared as dict views (C).
+        have = recent_digests(stored, last_sequence)
         added = sorted(recent.keys() - have.keys(), reverse=True)
         if (
             have.items() <= recent.items()
@@ -61,6 +49,17 @@ def recent_bytes(
         ):
             return b"".join(_entry(seq, recent[seq]) for seq in added) + stored
     return b"".join(_entry(seq, recent[seq]) for seq in sorted(recent, reverse=True))
+
+
+def advanced_bytes(recent: Mapping[int, str], sequence: int, stored: bytes) -> bytes:
+    """`recent_bytes(recent, sequence, stored)` for a decision made on `window`, the stored
+    entries' window at the stream's last sequence (a kept copy's): `recent` is then that
+    window above the new floor with `sequence` added (`decide_report`), so every stored entry
+    still in the window is in `recent` alike and `sequence` is the one entry to add: it goes in
+    front of the stored bytes without the two windows compared entry by entry."""
+    if stored and len(stored) % _ENTRY_BYTES == 0 and len(stored) // _ENTRY_BYTES + 1 <= _MAX_ENTRIES:
+        return _entry(sequence, recent[sequence]) + stored
+    return recent_bytes(recent, sequence)
 
 
 def recent_digests(raw: bytes, last_sequence: int | None) -> dict[int, str]:

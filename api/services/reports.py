@@ -34,7 +34,7 @@ from api.services.errors import (
     unauthenticated,
 )
 from api.services.inventory import HardwareInventoryService
-from api.services.positions import KeptPosition, KeptPositions, recent_bytes, recent_digests
+from api.services.positions import KeptPosition, KeptPositions, advanced_bytes, recent_bytes, recent_digests
 from collectors.identity import NodeIdentity
 from domain.node import NodeState, node_id_for
 from domain.report_decisions import (
@@ -374,8 +374,7 @@ class ReportService:
             return None
         streams, decided = kept
         recent = [
-            recent_bytes(d.recent, i.sequence, p.recent, p.window)
-            for i, (p, d) in zip(items, decided, strict=True)
+            advanced_bytes(d.recent, i.sequence, p.recent) for i, (p, d) in zip(items, decided, strict=True)
         ]
         done = await self.nodes.append_folded(
             conn, streams, [d.events for _p, d in decided], _advance_part(items, decided, recent)
@@ -448,8 +447,7 @@ class ReportService:
         if committed is None:
             return None
         recent = [
-            recent_bytes(d.recent, i.sequence, p.recent, p.window)
-            for i, (p, d) in zip(items, decided, strict=True)
+            advanced_bytes(d.recent, i.sequence, p.recent) for i, (p, d) in zip(items, decided, strict=True)
         ]
         rows = await conn.fetch(_ADVANCE_KEPT_SQL, *_advance_arguments(items, decided, recent))
         if len(rows) != len(items):
