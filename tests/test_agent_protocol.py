@@ -27,6 +27,7 @@ from agent.protocol import (
     decode_report,
     encode_report,
     observation_problems_after_decode,
+    sent_at_of,
 )
 from agent.sanitize import sanitize_observation, validate_observation
 from collectors.facts import Known, TemporarilyFailed
@@ -463,3 +464,12 @@ def test_health_signals_and_xids_of_an_unlisted_gpu_cross_the_wire() -> None:
     old = health_doc()
     del old["observation"]["nvml"]["accelerators"][0]["health"]
     assert decode_report(json.dumps(old).encode()).observation.nvml.accelerators[0].health is None
+
+
+def test_the_send_time_header_is_read_only_as_an_aware_time() -> None:
+    """Advisory: a send time without a UTC offset or not a time at all is dropped, not refused."""
+    assert sent_at_of("2026-12-05T03:10:11.5+01:00") == datetime(2026, 12, 5, 2, 10, 11, 500000, tzinfo=UTC)
+    assert sent_at_of("2026-12-05T03:10:11") is None
+    assert sent_at_of("yesterday") is None
+    assert sent_at_of("") is None
+    assert sent_at_of(None) is None
