@@ -179,9 +179,6 @@ def serve(config: ServerConfig) -> int:
                 log_config=None,
                 access_log=False,
                 lifespan="on",
-                # Nothing reads a client's address, so the X-Forwarded-* rewrite (a middleware
-                # around every request) has nothing to serve.
-                proxy_headers=False,
                 # httptools parses HTTP in C (h11, pure Python, costs a tenth of a report's CPU);
                 # each response leaves in one write (api/http/one_write.py).
                 http=OneWriteHttpProtocol,
