@@ -74,6 +74,12 @@ def test_serve_on_embedded_postgres_survives_restart(tmp_path: Path) -> None:
         assert r.status_code == 200, r.text
         nodes = httpx.get(url + "/api/v1/hardware/nodes", headers=auth).json()["items"]
         assert len(nodes) == 1
+        # Behind the TLS proxy of docs/operations/SERVER_AGENT_DEPLOYMENT.md (on this host, so
+        # trusted), the console's cookie is sent over HTTPS only; on plain loopback it cannot be.
+        for forwarded, secure in (({"X-Forwarded-Proto": "https"}, True), ({}, False)):
+            r = httpx.post(url + "/console/login", data={"token": token}, headers=forwarded)
+            assert r.status_code == 303, r.text
+            assert ("secure" in r.headers["set-cookie"].lower().split("; ")) is secure, r.headers
     finally:
         assert stop(proc) == 0, log.read_text()
     assert (state / "postgres" / "PG_VERSION").exists()
