@@ -52,8 +52,8 @@ def recent_bytes(recent: Mapping[int, str], last_sequence: int, stored: bytes = 
 
 
 def advanced_bytes(recent: Mapping[int, str], sequence: int, stored: bytes) -> bytes:
-    """`recent_bytes(recent, sequence, stored)` for a decision made on `window`, the stored
-    entries' window at the stream's last sequence (a kept copy's): `recent` is then that
+    """`recent_bytes(recent, sequence, stored)` for a decision made on the stored entries' window
+    at the stream's last sequence (a kept copy's `KeptPosition.window`): `recent` is then that
     window above the new floor with `sequence` added (`decide_report`), so every stored entry
     still in the window is in `recent` alike and `sequence` is the one entry to add: it goes in
     front of the stored bytes without the two windows compared entry by entry."""
