@@ -15,8 +15,9 @@ its outcome once the transaction that handled it has committed, so an acknowledg
       it (callers that arrive independently, like HTTP requests) a lane beyond the first opens
       only once a full batch (`max_batch`) waits: while one transaction runs, what arrives waits
       for the next, so batches stay as large as they come, which costs both sides less per item
-      (free lanes made several small transactions instead of one: docs/capacity.md), and a lane
-      held up (a lock, a slow commit) holds the rest up for at most a batch's worth of arrivals.
+      (a free lane taking whatever waits makes several small transactions where one would do:
+      docs/capacity.md), and a lane held up (a lock, a slow commit) holds the rest up for at
+      most a batch's worth of arrivals.
       At low load an item runs at once, alone.
     * The handler gets the batch's items sorted by key (stream ids) and one connection inside
       the batch's transaction, and returns one outcome per item: its result, or the exception
