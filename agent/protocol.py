@@ -13,6 +13,37 @@ from typing import Annotated, Any, Generic, Literal, TypeAlias, TypeVar, Union, 
 
 import msgspec
 
+from collectors.contract import (
+    ACCELERATOR_METRIC_TYPES,
+    HOST_METRIC_TYPES,
+    MAX_ACCELERATORS,
+    MAX_CLOCK_EVENT_REASONS,
+    MAX_COLLECTORS,
+    MAX_DURATION_SECONDS,
+    MAX_HEALTH_COUNTERS,
+    MAX_HOSTNAME,
+    MAX_IDENTITY,
+    MAX_MOUNTS,
+    MAX_SEQUENCE,
+    MAX_XIDS,
+    NUL_FREE,
+    AwareDatetime,
+    Count,
+    CountOrFlag,
+    EccMode,
+    ErrorCount,
+    GpuIndex,
+    GpuUuid,
+    Hostname,
+    MemoryBytes,
+    MigMode,
+    ObservedShortText,
+    ShortText,
+    StorageBytes,
+    Text,
+    XidCode,
+    without_nul_pattern,
+)
 from collectors.observations import HardwareObservation
 
 PROTOCOL_VERSION = 1
@@ -46,42 +77,16 @@ def sent_at_of(value: str | None) -> datetime | None:
 ENROLLMENT_TOKEN_PREFIX = "mfe"
 CREDENTIAL_PREFIX = "mfc"
 
-# --- the bounds of the wire contract (docs/NODE_AGENT_PROTOCOL.md, section 6 "Bounds") ---------------
-# Every integer a JSON consumer may read stays within 2^53, where every JSON implementation
-# (JavaScript's included) is still exact.
-MAX_SEQUENCE = 2**53 - 1
-MAX_HOSTNAME = 255
-MAX_STRING = 1024
-MAX_SHORT = 64
-MAX_IDENTITY = 256  # the key itself is at most 128 characters once trimmed (collectors.identity)
-MAX_ACCELERATORS = 256
-MAX_MOUNTS = 64
-MAX_COLLECTORS = 16
-MAX_MEMORY_BYTES = 2**53  # 8 PiB: far beyond any host's or GPU's memory
-MAX_STORAGE_BYTES = 2**60  # 1 EiB: a parallel filesystem mounted on a node can pass 2^53
-MAX_COUNT = 2**20  # CPU sockets and cores
-MAX_CELSIUS = 200.0
-MIN_CELSIUS = -50.0
-MAX_WATTS = 10_000.0  # one device; today's largest draw about 1.2 kW
-MAX_MHZ = 100_000
-MAX_FAN_PERCENT = 200  # NVML: a fan "may exceed 100%" of its rated speed
-MAX_DURATION_SECONDS = 86_400.0
+# --- the bounds of the wire contract (docs/NODE_AGENT_PROTOCOL.md, section 6 "Bounds"), with those
+# of the observation's values (collectors/contract.py) ----------------------------------------------
 # Times: years 2000 to 2100 and a UTC offset PostgreSQL accepts (under 16 hours).
 EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
 LATEST = datetime(2101, 1, 1, tzinfo=UTC)
 MAX_UTC_OFFSET = timedelta(hours=16)
 
-# PostgreSQL refuses NUL in text and jsonb, so no string on the wire may carry one.
-NUL_FREE = r"\A[^\x00]*\Z"
-Text: TypeAlias = Annotated[str, msgspec.Meta(pattern=NUL_FREE, max_length=MAX_STRING)]
-ShortText: TypeAlias = Annotated[str, msgspec.Meta(pattern=NUL_FREE, max_length=MAX_SHORT)]
-Hostname: TypeAlias = Annotated[str, msgspec.Meta(pattern=NUL_FREE, min_length=1, max_length=MAX_HOSTNAME)]
 IdentityKey: TypeAlias = Annotated[str, msgspec.Meta(pattern=NUL_FREE, min_length=1, max_length=MAX_IDENTITY)]
-GpuUuid: TypeAlias = Annotated[str, msgspec.Meta(pattern=NUL_FREE, min_length=1, max_length=128)]
-
 IdentitySource: TypeAlias = Literal["configured", "state_file", "machine_id"]
 Sequence: TypeAlias = Annotated[int, msgspec.Meta(ge=1, le=MAX_SEQUENCE)]
-AwareDatetime: TypeAlias = Annotated[datetime, msgspec.Meta(tz=True)]
 
 
 class EnrollRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -110,10 +115,10 @@ class Report(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """POST /api/v1/agent/reports, with `Authorization: Bearer <node credential>`."""
 
     protocol: int
-    node_id: str
-    identity_key: str
+    node_id: ObservedShortText
+    identity_key: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_IDENTITY)]
     identity_source: IdentitySource
-    stream: str
+    stream: ObservedShortText
     sequence: Sequence
     observed_at: AwareDatetime  # the agent's clock when it observed
     observation: HardwareObservation
@@ -136,10 +141,11 @@ class ReportAck(msgspec.Struct, frozen=True):
 
 # --- the wire contract of an observation: typed per fact and per metric -------------------------------
 # Report.observation is decoded into the collectors' HardwareObservation (what the server
-# reconciles); these mirror Structs say what its values may be. decode_report checks a body
-# against them first, so a value outside the contract never reaches the ledger. They are
-# dropped as soon as that check is done, trees nothing refers back into: untracked by the
-# garbage collector (gc=False), as the observations are.
+# reconciles), whose fields carry the same bounds (collectors/contract.py). These mirror Structs
+# publish the contract (the OpenAPI document's schema), check what an agent is about to send, and
+# answer every body decode_report refuses, in their words, so a value outside the contract never
+# reaches the ledger. What they decode is dropped as soon as that check is done, trees nothing
+# refers back into: untracked by the garbage collector (gc=False), as the observations are.
 
 T = TypeVar("T")
 
@@ -162,48 +168,6 @@ class _Unavailable(msgspec.Struct, frozen=True, tag_field="state", tag="unavaila
 
 class _TemporarilyFailed(msgspec.Struct, frozen=True, tag_field="state", tag="temporarily_failed", gc=False):
     reason: Text
-
-
-# The value types a known fact may have. msgspec's strict decoding refuses a bool where an int
-# is meant and a string where a number is meant.
-MemoryBytes: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=MAX_MEMORY_BYTES)]
-StorageBytes: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=MAX_STORAGE_BYTES)]
-Count: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
-GpuIndex: TypeAlias = Annotated[int, msgspec.Meta(ge=0, lt=MAX_ACCELERATORS)]
-Percent: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=100)] | Annotated[float, msgspec.Meta(ge=0, le=100)]
-FanPercent: TypeAlias = (
-    Annotated[int, msgspec.Meta(ge=0, le=MAX_FAN_PERCENT)]
-    | Annotated[float, msgspec.Meta(ge=0, le=MAX_FAN_PERCENT)]
-)
-Celsius: TypeAlias = (
-    Annotated[int, msgspec.Meta(ge=int(MIN_CELSIUS), le=int(MAX_CELSIUS))]
-    | Annotated[float, msgspec.Meta(ge=MIN_CELSIUS, le=MAX_CELSIUS)]
-)
-Watts: TypeAlias = (
-    Annotated[int, msgspec.Meta(ge=0, le=int(MAX_WATTS))] | Annotated[float, msgspec.Meta(ge=0, le=MAX_WATTS)]
-)
-Mhz: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=MAX_MHZ)]
-PerformanceState: TypeAlias = Annotated[str, msgspec.Meta(pattern=r"\AP([0-9]|1[0-5])\Z")]
-MigMode: TypeAlias = Literal["enabled", "disabled"]
-
-# Every metric the protocol knows, with the type of its value. A name not listed is refused.
-HOST_METRIC_TYPES: dict[str, Any] = {
-    "memory_available_bytes": MemoryBytes,
-    "memory_total_bytes": MemoryBytes,
-}
-ACCELERATOR_METRIC_TYPES: dict[str, Any] = {
-    "memory_used_bytes": MemoryBytes,
-    "memory_total_bytes": MemoryBytes,
-    "utilization_gpu_percent": Percent,
-    "utilization_memory_percent": Percent,
-    "temperature_celsius": Celsius,
-    "power_watts": Watts,
-    "clock_graphics_mhz": Mhz,
-    "clock_sm_mhz": Mhz,
-    "clock_memory_mhz": Mhz,
-    "fan_speed_percent": FanPercent,
-    "performance_state": PerformanceState,
-}
 
 
 def _fact_of(value_type: Any) -> Any:
@@ -254,17 +218,6 @@ class _Host(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     memory_total_bytes: _fact_of(MemoryBytes)  # type: ignore[valid-type]
     telemetry: _HostTelemetry  # type: ignore[valid-type]
     storage: Annotated[list[_Storage], msgspec.Meta(max_length=MAX_MOUNTS)]
-
-
-# GPU health signals (collectors/gpu_health.py, docs/gpu-health.md); optional, so reports of agents
-# that do not collect them stay valid.
-MAX_XIDS = 256  # per GPU per report: the collector drains at most this many per collection
-MAX_CLOCK_EVENT_REASONS = 32
-MAX_HEALTH_COUNTERS = 8  # per group: ECC counters, remapped rows, retired pages
-ErrorCount: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]  # int64: msgspec bounds
-CountOrFlag: TypeAlias = ErrorCount | bool
-EccMode: TypeAlias = Literal["enabled", "disabled"]
-XidCode: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
 
 
 class _XidOccurrence(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
@@ -359,7 +312,6 @@ _report_decoder = msgspec.json.Decoder(Report)
 # against the same Structs with the patterns left out refuses exactly what the full one refuses,
 # with the same words. Any other body is decoded against the full types.
 
-_META_ATTRIBUTES = ("gt", "ge", "lt", "le", "multiple_of", "min_length", "max_length", "tz")
 _NUL_FREE_TWINS: dict[Any, Any] = {}
 
 
@@ -376,14 +328,8 @@ def _without_nul_patterns(t: Any) -> Any:
     origin, args = get_origin(t), get_args(t)
     twin: Any
     if origin is Annotated:
-        base, *metas = args
-        kept = [
-            msgspec.Meta(**{a: getattr(m, a) for a in _META_ATTRIBUTES if getattr(m, a) is not None})
-            if isinstance(m, msgspec.Meta) and m.pattern == NUL_FREE
-            else m
-            for m in metas
-        ]
-        twin = Annotated[(_without_nul_patterns(base), *kept)]
+        base, *metas = get_args(without_nul_pattern(t))
+        twin = Annotated[(_without_nul_patterns(base), *metas)]
     elif isinstance(origin or t, type) and issubclass(origin or t, msgspec.Struct):
         config = (origin or t).__struct_config__
         twin = msgspec.defstruct(
@@ -456,6 +402,23 @@ def decode_report(raw: bytes) -> Report:
     contract: wrong shape, a value out of bounds, a NUL in a string, a duplicate key)."""
     # An escaped NUL needs a backslash, which most bodies lack: one memchr spares the search.
     may_hold_nul = b"\x00" in raw or (b"\\" in raw and b"\\u0000" in raw)
+    if not may_hold_nul:
+        # The observation's Structs carry every bound of the wire's but the NUL patterns
+        # (collectors/contract.py), so one decode yields the report and checks it. An agent's
+        # body is msgspec's encoding of a Report: when encoding the decoded report gives the
+        # same bytes back, nothing of the body was left out of the decode (an unknown metric, a
+        # duplicate key: the encoding has neither). Any other body, and any refusal, goes the
+        # whole way below, whose answer is the wire types' and the full duplicate-key check's.
+        try:
+            report = _report_decoder.decode(raw)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            pass
+        else:
+            if (
+                _times_within(report.observed_at, report.observation.observed_at)
+                and _encoder.encode(report) == raw
+            ):
+                return report
     wire = (_wire_report_decoder if may_hold_nul else _nul_free_report_decoder).decode(raw)
     for where, moment in (
         ("$.observed_at", wire.observed_at),
@@ -465,13 +428,13 @@ def decode_report(raw: bytes) -> Report:
         if problem is not None:
             raise msgspec.ValidationError(f"{problem} - at `{where}`")
     report = _report_decoder.decode(raw)
-    # An agent's body is msgspec's encoding of a Report: when encoding the decoded report gives
-    # the same bytes back, the body cannot hold a duplicate key (the encoding has none), and the
-    # full check (about four times the cost of both decodes) is spared. Any other body, a
-    # duplicate's included, gets it.
     if _encoder.encode(report) != raw:
         refuse_duplicate_keys(raw)
     return report
+
+
+def _times_within(*moments: datetime) -> bool:
+    return all(time_problem(m) is None for m in moments)
 
 
 def observation_problems_after_decode(obs: HardwareObservation) -> list[str]:

@@ -15,19 +15,24 @@ from typing import Any
 import msgspec
 
 from agent.protocol import (
+    WIRE_OBSERVATION,
+    observation_problems_after_decode,
+    time_problem,
+)
+from collectors.contract import (
     ACCELERATOR_METRIC_TYPES,
     HOST_METRIC_TYPES,
     MAX_ACCELERATORS,
     MAX_CLOCK_EVENT_REASONS,
     MAX_COLLECTORS,
     MAX_DURATION_SECONDS,
+    MAX_GPU_UUID,
     MAX_HEALTH_COUNTERS,
     MAX_HOSTNAME,
     MAX_MOUNTS,
     MAX_SHORT,
     MAX_STRING,
     MAX_XIDS,
-    WIRE_OBSERVATION,
     Count,
     CountOrFlag,
     EccMode,
@@ -41,8 +46,6 @@ from agent.protocol import (
     StorageBytes,
     Text,
     XidCode,
-    observation_problems_after_decode,
-    time_problem,
 )
 from collectors.facts import Fact, Known, TemporarilyFailed, Unavailable
 from collectors.gpu_health import AcceleratorHealthSignals, XidOccurrence
@@ -192,7 +195,7 @@ def validate_observation(obs: HardwareObservation) -> list[str]:
     errors += observation_problems_after_decode(obs)
     for a in nvml.accelerators:
         if _convert_problem(a.uuid, GpuUuid):
-            errors.append("nvml.accelerators: uuid must be 1 to 128 characters without NUL")
+            errors.append(f"nvml.accelerators: uuid must be 1 to {MAX_GPU_UUID} characters without NUL")
         errors += _metric_names(
             f"nvml.accelerators[{a.uuid[:64]!r}].telemetry", a.telemetry, ACCELERATOR_METRIC_TYPES
         )
@@ -202,7 +205,7 @@ def validate_observation(obs: HardwareObservation) -> list[str]:
         errors.append(f"nvml.unlisted_xids: more than {MAX_ACCELERATORS} GPUs")
     for uuid, xids in nvml.unlisted_xids.items():
         if _convert_problem(uuid, GpuUuid):
-            errors.append("nvml.unlisted_xids: a uuid must be 1 to 128 characters without NUL")
+            errors.append(f"nvml.unlisted_xids: a uuid must be 1 to {MAX_GPU_UUID} characters without NUL")
         errors += _xids_problems(f"nvml.unlisted_xids[{uuid[:64]!r}]", xids)
     if len(obs.collectors) > MAX_COLLECTORS:
         errors.append(f"collectors: more than {MAX_COLLECTORS}")
@@ -270,7 +273,7 @@ def _clean_health(health: AcceleratorHealthSignals) -> AcceleratorHealthSignals:
 
 
 def _clean_unlisted_xids(unlisted: dict[str, list[XidOccurrence]]) -> dict[str, list[XidOccurrence]]:
-    cleaned = ((_without_nul(uuid)[:128], _clean_xids(xids)) for uuid, xids in unlisted.items())
+    cleaned = ((_without_nul(uuid)[:MAX_GPU_UUID], _clean_xids(xids)) for uuid, xids in unlisted.items())
     return dict(itertools.islice(((uuid, xids) for uuid, xids in cleaned if uuid), MAX_ACCELERATORS))
 
 
@@ -303,7 +306,7 @@ def sanitize_observation(obs: HardwareObservation) -> HardwareObservation:
     )
     accelerators = [
         AcceleratorObservation(
-            uuid=_without_nul(a.uuid)[:128],
+            uuid=_without_nul(a.uuid)[:MAX_GPU_UUID],
             index=_clean(a.index, GpuIndex),
             name=_clean(a.name, Text),
             pci_bus_id=_clean(a.pci_bus_id, Text),

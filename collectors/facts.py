@@ -7,19 +7,26 @@ directly from this tagged union.
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import Generic, TypeAlias
 
 import msgspec
+from typing_extensions import TypeVar
 
 FactValue: TypeAlias = bool | int | float | str
 
+# A known value's type and a reason's. The observation's fields narrow them to the contract's
+# bounds for the server's decode (collectors/contract.py); everything else (the ledger's events
+# and checkpoints) reads a fact with these, the widest, whatever a release stored.
+V = TypeVar("V", bound=FactValue, default=FactValue, covariant=True)
+R = TypeVar("R", bound=str, default=str, covariant=True)
+
 # A fact holds a scalar or nothing, so it can never be part of a reference cycle: the garbage
 # collector need not track one (gc=False). An agent's report decodes into about a hundred and
-# fifty of them, twice (api/services/reports.py), and kept states hold thousands.
+# fifty of them (agent/protocol.py `decode_report`), and kept states hold thousands.
 
 
-class Known(msgspec.Struct, frozen=True, tag_field="state", tag="known", gc=False):
-    value: FactValue
+class Known(msgspec.Struct, Generic[V], frozen=True, tag_field="state", tag="known", gc=False):
+    value: V
 
 
 class Unknown(msgspec.Struct, frozen=True, tag_field="state", tag="unknown", gc=False):
@@ -30,12 +37,14 @@ class Unsupported(msgspec.Struct, frozen=True, tag_field="state", tag="unsupport
     pass
 
 
-class Unavailable(msgspec.Struct, frozen=True, tag_field="state", tag="unavailable", gc=False):
-    reason: str
+class Unavailable(msgspec.Struct, Generic[R], frozen=True, tag_field="state", tag="unavailable", gc=False):
+    reason: R
 
 
-class TemporarilyFailed(msgspec.Struct, frozen=True, tag_field="state", tag="temporarily_failed", gc=False):
-    reason: str
+class TemporarilyFailed(
+    msgspec.Struct, Generic[R], frozen=True, tag_field="state", tag="temporarily_failed", gc=False
+):
+    reason: R
 
 
 Fact: TypeAlias = Known | Unknown | Unsupported | Unavailable | TemporarilyFailed

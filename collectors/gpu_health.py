@@ -14,10 +14,23 @@ import ctypes
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeAlias
 
 import msgspec
+from typing_extensions import TypeVar
 
+from collectors.contract import (
+    MAX_CLOCK_EVENT_REASONS,
+    MAX_HEALTH_COUNTERS,
+    MAX_XIDS,
+    AwareDatetime,
+    CountOrFlagFact,
+    EccModeFact,
+    ErrorCountFact,
+    FlagFact,
+    ObservedShortText,
+    XidCode,
+)
 from collectors.facts import UNKNOWN, Fact, Known, TemporarilyFailed
 
 # NVML's clock event (formerly "throttle") reason bits, by the names operators know from
@@ -48,27 +61,65 @@ _ERROR_TIMEOUT = 10
 _FEATURE_ENABLED = 1
 
 
+# The ledger stores XIDs and health signals too (events, checkpoints) and reads them back with
+# these classes as they stand, their type parameters at their defaults (what any release stored);
+# an observation's fields name them with the contract's bounds (`ObservedHealthSignals`, below).
+_Code = TypeVar("_Code", bound=int, default=int, covariant=True)
+_At = TypeVar("_At", bound=datetime, default=datetime, covariant=True)
+_Flags = TypeVar("_Flags", bound=dict[str, Fact], default=dict[str, Fact], covariant=True)
+_Counts = TypeVar("_Counts", bound=dict[str, Fact], default=dict[str, Fact], covariant=True)
+_CountsOrFlags = TypeVar("_CountsOrFlags", bound=dict[str, Fact], default=dict[str, Fact], covariant=True)
+_Mode = TypeVar("_Mode", bound=Fact, default=Fact, covariant=True)
+_Count = TypeVar("_Count", bound=Fact, default=Fact, covariant=True)
+_Flag = TypeVar("_Flag", bound=Fact, default=Fact, covariant=True)
+
+
 # Untracked by the garbage collector, as observations are (collectors/observations.py).
-class XidOccurrence(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+class XidOccurrence(msgspec.Struct, Generic[_Code, _At], frozen=True, forbid_unknown_fields=True, gc=False):
     """One XID error: its code and when the collector drained it (NVML's event carries no time)."""
 
-    code: int
-    at: datetime
+    code: _Code
+    at: _At
 
 
-class AcceleratorHealthSignals(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+_Xids = TypeVar("_Xids", bound=list[XidOccurrence], default=list[XidOccurrence], covariant=True)
+
+
+class AcceleratorHealthSignals(
+    msgspec.Struct,
+    Generic[_Flags, _Mode, _Counts, _CountsOrFlags, _Count, _Flag, _Xids],
+    frozen=True,
+    forbid_unknown_fields=True,
+    gc=False,
+):
     """What NVML says about one GPU's health at one collection."""
 
     # Reason name (CLOCK_EVENT_REASONS) -> Known(bool active) or the call's failure.
-    clock_event_reasons: dict[str, Fact]
-    ecc_mode: Fact  # "enabled" | "disabled"
-    ecc_errors: dict[str, Fact]  # ECC_COUNTERS -> count
-    remapped_rows: dict[str, Fact]  # Ampere and later: counts, pending/failure as bools
-    retired_pages: dict[str, Fact]  # before Ampere: page counts, pending as bool
-    pcie_replay_count: Fact
+    clock_event_reasons: _Flags
+    ecc_mode: _Mode  # "enabled" | "disabled"
+    ecc_errors: _Counts  # ECC_COUNTERS -> count
+    remapped_rows: _CountsOrFlags  # Ampere and later: counts, pending/failure as bools
+    retired_pages: _CountsOrFlags  # before Ampere: page counts, pending as bool
+    pcie_replay_count: _Count
     # Known(True) while the XID event set is registered for this GPU; the failure otherwise.
-    xid_events: Fact
-    xids: list[XidOccurrence] = []
+    xid_events: _Flag
+    xids: _Xids = []  # type: ignore[assignment]
+
+
+if TYPE_CHECKING:
+    ObservedXids: TypeAlias = list[XidOccurrence]
+    ObservedHealthSignals: TypeAlias = AcceleratorHealthSignals
+else:
+    ObservedXids = Annotated[list[XidOccurrence[XidCode, AwareDatetime]], msgspec.Meta(max_length=MAX_XIDS)]
+    ObservedHealthSignals = AcceleratorHealthSignals[
+        Annotated[dict[ObservedShortText, FlagFact], msgspec.Meta(max_length=MAX_CLOCK_EVENT_REASONS)],
+        EccModeFact,
+        Annotated[dict[ObservedShortText, ErrorCountFact], msgspec.Meta(max_length=MAX_HEALTH_COUNTERS)],
+        Annotated[dict[ObservedShortText, CountOrFlagFact], msgspec.Meta(max_length=MAX_HEALTH_COUNTERS)],
+        ErrorCountFact,
+        FlagFact,
+        ObservedXids,
+    ]
 
 
 def _same_device(a: Any, b: Any) -> bool:

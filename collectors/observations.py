@@ -1,18 +1,39 @@
 """The typed observations the collectors produce and the ledger reconciles.
 
 These Structs are the contract between collection (local or agent) and reconciliation: the agent
-sends exactly these over the wire, and the server validates them with the same types.
+sends exactly these over the wire, and the server decodes them with the contract's bounds
+(collectors/contract.py).
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Literal, TypeAlias
+from typing import Annotated, Generic, Literal, TypeAlias
 
 import msgspec
+from typing_extensions import TypeVar
 
+from collectors.contract import (
+    MAX_ACCELERATORS,
+    MAX_COLLECTORS,
+    MAX_DURATION_SECONDS,
+    MAX_MOUNTS,
+    AcceleratorTelemetry,
+    AwareDatetime,
+    CountFact,
+    HostTelemetry,
+    IndexFact,
+    MemoryFact,
+    MigModeFact,
+    ObservedGpuUuid,
+    ObservedHostname,
+    ObservedShortText,
+    ObservedText,
+    ShortTextFact,
+    StorageFact,
+    TextFact,
+)
 from collectors.facts import Fact
-from collectors.gpu_health import AcceleratorHealthSignals, XidOccurrence
+from collectors.gpu_health import ObservedHealthSignals, ObservedXids
 
 ScanStatus: TypeAlias = Literal["complete", "incomplete", "unavailable"]
 
@@ -36,40 +57,52 @@ HOST_METRICS: tuple[str, ...] = ("memory_available_bytes", "memory_total_bytes")
 # Observations are trees of frozen Structs: by their types, a list or dict in one holds only facts
 # and the observations below it, so none can be part of a reference cycle, and the garbage
 # collector does not track them (gc=False), as with the facts (collectors/facts.py).
+#
+# Their fields name the agent protocol's bounds (collectors/contract.py), which the server's
+# decode of a report checks. The OS, CPU and storage facts are stored in the ledger too and read
+# back with these classes, their type parameters at their defaults: whatever any release stored.
+_Text = TypeVar("_Text", bound=Fact, default=Fact, covariant=True)
+_Count = TypeVar("_Count", bound=Fact, default=Fact, covariant=True)
+_Bytes = TypeVar("_Bytes", bound=Fact, default=Fact, covariant=True)
+_Mount = TypeVar("_Mount", bound=str, default=str, covariant=True)
 
 
-class OsInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
-    name: Fact
-    version: Fact
-    kernel: Fact
-    architecture: Fact
+class OsInfo(msgspec.Struct, Generic[_Text], frozen=True, forbid_unknown_fields=True, gc=False):
+    name: _Text
+    version: _Text
+    kernel: _Text
+    architecture: _Text
 
 
-class CpuInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
-    model: Fact
-    sockets: Fact
-    physical_cores: Fact
-    logical_cores: Fact
+class CpuInfo(msgspec.Struct, Generic[_Text, _Count], frozen=True, forbid_unknown_fields=True, gc=False):
+    model: _Text
+    sockets: _Count
+    physical_cores: _Count
+    logical_cores: _Count
 
 
-class StorageObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+class StorageObservation(
+    msgspec.Struct, Generic[_Mount, _Bytes], frozen=True, forbid_unknown_fields=True, gc=False
+):
     """One relevant mount (the state directory's filesystem, `/`)."""
 
-    mount: str
-    used_bytes: Fact
-    total_bytes: Fact
+    mount: _Mount
+    used_bytes: _Bytes
+    total_bytes: _Bytes
 
 
 class HostObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """What SystemHostCollector saw. Inventory facts plus host telemetry."""
 
-    hostname: str
-    os: OsInfo
-    cpu: CpuInfo
-    memory_total_bytes: Fact
+    hostname: ObservedHostname
+    os: OsInfo[TextFact]
+    cpu: CpuInfo[TextFact, CountFact]
+    memory_total_bytes: MemoryFact
     # Latest-state telemetry (never audited): keys are HOST_METRICS.
-    telemetry: dict[str, Fact]
-    storage: list[StorageObservation]
+    telemetry: HostTelemetry
+    storage: Annotated[
+        list[StorageObservation[ObservedText, StorageFact]], msgspec.Meta(max_length=MAX_MOUNTS)
+    ]
 
 
 # Which facts are inventory (compared, recorded as HARDWARE_CHANGED, fingerprinted, signed by the
@@ -91,17 +124,17 @@ NODE_INVENTORY_FACTS: tuple[str, ...] = ("memory_total_bytes", *DRIVER_FACTS)
 class AcceleratorObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """One NVIDIA GPU as NVML reported it. Reconciled by `uuid` only."""
 
-    uuid: str
-    index: Fact
-    name: Fact
-    pci_bus_id: Fact
-    memory_total_bytes: Fact
-    compute_capability: Fact  # "9.0"
-    mig_mode: Fact  # "enabled" | "disabled"
+    uuid: ObservedGpuUuid
+    index: IndexFact
+    name: TextFact
+    pci_bus_id: TextFact
+    memory_total_bytes: MemoryFact
+    compute_capability: ShortTextFact  # "9.0"
+    mig_mode: MigModeFact  # "enabled" | "disabled"
     # Latest-state telemetry: keys are ACCELERATOR_METRICS.
-    telemetry: dict[str, Fact]
+    telemetry: AcceleratorTelemetry
     # Health signals (collectors.gpu_health); None from an agent that does not collect them.
-    health: AcceleratorHealthSignals | None = None
+    health: ObservedHealthSignals | None = None
 
 
 class NvmlScan(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
@@ -113,30 +146,32 @@ class NvmlScan(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False
     """
 
     status: ScanStatus
-    reason: str | None
-    driver_version: Fact
-    cuda_driver_version: Fact  # "13.1"
-    accelerators: list[AcceleratorObservation]
+    reason: ObservedText | None
+    driver_version: ShortTextFact
+    cuda_driver_version: ShortTextFact  # "13.1"
+    accelerators: Annotated[list[AcceleratorObservation], msgspec.Meta(max_length=MAX_ACCELERATORS)]
     # XIDs (by GPU UUID) of GPUs this scan could not list, e.g. XID 79: fallen off the bus.
-    unlisted_xids: dict[str, list[XidOccurrence]] = {}
+    unlisted_xids: Annotated[
+        dict[ObservedGpuUuid, ObservedXids], msgspec.Meta(max_length=MAX_ACCELERATORS)
+    ] = {}
 
 
 class CollectorRun(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """A collector's success and duration: its failure is data, never a crash of the refresh."""
 
-    collector: str
+    collector: ObservedShortText
     ok: bool
-    duration_seconds: float
-    error: str | None = None
+    duration_seconds: Annotated[float, msgspec.Meta(ge=0, le=MAX_DURATION_SECONDS)]
+    error: ObservedText | None = None
 
 
 class HardwareObservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """One refresh's worth of observation of one host."""
 
-    observed_at: datetime
+    observed_at: AwareDatetime
     host: HostObservation
     nvml: NvmlScan
-    collectors: list[CollectorRun] = []
+    collectors: Annotated[list[CollectorRun], msgspec.Meta(max_length=MAX_COLLECTORS)] = []
 
 
 class HostCollectionError(Exception):

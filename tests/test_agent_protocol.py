@@ -17,11 +17,6 @@ from hypothesis import strategies as st
 
 from agent import protocol
 from agent.protocol import (
-    ACCELERATOR_METRIC_TYPES,
-    HOST_METRIC_TYPES,
-    MAX_MEMORY_BYTES,
-    MAX_SEQUENCE,
-    MAX_STORAGE_BYTES,
     EnrollRequest,
     Report,
     decode_report,
@@ -30,6 +25,13 @@ from agent.protocol import (
     sent_at_of,
 )
 from agent.sanitize import sanitize_observation, validate_observation
+from collectors.contract import (
+    ACCELERATOR_METRIC_TYPES,
+    HOST_METRIC_TYPES,
+    MAX_MEMORY_BYTES,
+    MAX_SEQUENCE,
+    MAX_STORAGE_BYTES,
+)
 from collectors.facts import Known, TemporarilyFailed
 from collectors.nvml import NvidiaNvmlCollector
 from collectors.observations import CollectorRun, HardwareObservation

@@ -25,7 +25,13 @@ from litestar.plugins import OpenAPISchemaPlugin
 from litestar.typing import FieldDefinition
 
 
+def _declared(annotation: Any) -> Any:
+    """A field's type; a generic Struct's unparameterized field, its type variable's bound."""
+    return annotation.__bound__ if isinstance(annotation, typing.TypeVar) else annotation
+
+
 def _overlapping(annotation: Any) -> bool:
+    annotation = _declared(annotation)
     if typing.get_origin(annotation) not in (types.UnionType, typing.Union):
         return False
     members = typing.get_args(annotation)
@@ -33,6 +39,7 @@ def _overlapping(annotation: Any) -> bool:
 
 
 def _without_int(annotation: Any) -> Any:
+    annotation = _declared(annotation)
     if not _overlapping(annotation):
         return annotation
     return functools.reduce(operator.or_, [m for m in typing.get_args(annotation) if m is not int])
