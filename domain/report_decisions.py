@@ -126,6 +126,21 @@ def sequence_refusal(
     return SequenceConflict(stream=stream, sequence=seq, last_sequence=last, detail=detail)
 
 
+def _window_above(recent: Mapping[int, str], floor: int) -> dict[int, str]:
+    """The digests of the sequences above `floor`, as a new dict. A steady stream's window drops
+    one sequence per report, its oldest: copied whole (C) and the few at or below the floor taken
+    out by their numbers, rather than every entry tested."""
+    if not recent:
+        return {}
+    oldest = min(recent)
+    if floor - oldest >= len(recent):
+        return {k: v for k, v in recent.items() if k > floor}
+    kept = dict(recent)
+    for k in range(oldest, floor + 1):
+        kept.pop(k, None)
+    return kept
+
+
 def decide_report(
     state: NodeState,
     item: ReportItem,
@@ -156,8 +171,7 @@ def decide_report(
         agent_sequence_gap=gap if gap > 0 else None,
         actor=f"credential:{item.credential_id}",
     )
-    floor = seq - RECENT_REPORT_DIGESTS
-    kept = {k: v for k, v in recent.items() if k > floor}
+    kept = _window_above(recent, seq - RECENT_REPORT_DIGESTS)
     kept[seq] = item.digest
     events = [
         NewEvent(payload=p, metadata=metadata)

@@ -292,6 +292,25 @@ def test_a_stream_keeps_the_digests_of_its_last_sequences_to_answer_retries(
     assert isinstance(other, SequenceConflict) and other.sequence == retried
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(st.integers(1, 300), st.sampled_from(["a" * 64, "b" * 64]), max_size=50),
+    st.integers(1, 120),
+)
+def test_an_accepted_report_keeps_exactly_the_digests_within_the_window_of_its_sequence(
+    recent: dict[int, str], ahead: int
+) -> None:
+    """Whatever window a decision is given (a stored row's, a kept copy's, or any other), it keeps
+    the digests of the sequences above its own sequence minus RECENT_REPORT_DIGESTS, and its own."""
+    last = max(recent, default=0)
+    seq = last + ahead
+    decision = decide_report(agent_node(), report_item(seq, "c" * 64), last or None, recent)
+    assert isinstance(decision, AcceptedReport)
+    floor = seq - RECENT_REPORT_DIGESTS
+    assert decision.recent == {**{k: v for k, v in recent.items() if k > floor}, seq: "c" * 64}
+    assert decision.recent is not recent
+
+
 def test_a_token_is_refused_when_revoked_expired_or_used_up() -> None:
     live = TokenState(token_id=uuid.uuid4().hex, created=True, uses=1, expires_at=T0 + timedelta(hours=1))
     assert token_refusal(live, T0) is None
