@@ -194,6 +194,10 @@ async def steady_window(
     as many reports of only as many nodes as get STORAGE_REPORTS_PER_NODE each (at least one per
     connection); and the whole day segment's bytes per event, sealed too with `seal` (its appends
     afterwards, the ceiling's, go into a sealed day). The other checkout's server idles meanwhile."""
+    # A checkpoint, then one report per node: the pages the window changes are logged whole once,
+    # here, rather than in whichever checkout's window a timed checkpoint happens to precede.
+    await wal.checkpoint()
+    await _send(target, target.agents, len(target.agents), connections)
     start = await wal.position()
     accepted, errors = await _send(target, target.agents, reports, connections)
     end = await wal.position()
