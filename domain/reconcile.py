@@ -249,13 +249,21 @@ def reconcile(
                     accelerator_id=accelerator_id_for(node_id, obs.uuid),
                     uuid=obs.uuid,
                     telemetry=obs.telemetry,
-                    health=None if obs.health is None else msgspec.structs.replace(obs.health, xids=[]),
+                    health=_without_xids(obs.health),
                 )
                 for obs in nvml.accelerators
             ],
         )
     )
     return events
+
+
+def _without_xids(signals: AcceleratorHealthSignals | None) -> AcceleratorHealthSignals | None:
+    """A sample's health signals, its XIDs left out (they are events of their own): most
+    collections drain none, and their signals are taken as they are."""
+    if signals is None or not signals.xids:
+        return signals
+    return msgspec.structs.replace(signals, xids=[])
 
 
 # Stands for the stream version of this refresh's telemetry snapshot until it is known.

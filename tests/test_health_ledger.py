@@ -134,6 +134,8 @@ def test_an_xid_is_recorded_once_and_fails_the_gpu_for_its_window() -> None:
         "failed",
         "service",
     )
+    sampled = node.state.accelerators[gpu(0).uuid].telemetry  # the XIDs' own sample leaves them out
+    assert sampled is not None and sampled.health is not None and sampled.health.xids == []
     # The same occurrence reported again (a resent report) is not recorded twice.
     assert lifecycle(node.refresh(obs(with_xid, at=timedelta(minutes=2)))) == []
     # Quiet refreshes keep the verdict within the window, and clear it after.
