@@ -20,6 +20,7 @@ from agent.protocol import Report, decode_report, encode_report
 from collectors.facts import Known, TemporarilyFailed, Unavailable
 from collectors.gpu_health import XidOccurrence
 from collectors.observations import CollectorRun
+from ledger.events import NodeDiscovered, NodeTelemetryObserved, decode_payload
 from tests.agent_support import report_body
 from tests.builders import T0, gpu, observation, scan, signals
 
@@ -264,3 +265,56 @@ def test_a_time_out_of_range_is_refused_on_either_way() -> None:
     for at in (late, T0.replace(tzinfo=None), T0.astimezone(timezone(timedelta(hours=16)))):
         raw = rich_body().replace(msgspec.json.encode(T0), msgspec.json.encode(at), 1)
         assert answer(raw) == whole_way(raw), at
+
+
+def test_what_the_ledger_stored_is_read_back_whatever_the_contract_bounds() -> None:
+    """Events are read with the classes' defaults, not the agent protocol's bounds: a snapshot or a
+    discovery a collector wrote with values the wire would refuse still reads back."""
+    long = "x" * 2000
+    over = {"state": "known", "value": 2**64}
+    reason = {"state": "unavailable", "reason": long}
+    health = {
+        "clock_event_reasons": {long: {"state": "known", "value": 7}},
+        "ecc_mode": {"state": "known", "value": "weird"},
+        "ecc_errors": {"corrected_volatile": over},
+        "remapped_rows": {},
+        "retired_pages": {},
+        "pcie_replay_count": reason,
+        "xid_events": {"state": "known", "value": True},
+        "xids": [{"code": 2**40, "at": "2026-11-30T12:00:00"}],
+    }
+    snapshot = {
+        "event_type": "NODE_TELEMETRY_OBSERVED",
+        "telemetry": {"bogus_metric": over},
+        "storage": [{"mount": long, "used_bytes": over, "total_bytes": reason}],
+        "accelerators": [
+            {
+                "accelerator_id": "a",
+                "uuid": long,
+                "telemetry": {"temperature_celsius": over},
+                "health": health,
+            }
+        ],
+    }
+    payload = decode_payload(msgspec.json.encode(snapshot))
+    assert isinstance(payload, NodeTelemetryObserved)
+    assert payload.storage[0].mount == long and payload.accelerators[0].health is not None
+    assert payload.accelerators[0].health.xids[0].code == 2**40
+    discovered = {
+        "event_type": "NODE_DISCOVERED",
+        "node_id": "n",
+        "identity_key": "k",
+        "identity_source": "configured",
+        "hostname": long,
+        "os": {"name": reason, "version": over, "kernel": over, "architecture": over},
+        "cpu": {
+            "model": over,
+            "sockets": {"state": "known", "value": "many"},
+            "physical_cores": over,
+            "logical_cores": over,
+        },
+        "memory_total_bytes": over,
+        "driver_version": over,
+        "cuda_driver_version": over,
+    }
+    assert isinstance(decode_payload(msgspec.json.encode(discovered)), NodeDiscovered)
