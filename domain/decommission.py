@@ -141,11 +141,10 @@ def dependencies_of(state: NodeState, now: datetime) -> Dependencies:
         telemetry.append(TelemetryDependency("hw_node_storage", f"{state.node_id}:{mount}"))
     accelerators = sorted(state.accelerators.values(), key=lambda a: a.uuid)
     for a in accelerators:
-        if a.telemetry is not None:
+        sample = state.accelerator_telemetry.get(a.uuid)
+        if sample is not None:
             telemetry.append(
-                TelemetryDependency(
-                    "hw_accelerator_telemetry", a.accelerator_id, a.uuid, a.telemetry.received_at
-                )
+                TelemetryDependency("hw_accelerator_telemetry", a.accelerator_id, a.uuid, sample.received_at)
             )
     return Dependencies(
         leases=active_leases(state, now),

@@ -92,7 +92,6 @@ class AcceleratorState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     last_seen_at: datetime
     position: int
     missing_since: datetime | None = None
-    telemetry: Telemetry | None = None
     health: HealthVerdict = HEALTHY
     # The XIDs recorded lately (within XID_WINDOW of the newest, at most MAX_RECENT_XIDS): what
     # the verdict counts and what a repeated report of the same occurrence is recognized by.
@@ -188,6 +187,9 @@ class NodeState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     fingerprint: str | None = None
     fingerprint_position: int | None = None
     host_telemetry: Telemetry | None = None
+    # Each active accelerator's latest sample, by GPU UUID. Kept beside the accelerators, not in
+    # them: a steady report replaces the samples and leaves every AcceleratorState as it was.
+    accelerator_telemetry: dict[str, Telemetry] = {}
     storage: list[StorageObservation] = []
     source: str | None = None
     first_seen_at: datetime | None = None
@@ -330,6 +332,7 @@ def _administrative(state: NodeState, event: RecordedEvent) -> NodeState:
             for k, c in credentials.items()
         }
         leases = {}
+        samples = state.accelerator_telemetry
         updates = {
             "status": "decommissioned",
             "decommissioned_at": p.decommissioned_at,
@@ -337,13 +340,13 @@ def _administrative(state: NodeState, event: RecordedEvent) -> NodeState:
                 u: msgspec.structs.replace(
                     a,
                     status="decommissioned",
-                    telemetry=None,
-                    last_seen_at=a.telemetry.received_at if a.telemetry else a.last_seen_at,
+                    last_seen_at=samples[u].received_at if u in samples else a.last_seen_at,
                     position=event.global_position,
                 )
                 for u, a in state.accelerators.items()
             },
             "host_telemetry": None,
+            "accelerator_telemetry": {},
             "storage": [],
         }
     return msgspec.structs.replace(
@@ -384,27 +387,31 @@ def _accelerator_samples(
     metrics: bool,
 ) -> NodeState:
     """Each active GPU's sample `(uuid, telemetry, health)` of one event, in one new state (its
-    metrics left out unless `metrics`)."""
-    accelerators: dict[str, AcceleratorState] | None = None
+    metrics left out unless `metrics`). A GPU the event does not sample keeps its latest."""
+    accelerators = s.accelerators
+    latest: dict[str, Telemetry] | None = None
     for gpu_uuid, telemetry, health in samples:
-        acc0 = s.accelerators.get(gpu_uuid)
-        if acc0 is None or acc0.status != "active":
+        acc = accelerators.get(gpu_uuid)
+        if acc is None or acc.status != "active":
             continue
-        if accelerators is None:
-            accelerators = dict(s.accelerators)
+        if latest is None:
+            latest = dict(s.accelerator_telemetry)
         # `last_seen_at` stays as the lifecycle left it; readers take the later of it and the
         # telemetry's receive time, so a report does not rewrite the accelerator row.
-        accelerators[gpu_uuid] = msgspec.structs.replace(
-            acc0,
-            telemetry=Telemetry(
-                metrics=telemetry if metrics else {},
-                observed_at=event.metadata.observed_at,
-                received_at=event.metadata.received_at,
-                position=event.global_position,
-                health=health,
-            ),
+        latest[gpu_uuid] = Telemetry(
+            metrics=telemetry if metrics else {},
+            observed_at=event.metadata.observed_at,
+            received_at=event.metadata.received_at,
+            position=event.global_position,
+            health=health,
         )
-    return s if accelerators is None else msgspec.structs.replace(s, accelerators=accelerators)
+    return s if latest is None else msgspec.structs.replace(s, accelerator_telemetry=latest)
+
+
+def _without_sample(s: NodeState, gpu_uuid: str) -> dict[str, Telemetry]:
+    if gpu_uuid not in s.accelerator_telemetry:
+        return s.accelerator_telemetry
+    return {u: t for u, t in s.accelerator_telemetry.items() if u != gpu_uuid}
 
 
 def evolve(state: NodeState, event: RecordedEvent, *, gpu_metrics: bool = True) -> NodeState:
@@ -456,27 +463,34 @@ def evolve(state: NodeState, event: RecordedEvent, *, gpu_metrics: bool = True) 
                 first_seen_at=previous.first_seen_at if previous else at,
                 last_seen_at=at,
                 position=event.global_position,
-                telemetry=None,
                 # A (re)discovered GPU is judged afresh by the same refresh; its XIDs still count.
                 health=HEALTHY,
                 xids=previous.xids if previous else [],
                 xid_versions=previous.xid_versions if previous else [],
             )
-            s = msgspec.structs.replace(s, accelerators={**s.accelerators, p.uuid: acc})
+            s = msgspec.structs.replace(
+                s,
+                accelerators={**s.accelerators, p.uuid: acc},
+                accelerator_telemetry=_without_sample(s, p.uuid),
+            )
         case AcceleratorMissing():
             acc0 = s.accelerators.get(p.uuid)
             if acc0 is not None:
                 # A missing GPU keeps its facts and history but no longer claims live telemetry.
+                sample = s.accelerator_telemetry.get(p.uuid)
                 acc = msgspec.structs.replace(
                     acc0,
                     status="missing",
                     missing_since=at,
                     position=event.global_position,
                     # last seen: the last telemetry it sent before it went missing
-                    last_seen_at=acc0.telemetry.received_at if acc0.telemetry else acc0.last_seen_at,
-                    telemetry=None,
+                    last_seen_at=sample.received_at if sample else acc0.last_seen_at,
                 )
-                s = msgspec.structs.replace(s, accelerators={**s.accelerators, p.uuid: acc})
+                s = msgspec.structs.replace(
+                    s,
+                    accelerators={**s.accelerators, p.uuid: acc},
+                    accelerator_telemetry=_without_sample(s, p.uuid),
+                )
         case HardwareChanged():
             if p.subject == "node":
                 node_updates: dict[str, object] = {}

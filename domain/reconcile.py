@@ -292,7 +292,8 @@ def _health_events(
         acc = state.accelerators.get(gpu_uuid)
         if acc is None or gpu_uuid in listed:
             continue  # a GPU never inventoried has no accelerator to attach them to
-        last = acc.telemetry.health if acc.telemetry is not None else None
+        sample = state.accelerator_telemetry.get(gpu_uuid)
+        last = sample.health if sample is not None else None
         judged.append((gpu_uuid, last, xids, acc.health, False))
     for gpu_uuid, signals, reported, before, sampled in judged:
         acc = state.accelerators.get(gpu_uuid)
@@ -320,7 +321,8 @@ def _health_events(
                 added[xid] = version + len(events)
         # The XIDs of this report were drained during its collection, after `observed_at` was
         # taken: judged at the latest of them, so they count at once rather than a refresh later.
-        previous = acc.telemetry.health if sampled and acc is not None and acc.telemetry is not None else None
+        sample = state.accelerator_telemetry.get(gpu_uuid) if sampled else None
+        previous = sample.health if sample is not None else None
         at = max(now, *(x.at for x in reported)) if reported else now
         after, counted = evaluate(policy, signals, known, at, previous)
         if after != before:

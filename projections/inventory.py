@@ -183,7 +183,8 @@ class InventoryProjection(Projection[NodeState]):
     # 5: the node stream versions of the XIDs a GPU remembers (the evidence of its verdicts).
     # 6: only a GPU whose latest sample is not in the node's latest snapshot has a telemetry row.
     # 7: a decommissioned node keeps when its last report was received (hw_nodes.final_received_at).
-    version = 7
+    # 8: the GPUs' samples kept beside their accelerators in the state (its checkpoint's shape).
+    version = 8
     tables = (
         NODES,
         ACCELERATORS,
@@ -224,15 +225,13 @@ class InventoryProjection(Projection[NodeState]):
         # checkpoint keeps each sample's times and position only (the decisions read no metric);
         # the event at that position holds the metrics. A telemetry row is built from the
         # sample's times and position alone, so the slim row equals the whole one.
-        if not any(a.telemetry is not None and a.telemetry.metrics for a in state.accelerators.values()):
+        samples = state.accelerator_telemetry
+        if not any(t.metrics for t in samples.values()):
             return state
         return msgspec.structs.replace(
             state,
-            accelerators={
-                u: a
-                if a.telemetry is None
-                else msgspec.structs.replace(a, telemetry=msgspec.structs.replace(a.telemetry, metrics={}))
-                for u, a in state.accelerators.items()
+            accelerator_telemetry={
+                u: msgspec.structs.replace(t, metrics={}) if t.metrics else t for u, t in samples.items()
             },
         )
 
@@ -243,6 +242,7 @@ class InventoryProjection(Projection[NodeState]):
 
     def split(self, state: NodeState) -> tuple[NodeVolatile, NodeState]:
         host = state.host_telemetry
+        samples = state.accelerator_telemetry
         volatile = NodeVolatile(
             stream_version=state.stream_version,
             position=state.position,
@@ -251,7 +251,7 @@ class InventoryProjection(Projection[NodeState]):
             clock_skew_seconds=state.clock_skew_seconds,
             last_seen_at=state.last_seen_at,
             host=None if host is None else HostSampleRef(host.observed_at, host.received_at, host.position),
-            accelerators=[_gpu_sample(a.telemetry, host) for a in state.accelerators.values()],
+            accelerators=[_gpu_sample(samples.get(u), host) for u in state.accelerators],
             host_metrics={} if host is None else {k: _packed(f) for k, f in host.metrics.items()},
             storage=[(m.mount, _packed(m.used_bytes), _packed(m.total_bytes)) for m in state.storage],
         )
@@ -264,11 +264,8 @@ class InventoryProjection(Projection[NodeState]):
             clock_skew_seconds=None,
             last_seen_at=None,
             host_telemetry=None,
+            accelerator_telemetry={},
             storage=[],
-            accelerators={
-                u: a if a.telemetry is None else msgspec.structs.replace(a, telemetry=None)
-                for u, a in state.accelerators.items()
-            },
         )
         return volatile, rest
 
@@ -286,20 +283,19 @@ class InventoryProjection(Projection[NodeState]):
                 position=v.host.position,
             )
         )
-        accelerators = rest.accelerators
-        if any(t is not None for t in v.accelerators):
-            accelerators = {}
-            for (u, a), t in zip(rest.accelerators.items(), v.accelerators, strict=True):
-                if isinstance(t, int):
-                    if host is None:
-                        raise ValueError("a checkpoint's GPU sample names a host sample it lacks")
-                    t = Telemetry(
-                        metrics={},
-                        observed_at=host.observed_at,
-                        received_at=host.received_at,
-                        position=host.position,
-                    )
-                accelerators[u] = a if t is None else msgspec.structs.replace(a, telemetry=t)
+        samples: dict[str, Telemetry] = {}
+        for u, t in zip(rest.accelerators, v.accelerators, strict=True):
+            if isinstance(t, int):
+                if host is None:
+                    raise ValueError("a checkpoint's GPU sample names a host sample it lacks")
+                t = Telemetry(
+                    metrics={},
+                    observed_at=host.observed_at,
+                    received_at=host.received_at,
+                    position=host.position,
+                )
+            if t is not None:
+                samples[u] = t
         return msgspec.structs.replace(
             rest,
             stream_version=v.stream_version,
@@ -310,7 +306,7 @@ class InventoryProjection(Projection[NodeState]):
             last_seen_at=v.last_seen_at,
             host_telemetry=host,
             storage=[StorageObservation(m, _unpacked(u), _unpacked(t)) for m, u, t in v.storage],
-            accelerators=accelerators,
+            accelerator_telemetry=samples,
         )
 
     def rows(self, state: NodeState) -> Rows:
@@ -391,16 +387,11 @@ class InventoryProjection(Projection[NodeState]):
         # of the latest scan, missing, or sampled by an event of its own in an older log) has a
         # row, so a steady report rewrites none of these.
         latest = s.host_telemetry.position if s.host_telemetry is not None else None
+        samples = s.accelerator_telemetry
         out["hw_accelerator_telemetry"] = [
-            (
-                a.accelerator_id,
-                s.node_id,
-                a.telemetry.observed_at,
-                a.telemetry.received_at,
-                a.telemetry.position,
-            )
-            for a in s.accelerators.values()
-            if a.telemetry is not None and a.telemetry.position != latest
+            (a.accelerator_id, s.node_id, g.observed_at, g.received_at, g.position)
+            for u, a in s.accelerators.items()
+            if (g := samples.get(u)) is not None and g.position != latest
         ]
         if s.fingerprint is not None and s.fingerprint_position is not None:
             out["hw_fingerprints"] = [(s.node_id, s.fingerprint, s.fingerprint_position)]

@@ -121,7 +121,7 @@ def accelerator_records(state: NodeState) -> list[dict[str, Any]]:
     rows = INVENTORY.rows(state)
     # The sample itself is in the folded state, as the API reads it from the event at the
     # telemetry row's position.
-    samples = {a.accelerator_id: a.telemetry for a in state.accelerators.values()}
+    samples = {a.accelerator_id: state.accelerator_telemetry.get(u) for u, a in state.accelerators.items()}
     out = []
     for acc in _as_dicts(rows, "hw_accelerators"):
         t = samples.get(acc["accelerator_id"])

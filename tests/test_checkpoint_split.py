@@ -184,8 +184,8 @@ def test_the_projection_folds_what_its_checkpoint_keeps(history: list) -> None: 
         whole[node_id] = _fold(whole.get(node_id) or initial, identity, step, n, whole=True)
         assert slim[node_id] == INVENTORY.persisted(whole[node_id])
         assert INVENTORY.encode_state(slim[node_id]) == INVENTORY.encode_state(whole[node_id])
-        for acc in slim[node_id].accelerators.values():
-            assert acc.telemetry is None or acc.telemetry.metrics == {}
+        for sample in slim[node_id].accelerator_telemetry.values():
+            assert sample.metrics == {}
         for observed in observation_of(step).nvml.accelerators:
-            acc = whole[node_id].accelerators[observed.uuid]
-            assert acc.telemetry is not None and acc.telemetry.metrics == observed.telemetry
+            sample = whole[node_id].accelerator_telemetry.get(observed.uuid)
+            assert sample is not None and sample.metrics == observed.telemetry

@@ -134,7 +134,7 @@ def test_an_xid_is_recorded_once_and_fails_the_gpu_for_its_window() -> None:
         "failed",
         "service",
     )
-    sampled = node.state.accelerators[gpu(0).uuid].telemetry  # the XIDs' own sample leaves them out
+    sampled = node.state.accelerator_telemetry.get(gpu(0).uuid)  # the XIDs' own sample leaves them out
     assert sampled is not None and sampled.health is not None and sampled.health.xids == []
     # The same occurrence reported again (a resent report) is not recorded twice.
     assert lifecycle(node.refresh(obs(with_xid, at=timedelta(minutes=2)))) == []
@@ -143,7 +143,7 @@ def test_an_xid_is_recorded_once_and_fails_the_gpu_for_its_window() -> None:
     (cleared,) = lifecycle(node.refresh(obs(healthy_gpu(0), at=XID_WINDOW + timedelta(minutes=2))))
     assert isinstance(cleared, AcceleratorHealthChanged) and cleared.after == "healthy"
     # Telemetry never carries the XIDs (they are lifecycle events).
-    telemetry = node.state.accelerators[gpu(0).uuid].telemetry
+    telemetry = node.state.accelerator_telemetry.get(gpu(0).uuid)
     assert telemetry is not None and telemetry.health is not None and telemetry.health.xids == []
 
 

@@ -214,7 +214,7 @@ async def test_a_report_keeps_gpu_metrics_in_its_event_not_in_the_nodes_checkpoi
             principal.node_id,
         )
         metrics = [(position, sample) for _, position, sample in await latest_samples(conn)]
-    samples = [a["telemetry"] for a in state["accelerators"].values()]
+    samples = [state["accelerator_telemetry"].get(u) for u in state["accelerators"]]
     # The checkpoint keeps when each GPU last reported (decisions read it), not what it reported.
     assert samples and all(t is not None and t["metrics"] == {} and t["received_at"] for t in samples)
     # Nor does a telemetry row: every GPU's sample is in the newest report's event, which the

@@ -291,18 +291,16 @@ async def test_a_version_7_log_holding_jsonb_snapshots_reads_the_same_with_compa
         assert len(logged) == len(before) + 4 and all(isinstance(e, RecordedEvent) for e in logged)
         temps = {
             s.hostname: sorted(
-                a.telemetry.metrics["temperature_celsius"].value  # type: ignore[union-attr]
-                for a in s.accelerators.values()
-                if a.telemetry
+                t.metrics["temperature_celsius"].value  # type: ignore[union-attr]
+                for t in s.accelerator_telemetry.values()
             )
             for s in old.nodes
         }
         assert temps == {"gpu-host-a": [43, 53], "gpu-host-b": [43, 53]}
         assert {
             s.hostname: sorted(
-                a.telemetry.metrics["temperature_celsius"].value  # type: ignore[union-attr]
-                for a in s.accelerators.values()
-                if a.telemetry
+                t.metrics["temperature_celsius"].value  # type: ignore[union-attr]
+                for t in s.accelerator_telemetry.values()
             )
             for s in new.nodes
         } == {"gpu-host-a": [71, 81], "gpu-host-b": [71, 81]}
