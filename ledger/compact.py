@@ -430,8 +430,14 @@ def _payload_2(p: NodeTelemetryObserved, node_id: str, gpus: GpuSet | None, form
 AS_FIRST: Dense = []
 
 
+# Types whose equal values of the same type are stored alike (bool is a type of its own).
+_STORED_AS_EQUAL = frozenset({int, str})
+
+
 def _same(v: Any, first: Any) -> bool:
     """Whether `v` is stored as `first` is (the same type and value, -0.0 told from 0.0)."""
+    if v is first:  # one object (an int, or the shared unsupported and absent facts) is stored one way
+        return True
     t = type(v)
     if t is not type(first):
         return False
@@ -454,8 +460,13 @@ def _refer_to_first(entries: list[Dense]) -> None:
         telemetry = entry[1]
         if len(telemetry) == n:
             i = n
-            while i > 0 and _same(telemetry[i - 1], values[i - 1]):
-                i -= 1
+            while i > 0:
+                v, f = telemetry[i - 1], values[i - 1]
+                # `_same`, its commonest answers first (it runs for most values of every report)
+                if v is f or (type(v) is type(f) and type(v) in _STORED_AS_EQUAL and v == f) or _same(v, f):
+                    i -= 1
+                else:
+                    break
             # worth it where the rest takes more than the reference's byte
             if n - i > 1 or (n - i == 1 and len(ENCODER.encode(telemetry[i])) > 1):
                 del telemetry[i:]

@@ -11,6 +11,7 @@ per agent stream is not a read model: see `agent_stream_positions` in schema.sql
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 import msgspec
@@ -61,7 +62,7 @@ ENROLLMENT_TOKENS = TableSpec(
 )
 
 
-def agent_rows(state: NodeState) -> dict[str, list[Row]]:
+def agent_rows(state: NodeState) -> dict[str, Sequence[Row]]:
     """The node's credential rows (written by the inventory projection)."""
     s = state
     return {

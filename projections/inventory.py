@@ -4,6 +4,7 @@ stream (`domain.node.evolve`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -309,9 +310,23 @@ class InventoryProjection(Projection[NodeState]):
             accelerator_telemetry=samples,
         )
 
+    def rows_after(self, before: NodeState, before_rows: Rows, after: NodeState) -> Rows:
+        # The accelerator rows are of the node's id and its accelerators alone: where the fold
+        # left the accelerators the very dict they were (a steady report), so are their rows.
+        same = (
+            before.accelerators is after.accelerators
+            and before.node_id == after.node_id
+            and before.discovered
+            and after.discovered
+        )
+        return self._rows(after, before_rows.get(ACCELERATORS.name) if same else None)
+
     def rows(self, state: NodeState) -> Rows:
+        return self._rows(state, None)
+
+    def _rows(self, state: NodeState, accelerator_rows: Sequence[Row] | None) -> Rows:
         s = state
-        out: dict[str, list[Row]] = agent_rows(s)  # credentials exist before the first report
+        out: dict[str, Sequence[Row]] = agent_rows(s)  # credentials exist before the first report
         if s.leases:
             out["hw_work_leases"] = [
                 (x.lease_id, s.node_id, x.owner, x.reason, x.acquired_at, x.expires_at, x.actor, x.position)
@@ -349,31 +364,35 @@ class InventoryProjection(Projection[NodeState]):
                 s.last_received_at if s.status == "decommissioned" else None,
             )
         ]
-        out["hw_accelerators"] = [
-            (
-                a.accelerator_id,
-                s.node_id,
-                a.uuid,
-                a.status,
-                a.index,
-                a.pci_bus_id,
-                a.name,
-                a.memory_total_bytes,
-                a.compute_capability,
-                a.mig_mode,
-                a.driver_version,
-                a.cuda_driver_version,
-                a.first_seen_at,
-                a.last_seen_at,
-                a.missing_since,
-                a.position,
-                a.health.status,
-                a.health.action,
-                a.health.reasons,
-                a.xids,
-            )
-            for a in s.accelerators.values()
-        ]
+        out["hw_accelerators"] = (
+            accelerator_rows
+            if accelerator_rows is not None
+            else [
+                (
+                    a.accelerator_id,
+                    s.node_id,
+                    a.uuid,
+                    a.status,
+                    a.index,
+                    a.pci_bus_id,
+                    a.name,
+                    a.memory_total_bytes,
+                    a.compute_capability,
+                    a.mig_mode,
+                    a.driver_version,
+                    a.cuda_driver_version,
+                    a.first_seen_at,
+                    a.last_seen_at,
+                    a.missing_since,
+                    a.position,
+                    a.health.status,
+                    a.health.action,
+                    a.health.reasons,
+                    a.xids,
+                )
+                for a in s.accelerators.values()
+            ]
+        )
         # Rows that change with every report are kept to the telemetry tables, so a steady report
         # rewrites two tables (plus the folded state) and never the inventory rows.
         out["hw_node_storage"] = [(s.node_id, m.mount, m.used_bytes, m.total_bytes) for m in s.storage]

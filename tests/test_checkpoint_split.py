@@ -68,6 +68,29 @@ def test_every_folded_state_decodes_from_its_split_checkpoint(history: list, aga
         states[node_id] = after
 
 
+@settings(max_examples=60, deadline=None)
+@given(history=histories)
+def test_the_rows_after_a_fold_are_the_rows_built_from_the_state_it_folded(history: list) -> None:  # type: ignore[type-arg]
+    """`rows_after` takes the accelerator rows of the state before wherever the fold left its
+    accelerators as they were (a steady report): whatever the change, they are the rows built
+    afresh."""
+    states: dict[str, NodeState] = {}
+    taken = 0
+    for n, (node_no, step) in enumerate(history):
+        identity = NodeIdentity(key=f"rows-after-{node_no}", source="configured")
+        node_id = node_id_for(identity.key)
+        before = states.get(node_id) or INVENTORY.initial(node_id)
+        after = _fold(before, identity, step, n)
+        steady = _fold(after, identity, step, n + 1000)
+        for was, state in ((before, after), (after, steady)):
+            old = INVENTORY.rows(was)
+            rows = INVENTORY.rows_after(was, old, state)
+            assert rows == INVENTORY.rows(state)
+            taken += rows.get("hw_accelerators") is old.get("hw_accelerators") is not None
+        states[node_id] = after
+    assert taken > 0  # every history has a steady report of a discovered node
+
+
 def _checkpoint(projection: InventoryProjection, node_id: str, before: NodeState, after: NodeState) -> bytes:
     """The checkpoint a folded append writes for `after` (`Projection.row_changes`)."""
     written = projection.row_changes([(node_id, projection.persisted(before), after)])

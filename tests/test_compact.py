@@ -430,6 +430,33 @@ def test_a_steady_report_of_format_4_stores_what_its_gpus_share_with_the_first_o
     assert len(healthy_3) > len(healthy) + 7 * 30
 
 
+@pytest.mark.parametrize(
+    ("first", "other"),
+    [(0.0, -0.0), (-0.0, 0.0), (1, True), (True, 1), (1, 1.0), (1.0, 1), (2619, 2619.0)],
+    ids=repr,
+)
+def test_a_value_equal_to_the_first_gpus_but_stored_otherwise_is_not_taken_for_it(
+    first: object, other: object
+) -> None:
+    # Format 4 refers to the first GPU's values only where they are stored alike: 0.0 and -0.0,
+    # 1, True and 1.0 compare equal in Python, and each comes back as it was reported.
+    payload, meta = reported(3)
+    accelerators = [
+        msgspec.structs.replace(a, telemetry={**a.telemetry, "clock_memory_mhz": Known(value)})
+        for a, value in zip(payload.accelerators, (first, other, first), strict=True)
+    ]
+    payload = msgspec.structs.replace(payload, accelerators=accelerators)
+    gpus = gpu_set(payload)
+    body, _, _ = encode_body(payload, meta, NODE, gpus)
+    decoded = decode_body(body, NODE, gpus.joined)
+    assert decoded == (payload, meta)
+    assert as_json(decoded) == as_json((payload, meta))
+    got = [a.telemetry["clock_memory_mhz"] for a in decoded[0].accelerators]
+    assert [(type(f.value), repr(f.value)) for f in got if isinstance(f, Known)] == [
+        (type(v), repr(v)) for v in (first, other, first)
+    ]
+
+
 @pytest.mark.parametrize("day", ["one index", "one missing", "one moved"])
 def test_a_gpu_after_the_first_reads_the_values_it_shares_with_the_first_on_any_day(day: str) -> None:
     # A steady day of format 4: each GPU after the first stores what it shares with the first as

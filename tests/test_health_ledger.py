@@ -169,6 +169,13 @@ def test_an_old_agent_without_signals_leaves_gpus_healthy_and_quiet() -> None:
     assert lifecycle(node.refresh(obs(gpu(0))))[-1].__class__.__name__ != "AcceleratorHealthChanged"
     assert lifecycle(node.refresh(obs(gpu(0)))) == []
     assert node.state.accelerators[gpu(0).uuid].health.status == "healthy"
+    # A GPU judged by its signals, then reported without any (and no XID): nothing holds the
+    # verdict any longer, so it is healthy again, said once.
+    node.refresh(obs(healthy_gpu(0, pending_remap())))
+    assert node.state.accelerators[gpu(0).uuid].health.status == "degraded"
+    (back,) = lifecycle(node.refresh(obs(gpu(0), at=timedelta(seconds=10))))
+    assert isinstance(back, AcceleratorHealthChanged) and (back.before, back.after) == ("degraded", "healthy")
+    assert lifecycle(node.refresh(obs(gpu(0), at=timedelta(seconds=20)))) == []
 
 
 def test_a_gpu_discovered_failing_is_audited_at_once() -> None:
