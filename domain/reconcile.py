@@ -286,6 +286,10 @@ def _health_events(
     for obs in nvml.accelerators:
         acc = state.accelerators.get(obs.uuid)
         before = acc.health if acc is not None and acc.status == "active" else HEALTHY
+        if obs.health is None and (acc is None or not acc.xids) and before == HEALTHY:
+            # No signal, no XID reported or remembered, healthy: healthy it stays, whatever the
+            # policy (most GPUs of a fleet without health signals, report after report).
+            continue
         judged.append((obs.uuid, obs.health, obs.health.xids if obs.health is not None else [], before, True))
     listed = {obs.uuid for obs in nvml.accelerators} if nvml.unlisted_xids else set()
     for gpu_uuid, xids in sorted(nvml.unlisted_xids.items()):
@@ -319,18 +323,12 @@ def _health_events(
                     )
                 )
                 added[xid] = version + len(events)
-        counted: list[XidOccurrence]
-        if signals is None and not known:
-            # No signal and no XID: healthy by any policy (most GPUs of a fleet without health
-            # signals, report after report), told without the rules.
-            after, counted = HEALTHY, []
-        else:
-            # The XIDs of this report were drained during its collection, after `observed_at`
-            # was taken: judged at the latest of them, so they count at once, not a refresh later.
-            sample = state.accelerator_telemetry.get(gpu_uuid) if sampled else None
-            previous = sample.health if sample is not None else None
-            at = max(now, *(x.at for x in reported)) if reported else now
-            after, counted = evaluate(policy, signals, known, at, previous)
+        # The XIDs of this report were drained during its collection, after `observed_at` was
+        # taken: judged at the latest of them, so they count at once rather than a refresh later.
+        sample = state.accelerator_telemetry.get(gpu_uuid) if sampled else None
+        previous = sample.health if sample is not None else None
+        at = max(now, *(x.at for x in reported)) if reported else now
+        after, counted = evaluate(policy, signals, known, at, previous)
         if after != before:
             versions = {**(acc.versions_of_xids() if acc is not None else {}), **added}
             evidence = sorted({versions.get(x, 0) for x in counted} - {0})

@@ -275,6 +275,28 @@ def test_the_backtest_reports_earlier_drains_under_a_stricter_policy() -> None:
     assert back.differences == []
 
 
+def test_a_stricter_policy_judges_remembered_xids_at_the_next_report_even_without_signals() -> None:
+    # Three XID 13s in ten minutes: healthy by the shipped rules. The GPU's next reports carry no
+    # health signals at all (its agent lost them); under a policy that counts three XID 13s an
+    # hour, the XIDs the ledger remembers degrade it at the next report, not never.
+    live = Live()
+    at = T0
+    for minutes in (0, 5, 5):
+        at += timedelta(minutes=minutes)
+        live.refresh(
+            HardwareObservation(observed_at=at, host=host(), nvml=scan(gpus(at, [(0, [13])]))),
+            DEFAULT_POLICY,
+        )
+    quiet = HardwareObservation(observed_at=at + timedelta(minutes=1), host=host(), nvml=scan([gpu(0)]))
+    live.refresh(quiet, DEFAULT_POLICY)
+    assert live.state.accelerators[gpu(0).uuid].health.status == "healthy"
+    assert len(live.state.accelerators[gpu(0).uuid].xids) == 3
+    strict = load_policy(XID_13_THRICE)
+    live.refresh(msgspec.structs.replace(quiet, observed_at=at + timedelta(minutes=2)), strict)
+    verdict = live.state.accelerators[gpu(0).uuid].health
+    assert (verdict.status, [r.code for r in verdict.reasons]) == ("degraded", ["xid_13"])
+
+
 def test_a_candidate_rule_on_a_condition_never_watched_is_named_unobservable() -> None:
     candidate = load_policy(
         'version = 1\nname = "x"\n\n[[signal]]\nsignal = "retired_pages"\nat_least = 10\n'
