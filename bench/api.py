@@ -231,10 +231,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
     p.add_argument("--connections", type=int, default=8, help="wrk's keep-alive connections (default 8)")
     p.add_argument("--limit", type=int, default=100, help="accelerator page size (default 100)")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.rounds, args.duration = 2, 3.0
-    return args
+    return h.parse_sized(p, argv, {"rounds": 2, "duration": 3.0})
 
 
 async def scrape_metrics(report: h.Report, server: Process, meter: h.Meter) -> None:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 
 from bench.api import fill_by_fold
-from bench.harness import throwaway_database
+from bench.harness import parse_sized, throwaway_database
 from bench.servers import OPERATOR_TOKEN, start_product_server, workdir
 
 # The console's login cookie (api/http/console/routes.py COOKIE): the bench logs in like a person.
@@ -98,9 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=10_000)
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--quick", action="store_true", help="1,000 nodes, 40 requests")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.nodes, args.requests = 1_000, 40
+    args = parse_sized(p, argv, {"nodes": 1_000, "requests": 40})
     return asyncio.run(run(args.nodes, args.requests))
 
 

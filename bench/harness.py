@@ -19,7 +19,7 @@ import os
 import platform
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,6 +44,18 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the throwaway database(s) and server logs")
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
     return p
+
+
+def parse_sized(
+    p: argparse.ArgumentParser, argv: Sequence[str] | None, quick: Mapping[str, object]
+) -> argparse.Namespace:
+    """`p`'s options from `argv`; with --quick, `quick`'s sizes are the defaults, so that a size
+    given on the command line stands (`--quick --rounds 4`: four rounds of a quick run)."""
+    args = p.parse_args(argv)
+    if args.quick:
+        p.set_defaults(**quick)
+        args = p.parse_args(argv)
+    return args
 
 
 def main(run: Callable[[argparse.Namespace], Awaitable[int]], args: argparse.Namespace) -> int:

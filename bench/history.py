@@ -169,10 +169,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="serve with telemetry hours off: every read decodes the log's snapshots",
     )
-    args = p.parse_args(argv)
-    if args.quick:
-        args.nodes, args.requests, args.rounds = 100, 20, 2
-    return args
+    return h.parse_sized(p, argv, {"nodes": 100, "requests": 20, "rounds": 2})
 
 
 async def timed(conn: HttpConnection, path: str, n: int, sample: h.Sample) -> bytes:

@@ -130,9 +130,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="instead: the closed loop against PostgreSQL 15 clusters of this machine without a standby and "
         "with one (synchronous_commit remote_apply, on, asynchronous), same run (bench/replica.py)",
     )  # fmt: skip
-    args = p.parse_args(argv)
+    quick = {"nodes": 500, "rounds": 2, "duration": 3.0, "open_seconds": 15.0, "count": 200}
+    args = h.parse_sized(p, argv, quick)
     if args.quick:
-        args.nodes, args.rounds, args.duration, args.open_seconds, args.count = 500, 2, 3.0, 15.0, 200
         args.steady_reports = min(args.steady_reports, 2000)
         args.retention_events = min(args.retention_events, 100_000)
     return args

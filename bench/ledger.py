@@ -230,9 +230,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="which eventsourcing API(s) to measure (default both; `pip install -e '.[bench]'`)",
     )  # fmt: skip
     p.add_argument("--breakdown", action="store_true", help="also EventStore.append without projections")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.events, args.nodes, args.rounds, args.rebuilds = 10_000, 64, 2, 1
+    args = h.parse_sized(p, argv, {"events": 10_000, "nodes": 64, "rounds": 2, "rebuilds": 1})
     args.nodes = max(TASKS, args.nodes - args.nodes % TASKS)
     return args
 

@@ -152,10 +152,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="DATABASE",
         help="time a log kept by an earlier `--keep` run (same --nodes/--reports/--hot-hours) instead of building one",
     )
-    args = p.parse_args(argv)
-    if args.quick:
-        args.nodes, args.hot_hours, args.node_repeat = 1000, 2.4, 5
-    return args
+    return h.parse_sized(p, argv, {"nodes": 1000, "hot_hours": 2.4, "node_repeat": 5})
 
 
 async def open_log(args: argparse.Namespace, pool: asyncpg.Pool) -> tuple[LogBuilder, dict[str, float]]:

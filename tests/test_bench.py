@@ -110,3 +110,29 @@ def test_steal_is_read_from_the_eighth_figure_of_proc_stat() -> None:
     assert start == (100, 6315) and end == (140, 6715)
     assert steal_share(start, end) == 40 / 400
     assert steal_share(None, end) is None and steal_share(end, end) is None
+
+
+def test_quick_sizes_a_run_but_a_size_given_stands() -> None:
+    from bench import api, history, ingest, ledger
+
+    quick = ingest.parse_args(["--quick"])
+    assert (quick.nodes, quick.rounds, quick.duration, quick.open_seconds, quick.count) == (
+        500,
+        2,
+        3.0,
+        15.0,
+        200,
+    )
+    full = ingest.parse_args([])
+    assert (full.nodes, full.rounds, full.duration, full.open_seconds, full.count) == (
+        1000,
+        2,
+        10.0,
+        60.0,
+        400,
+    )
+    given = ingest.parse_args(["--quick", "--rounds", "4", "--nodes", "300"])
+    assert (given.rounds, given.nodes, given.duration) == (4, 300, 3.0)
+    assert (api.parse_args(["--quick", "--rounds", "5"]).rounds, api.parse_args(["--quick"]).rounds) == (5, 2)
+    assert ledger.parse_args(["--quick", "--events", "20000"]).events == 20_000
+    assert history.parse_args(["--quick"]).requests == 20
