@@ -389,7 +389,10 @@ def _accelerator_samples(
     """Each active GPU's sample `(uuid, telemetry, health)` of one event, in one new state (its
     metrics left out unless `metrics`). A GPU the event does not sample keeps its latest."""
     accelerators = s.accelerators
+    observed_at, received_at = event.metadata.observed_at, event.metadata.received_at
     latest: dict[str, Telemetry] | None = None
+    # The samples without metrics (left out) and without health signals are one value: one object.
+    bare: Telemetry | None = None
     for gpu_uuid, telemetry, health in samples:
         acc = accelerators.get(gpu_uuid)
         if acc is None or acc.status != "active":
@@ -398,13 +401,14 @@ def _accelerator_samples(
             latest = dict(s.accelerator_telemetry)
         # `last_seen_at` stays as the lifecycle left it; readers take the later of it and the
         # telemetry's receive time, so a report does not rewrite the accelerator row.
-        latest[gpu_uuid] = Telemetry(
-            metrics=telemetry if metrics else {},
-            observed_at=event.metadata.observed_at,
-            received_at=event.metadata.received_at,
-            position=event.global_position,
-            health=health,
-        )
+        if health is None and not metrics:
+            if bare is None:
+                bare = Telemetry({}, observed_at, received_at, event.global_position)
+            latest[gpu_uuid] = bare
+        else:
+            latest[gpu_uuid] = Telemetry(
+                telemetry if metrics else {}, observed_at, received_at, event.global_position, health
+            )
     return s if latest is None else msgspec.structs.replace(s, accelerator_telemetry=latest)
 
 
@@ -424,6 +428,12 @@ def evolve(state: NodeState, event: RecordedEvent, *, gpu_metrics: bool = True) 
     at = event.metadata.received_at
     s = _seen(state, event)
     match p:
+        # A node's telemetry snapshot first: nearly every event of a node's stream is one.
+        case NodeTelemetryObserved():
+            s = _host_sample(s, p.telemetry, p.storage, event)
+            s = _accelerator_samples(
+                s, [(a.uuid, a.telemetry, a.health) for a in p.accelerators], event, gpu_metrics
+            )
         case NodeDiscovered():
             s = msgspec.structs.replace(
                 s,
@@ -559,11 +569,6 @@ def evolve(state: NodeState, event: RecordedEvent, *, gpu_metrics: bool = True) 
             s = _host_sample(s, p.telemetry, p.storage, event)
         case AcceleratorTelemetryObserved():
             s = _accelerator_samples(s, [(p.uuid, p.telemetry, p.health)], event, gpu_metrics)
-        case NodeTelemetryObserved():
-            s = _host_sample(s, p.telemetry, p.storage, event)
-            s = _accelerator_samples(
-                s, [(a.uuid, a.telemetry, a.health) for a in p.accelerators], event, gpu_metrics
-            )
         case _:
             pass  # events of other concerns (credentials, leases) do not change inventory.
     if isinstance(p, _FINGERPRINT_INPUTS):

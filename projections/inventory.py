@@ -176,6 +176,21 @@ def _gpu_sample(t: Telemetry | None, host: Telemetry | None) -> int | Telemetry 
     return t
 
 
+def _gpu_samples(state: NodeState, host: Telemetry | None) -> list[int | Telemetry | None]:
+    """`_gpu_sample` of each accelerator's sample, in the accelerators' order: worked out once per
+    sample object (a snapshot's GPUs without health signals share theirs, domain.node)."""
+    samples = state.accelerator_telemetry
+    out: list[int | Telemetry | None] = []
+    last: Telemetry | None = None
+    answer: int | Telemetry | None = None
+    for u in state.accelerators:
+        t = samples.get(u)
+        if t is not last or not out:
+            last, answer = t, _gpu_sample(t, host)
+        out.append(answer)
+    return out
+
+
 class InventoryProjection(Projection[NodeState]):
     name = "inventory"
     # 2: GPU health verdicts, recent XIDs and health signals.
@@ -243,7 +258,6 @@ class InventoryProjection(Projection[NodeState]):
 
     def split(self, state: NodeState) -> tuple[NodeVolatile, NodeState]:
         host = state.host_telemetry
-        samples = state.accelerator_telemetry
         volatile = NodeVolatile(
             stream_version=state.stream_version,
             position=state.position,
@@ -252,7 +266,7 @@ class InventoryProjection(Projection[NodeState]):
             clock_skew_seconds=state.clock_skew_seconds,
             last_seen_at=state.last_seen_at,
             host=None if host is None else HostSampleRef(host.observed_at, host.received_at, host.position),
-            accelerators=[_gpu_sample(samples.get(u), host) for u in state.accelerators],
+            accelerators=_gpu_samples(state, host),
             host_metrics={} if host is None else {k: _packed(f) for k, f in host.metrics.items()},
             storage=[(m.mount, _packed(m.used_bytes), _packed(m.total_bytes)) for m in state.storage],
         )
@@ -285,16 +299,14 @@ class InventoryProjection(Projection[NodeState]):
             )
         )
         samples: dict[str, Telemetry] = {}
+        bare: Telemetry | None = None  # the host sample's, one object as the fold makes it
         for u, t in zip(rest.accelerators, v.accelerators, strict=True):
             if isinstance(t, int):
                 if host is None:
                     raise ValueError("a checkpoint's GPU sample names a host sample it lacks")
-                t = Telemetry(
-                    metrics={},
-                    observed_at=host.observed_at,
-                    received_at=host.received_at,
-                    position=host.position,
-                )
+                if bare is None:
+                    bare = Telemetry({}, host.observed_at, host.received_at, host.position)
+                t = bare
             if t is not None:
                 samples[u] = t
         return msgspec.structs.replace(
