@@ -201,7 +201,8 @@ def reconcile(
     health = _health_events(observation, state, policy, state.stream_version + len(events))
     events.extend(health)
 
-    if nvml.status == "complete":
+    # Most reports list every GPU the node has: told in one set comparison.
+    if nvml.status == "complete" and not seen.issuperset(state.accelerators):
         for gpu_uuid, acc in sorted(state.accelerators.items()):
             if acc.status == "active" and gpu_uuid not in seen:
                 events.append(
