@@ -1,4 +1,4 @@
--- ModelForge hardware plane: the database schema of this release, schema version 22, whole.
+-- ModelForge hardware plane: the database schema of this release, schema version 23, whole.
 --
 -- `modelforge-hw migrate` (and `serve`, at start) creates a new database from this file, in one
 -- transaction. A database made by an older release is brought to the same schema by the numbered
@@ -213,6 +213,8 @@ CREATE TABLE projection_state (
 -- The state arrives compressed (the projection's encoding, projections/framework.py): stored as
 -- it comes, in its row up to `toast_tuple_target`, never compressed a second time.
 ALTER TABLE projection_state ALTER COLUMN state SET STORAGE EXTERNAL;
+COMMENT ON COLUMN projection_state.state IS
+    'A stream''s folded state (projections/framework.py); the inventory''s keeps each GPU''s latest sample beside its accelerators.';
 -- lz4 for a state PostgreSQL would compress (none while the column is EXTERNAL); upgraded
 -- databases have it from version 4.
 DO $$
@@ -563,5 +565,5 @@ CREATE INDEX webhook_deliveries_subscription_idx ON webhook_deliveries (subscrip
 \ir sql/triggers/gpu_sets_immutable.sql
 \ir sql/triggers/gpu_sets_no_truncate.sql
 
--- This file is schema version 22: a database made from it has what every numbered step gives.
-INSERT INTO schema_version (version) SELECT generate_series(1, 22);
+-- This file is schema version 23: a database made from it has what every numbered step gives.
+INSERT INTO schema_version (version) SELECT generate_series(1, 23);

@@ -99,6 +99,10 @@ class AcceleratorState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # The node stream version of each of `xids` (0: recorded before versions were kept), in the
     # same order: what a verdict names as its evidence.
     xid_versions: list[int] = []
+    # Where checkpoints of inventory versions before 8 kept the GPU's latest sample (null in those
+    # written split). Read only: the projection moves it to NodeState.accelerator_telemetry when it
+    # decodes such a checkpoint (one a refused rebuild left as it was, docs/upgrades.md).
+    legacy_telemetry: Telemetry | None = msgspec.field(default=None, name="telemetry")
 
     def versions_of_xids(self) -> dict[XidOccurrence, int]:
         """The stream version that recorded each of `xids` (the first of equal occurrences)."""

@@ -176,6 +176,24 @@ def _gpu_sample(t: Telemetry | None, host: Telemetry | None) -> int | Telemetry 
     return t
 
 
+def _samples_beside(state: NodeState) -> NodeState:
+    """A state decoded from a checkpoint of an inventory version before 8, whose accelerators held
+    their latest samples, with each active one's sample beside it (as the fold keeps it)."""
+    if all(a.legacy_telemetry is None for a in state.accelerators.values()):
+        return state
+    samples = dict(state.accelerator_telemetry)
+    for u, a in state.accelerators.items():
+        if a.legacy_telemetry is not None and a.status == "active":
+            samples.setdefault(u, a.legacy_telemetry)
+    return msgspec.structs.replace(
+        state,
+        accelerators={
+            u: msgspec.structs.replace(a, legacy_telemetry=None) for u, a in state.accelerators.items()
+        },
+        accelerator_telemetry=samples,
+    )
+
+
 def _gpu_samples(state: NodeState, host: Telemetry | None) -> list[int | Telemetry | None]:
     """`_gpu_sample` of each accelerator's sample, in the accelerators' order: worked out once per
     sample object (a snapshot's GPUs without health signals share theirs, domain.node)."""
@@ -283,6 +301,9 @@ class InventoryProjection(Projection[NodeState]):
             storage=[],
         )
         return volatile, rest
+
+    def decode_state(self, raw: str | bytes) -> NodeState:
+        return _samples_beside(super().decode_state(raw))
 
     def joined(self, volatile: NodeVolatile, rest: NodeState) -> NodeState:
         v = volatile

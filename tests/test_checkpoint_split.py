@@ -5,6 +5,7 @@ steady report changes none of the rest's bytes (so PostgreSQL logs only the firs
 from __future__ import annotations
 
 import uuid
+import zlib
 from datetime import timedelta
 
 import msgspec
@@ -212,3 +213,38 @@ def test_the_projection_folds_what_its_checkpoint_keeps(history: list) -> None: 
         for observed in observation_of(step).nvml.accelerators:
             sample = whole[node_id].accelerator_telemetry.get(observed.uuid)
             assert sample is not None and sample.metrics == observed.telemetry
+
+
+def _as_version_7(state: dict) -> dict:  # type: ignore[type-arg]
+    """A state's builtins as inventory version 7 kept it: each GPU's sample in its accelerator."""
+    samples = state.pop("accelerator_telemetry")
+    for u, a in state["accelerators"].items():
+        a["telemetry"] = samples.get(u)
+    return state
+
+
+@settings(max_examples=40, deadline=None)
+@given(history=histories)
+def test_a_checkpoint_of_inventory_version_7_decodes_with_each_sample_beside_its_gpu(history: list) -> None:  # type: ignore[type-arg]
+    """A read model a refused rebuild left as it was (docs/upgrades.md) is served from checkpoints
+    an earlier release wrote: split ones (each GPU's sample in the first part, null in its
+    accelerator) and whole ones (the sample in the accelerator) decode into the state the fold
+    keeps now."""
+    states: dict[str, NodeState] = {}
+    for n, (node_no, step) in enumerate(history):
+        identity = NodeIdentity(key=f"v7-{node_no}", source="configured")
+        node_id = node_id_for(identity.key)
+        state = _fold(states.get(node_id) or INVENTORY.initial(node_id), identity, step, n)
+        states[node_id] = state
+        kept = INVENTORY.persisted(state)
+        volatile, rest = INVENTORY.split(kept)
+        head = msgspec.msgpack.encode(volatile)
+        old_rest = msgspec.msgpack.encode(_as_version_7(msgspec.to_builtins(rest)))
+        split = b"\x02" + len(head).to_bytes(4, "big") + head + zlib.compress(old_rest, 6, -15)
+        whole = b"\x01" + zlib.compress(
+            msgspec.msgpack.encode(_as_version_7(msgspec.to_builtins(kept))), 1, -15
+        )
+        for raw in (split, whole):
+            decoded = INVENTORY.decode_state(raw)
+            assert decoded == kept
+            assert all(a.legacy_telemetry is None for a in decoded.accelerators.values())
