@@ -10,10 +10,14 @@ more is appended to it. Per node and hour, table `telemetry_hours` holds:
   in `body`, the positions and times of its snapshots and the host's values;
 - subject a GPU UUID: that GPU's values in the hour (which of the hour's snapshots sample it).
 
-Each column of values is stored as the history read decodes it from the snapshots (ledger/
-compact_views.py): a column of ints as their differences, one of floats that are whole thousandths
-(watts of whole milliwatts) as the thousandths' differences, any other verbatim. Nothing is
-rounded: the read gets back exactly the values it would have decoded from the log.
+Times are whole microseconds since the epoch (runtime/micros.py). Positions, times and indices are
+stored packed (`pack_ints`): the first, then the differences in the narrowest of 1, 2, 4 or 8
+little-endian bytes that holds them all, so a read turns them into int64 arrays without an object
+per value. A column of a metric's values is stored as its ints packed, or as its floats that are
+whole thousandths (watts of whole milliwatts) as the thousandths packed, or as one value and how
+many times it repeats (a fan unsupported all hour), or else verbatim; the read gets a float64
+array of the numbers (domain/telemetry_buckets.py counts them as such), or the values. Nothing is
+rounded: the numbers are exactly those the read would have decoded from the log.
 
 The log stays the truth. A read uses an hour only where the log still holds exactly as many
 observation rows in it as the hour counted: the log is append-only and an hour closed, so the same
@@ -32,23 +36,32 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from itertools import accumulate, repeat
+from itertools import repeat
 from operator import mul, sub, truediv
-from typing import Any, Final, LiteralString
+from typing import TYPE_CHECKING, Any, Final, LiteralString, TypeAlias
 
 import asyncpg
 import msgspec
+import numpy as np
 import structlog
 
 from ledger.compact import SET_FORMATS, UndecodableBody
 from ledger.compact_decode import gpu_names
-from ledger.compact_views import Values, gpu_values, host_values, snapshot_times
+from ledger.compact_views import gpu_values, host_values, snapshot_times
 from ledger.gpu_sets import stored_sets
 from ledger.reading import of_stream
+from runtime.micros import micros
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    Ints: TypeAlias = npt.NDArray[np.int64]
+    # A decoded column: the numbers as floats, or the values verbatim.
+    Column: TypeAlias = npt.NDArray[np.float64] | list[Any]
 
 log = structlog.get_logger(__name__)
 
-FORMAT: Final = 1
+FORMAT: Final = 2
 HOUR = timedelta(hours=1)
 # How long after its hour's end an hour is stored: a report received just before the end has
 # committed by then (one that has not makes the hour's count differ: read from the log).
@@ -59,26 +72,28 @@ SNAPSHOT = "NODE_TELEMETRY_OBSERVED"
 TELEMETRY_TYPES = frozenset({SNAPSHOT, "ACCELERATOR_TELEMETRY_OBSERVED", "HOST_TELEMETRY_OBSERVED"})
 
 # Column encodings.
-VERBATIM, INTS, THOUSANDTHS = 0, 1, 2
-# Ints stored as differences stay inside msgpack's range whatever their order.
+VERBATIM, INTS, THOUSANDTHS, REPEATED = 0, 1, 2, 3
+# Ints stored as differences stay inside 64 bits whatever their order.
 _INT_BOUND = 2**62
+# Thousandths below this in size are exact in a float64: their quotient by 1000 is Python's.
+_THOUSANDTHS_BOUND = 2**53
 
 
 class HourCommon(msgspec.Struct, array_like=True, frozen=True):
     """Subject '': the hour's snapshots (that sample a GPU or the host), in log order: their
-    positions (the first, then differences) and times; the host's values (indices into them)."""
+    positions and times, packed; the host's values (indices into them, packed; None: every one)."""
 
-    positions: list[int]
-    times: list[datetime]
-    host_indices: list[int] | None
+    positions: bytes
+    times: bytes
+    host_indices: bytes | None
     host_columns: list[list[Any]]
 
 
 class HourSubject(msgspec.Struct, array_like=True, frozen=True):
-    """One GPU's values in the hour: the snapshots that sample it (None: every one) and its
-    columns, one per metric of the history (ACCELERATOR_METRICS), each encoded."""
+    """One GPU's values in the hour: the snapshots that sample it (packed indices; None: every
+    one) and its columns, one per metric of the history (ACCELERATOR_METRICS), each encoded."""
 
-    indices: list[int] | None
+    indices: bytes | None
     columns: list[list[Any]]
 
 
@@ -92,7 +107,18 @@ class StoredHour(msgspec.Struct, frozen=True):
 
 
 _ENCODER = msgspec.msgpack.Encoder()
+
+
+class HourSnapshots(msgspec.Struct, array_like=True, frozen=True):
+    """HourCommon's leading fields, all a GPU's read needs: the host's values are skipped, not
+    decoded."""
+
+    positions: bytes
+    times: bytes
+
+
 _common = msgspec.msgpack.Decoder(HourCommon).decode
+_snapshots = msgspec.msgpack.Decoder(HourSnapshots).decode
 _subject = msgspec.msgpack.Decoder(HourSubject).decode
 
 
@@ -108,10 +134,45 @@ def ceil_hour(at: datetime) -> datetime:
 # -- columns ----------------------------------------------------------------------------------
 
 
+_WIDTHS: Final[dict[int, np.dtype[np.signedinteger[Any]]]] = {
+    1: np.dtype("<i1"),
+    2: np.dtype("<i2"),
+    4: np.dtype("<i4"),
+    8: np.dtype("<i8"),
+}
+
+
+_FIRST = np.dtype("<i8")
+
+
+def pack_ints(values: Sequence[int]) -> bytes:
+    """The ints (each within 2**62 in size) packed: one byte giving the width of the differences,
+    the first in 8 bytes, then the differences, little-endian."""
+    if not values:
+        return bytes([1])
+    differences = list(map(sub, values[1:], values[:-1]))
+    largest = max(map(abs, differences), default=0)
+    width = next(w for w in _WIDTHS if largest < 2 ** (8 * w - 1))
+    first = np.array([values[0]], dtype=_FIRST).tobytes()
+    return bytes([width]) + first + bytes(np.array(differences, dtype=_WIDTHS[width]).tobytes())
+
+
+def unpack_ints(packed: bytes) -> Ints:
+    dtype = _WIDTHS.get(packed[0]) if packed else None
+    if dtype is None or (len(packed) > 1 and (len(packed) - 9) % dtype.itemsize) or 1 < len(packed) < 9:
+        raise UndecodableBody("telemetry hour: packed ints of no width")
+    if len(packed) == 1:
+        return np.empty(0, np.int64)
+    first = np.frombuffer(packed, dtype=_FIRST, count=1, offset=1)
+    differences = np.frombuffer(packed, dtype=dtype, offset=9).astype(np.int64)
+    ints: Ints = np.concatenate((first, differences)).cumsum()
+    return ints
+
+
 def encode_column(column: Sequence[Any]) -> list[Any]:
     kinds = set(map(type, column))
     if kinds == {int} and all(-_INT_BOUND < v < _INT_BOUND for v in column):
-        return [INTS, [column[0], *map(sub, column[1:], column[:-1])]]
+        return [INTS, pack_ints(column)]
     if kinds == {float}:
         try:
             milli = list(map(round, map(mul, column, repeat(1000.0))))
@@ -119,22 +180,30 @@ def encode_column(column: Sequence[Any]) -> list[Any]:
             milli = []
         if (
             milli
-            and all(-_INT_BOUND < m < _INT_BOUND for m in milli)
+            and all(-_THOUSANDTHS_BOUND < m < _THOUSANDTHS_BOUND for m in milli)
             and list(map(truediv, milli, repeat(1000))) == list(column)
             and not any(v == 0 and math.copysign(1.0, v) < 0 for v in column)
         ):
-            return [THOUSANDTHS, [milli[0], *map(sub, milli[1:], milli[:-1])]]
+            return [THOUSANDTHS, pack_ints(milli)]
+    if len(column) > 1 and _ENCODER.encode(column) == _ENCODER.encode([column[0]] * len(column)):
+        return [REPEATED, [column[0], len(column)]]  # e.g. a fan unsupported all hour
     return [VERBATIM, list(column)]
 
 
-def decode_column(encoded: Sequence[Any]) -> list[Any]:
+def decode_column(encoded: Sequence[Any]) -> Column:
+    """A column as stored: its numbers as float64 (ints packed, thousandths packed), or verbatim."""
     kind, values = encoded
     if kind == INTS:
-        return list(accumulate(values))
+        return unpack_ints(values).astype(np.float64)
     if kind == THOUSANDTHS:
-        return list(map(truediv, accumulate(values), repeat(1000)))
+        return unpack_ints(values) / 1000.0
     if kind == VERBATIM:
         return list(values)
+    if kind == REPEATED:
+        value, count = values
+        if type(count) is not int or count < 0:
+            raise UndecodableBody(f"telemetry hour: a value repeated {count!r} times")
+        return [value] * count
     raise UndecodableBody(f"telemetry hour: no column encoding {kind!r}")
 
 
@@ -142,10 +211,6 @@ def _columns(rows: Sequence[Sequence[Any]], width: int) -> list[list[Any]]:
     if not rows:
         return [[VERBATIM, []] for _ in range(width)]
     return [encode_column(c) for c in zip(*rows, strict=True)]
-
-
-def _rows(columns: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
-    return list(zip(*map(decode_column, columns), strict=True))
 
 
 # -- an hour stored --------------------------------------------------------------------------
@@ -188,58 +253,67 @@ def stored_hour(
             raise UndecodableBody("telemetry hour: a GPU's times differ from its snapshots'")
         every = values.indices == list(range(len(bodies)))
         subject = HourSubject(
-            indices=None if every else values.indices, columns=_columns(values.values, len(gpu_metrics))
+            indices=None if every else pack_ints(values.indices),
+            columns=_columns(values.values, len(gpu_metrics)),
         )
         gpus[gpu] = _ENCODER.encode(subject)
-    positions = [r.position for r in snapshots]
     common = HourCommon(
-        positions=[positions[0], *map(sub, positions[1:], positions[:-1])] if positions else [],
-        times=times,
-        host_indices=None if len(host.indices) == len(bodies) else host.indices,
+        positions=pack_ints([r.position for r in snapshots]),
+        times=pack_ints(list(map(micros, times))),
+        host_indices=None if len(host.indices) == len(bodies) else pack_ints(host.indices),
         host_columns=_columns(host.values, len(host_metrics)),
     )
     return StoredHour(observations=len(rows), common=_ENCODER.encode(common), gpus=gpus)
 
 
 class HourSamples(msgspec.Struct, frozen=True):
-    """One subject's samples of a stored hour, as a history part holds them: the positions of the
-    hour's snapshots and, indexing into them, the subject's times and values."""
+    """One subject's samples of a stored hour in log order, as a history part holds them: each
+    one's position in the log and time (whole microseconds since the epoch), and one column of
+    values per metric (none where the subject sampled none)."""
 
-    positions: list[int]
-    values: Values
+    positions: Ints
+    times: Ints
+    columns: list[Column]
 
 
-def _positions(common: HourCommon) -> list[int]:
-    return list(accumulate(common.positions))
+_UNREADABLE = (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, IndexError)
+
+
+def _samples(
+    common: HourCommon | HourSnapshots, indices: bytes | None, encoded: list[list[Any]]
+) -> HourSamples:
+    positions, times = unpack_ints(common.positions), unpack_ints(common.times)
+    columns = [decode_column(c) for c in encoded]
+    if len(positions) != len(times):
+        raise UndecodableBody("telemetry hour: positions and times of other lengths")
+    if indices is not None:
+        index = unpack_ints(indices)
+        if len(index) and (int(index.min()) < 0 or int(index.max()) >= len(times)):
+            raise UndecodableBody("telemetry hour: an index beyond the hour's snapshots")
+        positions, times = positions[index], times[index]
+    if any(len(c) != len(times) for c in columns):
+        raise UndecodableBody("telemetry hour: a column of another length than its samples")
+    return HourSamples(positions, times, columns)
 
 
 def host_samples(common_body: bytes) -> HourSamples:
     try:
         common = _common(common_body)
-        rows = _rows(common.host_columns)
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError) as exc:
+        return _samples(common, common.host_indices, common.host_columns)
+    except _UNREADABLE as exc:
         raise UndecodableBody(f"telemetry hour: {exc}") from exc
-    times = common.times
-    indices = list(range(len(times))) if common.host_indices is None else common.host_indices
-    return HourSamples(_positions(common), Values(indices, [times[i] for i in indices], rows))  # type: ignore[arg-type]
 
 
 def gpu_samples(common_body: bytes, gpu_body: bytes | None) -> HourSamples:
     """The GPU's samples of the hour (none where it has no row: it sampled none)."""
     try:
-        common = _common(common_body)
-        positions = _positions(common)
+        common = _snapshots(common_body)
         if gpu_body is None:
-            return HourSamples(positions, Values([], [], []))
+            return HourSamples(np.empty(0, np.int64), np.empty(0, np.int64), [])
         subject = _subject(gpu_body)
-        rows = _rows(subject.columns)
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError) as exc:
+        return _samples(common, subject.indices, subject.columns)
+    except _UNREADABLE as exc:
         raise UndecodableBody(f"telemetry hour: {exc}") from exc
-    times = common.times
-    if subject.indices is None:
-        return HourSamples(positions, Values(list(range(len(times))), list(times), rows))  # type: ignore[arg-type]
-    indices = subject.indices
-    return HourSamples(positions, Values(indices, [times[i] for i in indices], rows))  # type: ignore[arg-type]
 
 
 # -- reading ----------------------------------------------------------------------------------

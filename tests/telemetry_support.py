@@ -4,13 +4,17 @@ and the per-kind events of older logs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+import msgspec
+import numpy as np
 
 from api.services.reads.telemetry import state_of
 from api.wiring import event_store
 from collectors.facts import UNSUPPORTED, Fact, Known
+from domain.telemetry_buckets import SampleColumns
 from ledger.events import (
     AcceleratorSample,
     AcceleratorTelemetryObserved,
@@ -20,6 +24,7 @@ from ledger.events import (
     NewEvent,
     NodeTelemetryObserved,
 )
+from runtime.micros import moment
 
 BASE = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 GAP = range(20, 30)  # minutes without a sample
@@ -89,3 +94,21 @@ def as_reading(value: object) -> tuple[str, float | None] | None:
         return "unknown", None
     state = state_of(value)
     return None if state is None else (state, None)
+
+
+def sample_rows(samples: SampleColumns) -> list[tuple[datetime, Sequence[object]]]:
+    """The samples as each one's time and values, in the order they are counted."""
+    columns = [c.tolist() if not isinstance(c, list | tuple) else c for c in samples.columns]
+    times = [moment(t) for t in samples.times.tolist()]
+    rows = list(zip(*columns, strict=True)) if columns else [() for _ in times]
+    return list(zip(times, rows, strict=True))
+
+
+def exactly(samples: SampleColumns) -> bytes:
+    """The samples as bytes that tell every value apart: an int from a float, 0.0 from -0.0, a
+    column of numbers (float64) from one of values as they are."""
+    columns = [
+        ["numbers", c.tobytes()] if isinstance(c, np.ndarray) else ["values", list(c)]
+        for c in samples.columns
+    ]
+    return msgspec.msgpack.encode([samples.times.tobytes(), columns])

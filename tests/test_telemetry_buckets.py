@@ -1,9 +1,11 @@
-"""The downsampling of a telemetry history, pure (domain.telemetry_history): every sample in the
+"""The downsampling of a telemetry history, pure (domain.telemetry_buckets): every sample in the
 window counted in exactly one bucket and none outside, the availability states kept, a bucket
 without a known number carrying none, the mean within min..max, and the window's limits."""
 
 from __future__ import annotations
 
+import math
+import random
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
@@ -12,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from collectors.facts import UNKNOWN, UNSUPPORTED, Fact, Known, TemporarilyFailed, Unavailable
+from domain.telemetry_buckets import downsample
 from domain.telemetry_history import (
     DEFAULT_POINTS,
     MAX_POINTS,
@@ -21,7 +24,6 @@ from domain.telemetry_history import (
     WindowRefused,
     bucket_index,
     default_step,
-    downsample,
     window,
 )
 
@@ -150,3 +152,72 @@ def test_values_whose_sum_overflows_still_have_their_mean() -> None:
     huge = [Sample(SINCE + timedelta(seconds=s), {"power_watts": Known(1e308)}) for s in (1, 2)]
     (power,) = downsample(w, huge, ["power_watts"])
     assert (power.points[0].min, power.points[0].mean, power.points[0].max) == (1e308, 1e308, 1e308)
+
+
+def _one_bucket(*values: float | int) -> tuple[float | None, float | None, float | None]:
+    w = Window(since=SINCE, until=SINCE + timedelta(minutes=1), step_seconds=60)
+    given = [Sample(SINCE + timedelta(seconds=s), {"power_watts": Known(v)}) for s, v in enumerate(values)]
+    (power,) = downsample(w, given, ["power_watts"])
+    bucket = power.points[0]
+    return bucket.min, bucket.mean, bucket.max
+
+
+def test_the_mean_is_the_exact_sum_over_the_count_where_adding_in_order_loses_digits() -> None:
+    # 1e16 + 1 rounds back to 1e16: a plain sum says 0, the exact one 1
+    assert _one_bucket(1e16, 1.0, -1e16) == (-1e16, 1 / 3, 1e16)
+    assert _one_bucket(2**53, 1, -(2**53)) == (-(2.0**53), 1 / 3, 2.0**53)
+    # whole numbers whose sums stay below 2**53 are added by numpy, exactly
+    assert _one_bucket(2**51, 3, 2**51 + 2) == (3.0, (2**52 + 5) / 3, 2.0**51 + 2)
+
+
+def test_zero_and_negative_zero_keep_which_came_first() -> None:
+    # equal values: min and max are the first of them, as Python's min and max say
+    for values in ((0.0, -0.0, 1.0), (-0.0, 0.0, 1.0)):
+        low, mean, high = _one_bucket(*values)
+        assert math.copysign(1.0, low) == math.copysign(1.0, values[0]) and (mean, high) == (1 / 3, 1.0)
+
+
+def test_a_large_fleet_day_of_numbers_matches_the_plain_count() -> None:
+    """A column of numbers long enough to be counted by numpy gives what a plain loop over the
+    same values gives, bucket for bucket."""
+    rng = random.Random(5)
+    w = Window(since=SINCE, until=SINCE + timedelta(hours=24), step_seconds=173)
+    values = [rng.choice([rng.randint(30, 90), round(rng.uniform(60, 700), 3)]) for _ in range(8640)]
+    given = [
+        Sample(SINCE + timedelta(seconds=10 * i + 5), {"power_watts": Known(v)}) for i, v in enumerate(values)
+    ]
+    (power,) = downsample(w, given, ["power_watts"])
+    step = timedelta(seconds=w.step_seconds)
+    for i, bucket in enumerate(power.points):
+        inside = [
+            float(v)
+            for s, v in zip(given, values, strict=True)
+            if bucket.start <= s.observed_at < bucket.start + step
+        ]
+        if not inside:
+            assert bucket.count == 0 and bucket.mean is None
+            continue
+        mean = min(max(math.fsum(inside) / len(inside), min(inside)), max(inside))
+        assert (bucket.count, bucket.min, bucket.mean, bucket.max) == (
+            len(inside),
+            min(inside),
+            mean,
+            max(inside),
+        ), i
+
+
+def test_samples_given_out_of_bucket_order_keep_their_order_within_a_bucket() -> None:
+    """The states of a bucket are listed in the order its samples were given, however the
+    buckets' samples interleave (the sort by bucket is stable)."""
+    w = Window(since=SINCE, until=SINCE + timedelta(minutes=4), step_seconds=60)
+    kinds: list[Fact] = [UNSUPPORTED, Known(3), UNKNOWN, Unavailable("no driver"), Known("P0")]
+    # bucket 3, 2, 1, 0, 3, 2, ...: each bucket's samples far apart in the list, states varied
+    given = [
+        Sample(SINCE + timedelta(seconds=60 * (3 - i % 4) + i % 50), {"power_watts": kinds[(i // 4) % 5]})
+        for i in range(80)
+    ]
+    (power,) = downsample(w, given, ["power_watts"])
+    for b, bucket in enumerate(power.points):
+        mine = [s.telemetry["power_watts"] for s in given if bucket_index(w, s.observed_at) == b]
+        first_seen = list(dict.fromkeys(type(f).__struct_config__.tag for f in mine))
+        assert list(bucket.states) == first_seen

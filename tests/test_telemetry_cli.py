@@ -138,7 +138,8 @@ def test_sparkline_and_states_of_a_series() -> None:
 
     from api.cli.telemetry import seen, sparkline
     from collectors.facts import UNKNOWN, Known
-    from domain.telemetry_history import Bucket, Sample, downsample, window
+    from domain.telemetry_buckets import downsample
+    from domain.telemetry_history import Bucket, Sample, window
     from tests.telemetry_support import BASE
 
     def points(*means: float | None, count: int = 1) -> list[Bucket]:

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from api.services.reads.telemetry import accelerator_part, host_part, samples_in_window, state_of
 from collectors.facts import UNKNOWN, UNSUPPORTED, Fact, Known, TemporarilyFailed, Unavailable
 from collectors.observations import ACCELERATOR_METRICS, HOST_METRICS
-from domain.telemetry_history import Bucket, Reading, Series, Window, downsample_columns, reading
+from domain.telemetry_buckets import downsample_columns
+from domain.telemetry_history import Bucket, Reading, Series, Window, reading
 from ledger.compact import FORMAT_2, FORMAT_3, FORMAT_4, encode_body_of, gpu_set
 from ledger.compact_decode import decode_body
 from ledger.events import (
@@ -30,7 +31,7 @@ from ledger.events import (
     NodeTelemetryObserved,
 )
 from tests.compact_format_1 import encode_body_1
-from tests.telemetry_support import as_reading
+from tests.telemetry_support import as_reading, sample_rows
 
 SINCE = datetime(2026, 12, 3, 0, 0, tzinfo=UTC)
 NODE = "5d0e7a3c-1b2f-5c4d-8e9a-0f1b2c3d4e5f"
@@ -227,10 +228,7 @@ def test_the_read_counts_what_the_whole_decode_says(
     samples = samples_in_window(w, parts)
     series = downsample_columns(w, samples, metrics, state_of)
     ordered, expected = counted(w, decoded, gpu, metrics)
-    got = [
-        (at, [as_reading(v) for v in values])
-        for at, values in zip(samples.times, samples.values, strict=True)
-    ]
+    got = [(at, [as_reading(v) for v in values]) for at, values in sample_rows(samples)]
     assert got == ordered
     # compared as the JSON a client reads: the states' order too
     assert msgspec.json.encode(series) == msgspec.json.encode(expected)
@@ -252,8 +250,5 @@ def test_samples_observed_at_one_moment_are_counted_in_log_order_whatever_the_pa
                 for part in (rows[:cut], rows[cut:])
             ]
             samples = samples_in_window(w, parts)
-            got = [
-                (at, [as_reading(v) for v in values])
-                for at, values in zip(samples.times, samples.values, strict=True)
-            ]
+            got = [(at, [as_reading(v) for v in values]) for at, values in sample_rows(samples)]
             assert got == ordered, (order, cut)

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,21 +20,22 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.services.reads import telemetry
 from api.services.reads.telemetry import (
-    Part,
     TelemetryReads,
     accelerator_part,
     host_part,
     samples_in_window,
+    stored_part,
 )
 from api.wiring import event_store
 from collectors.facts import UNSUPPORTED, Known
 from collectors.observations import ACCELERATOR_METRICS, HOST_METRICS
 from domain.telemetry_history import Window, window
 from ledger import telemetry_hours
-from ledger.compact import FORMAT_3, FORMAT_4
+from ledger.compact import FORMAT_3, FORMAT_4, encode_body_of, gpu_set
 from ledger.events import (
     AcceleratorSample,
     AcceleratorTelemetryObserved,
+    EventMetadata,
     EventPayload,
     HostTelemetryObserved,
     NodeTelemetryObserved,
@@ -45,12 +47,14 @@ from ledger.telemetry_hours import (
     encode_column,
     gpu_samples,
     host_samples,
+    pack_ints,
     store_due,
     stored_hour,
+    unpack_ints,
 )
 from tests.loop_support import OtherWork
-from tests.telemetry_support import observed_event
-from tests.test_telemetry_history_reads import GPUS, SETS, SINCE, events, stored
+from tests.telemetry_support import exactly, observed_event
+from tests.test_telemetry_history_reads import GPUS, NODE, SETS, SINCE, events, stored
 
 EXACT = msgspec.msgpack.Encoder()
 
@@ -84,33 +88,109 @@ def test_a_stored_hour_reads_back_what_its_snapshots_decode_to(
     else:
         expected = accelerator_part(rows, gpu, ACCELERATOR_METRICS, SETS)
         got = gpu_samples(hour.common, hour.gpus.get(gpu))
-    part = Part(got.positions, got.values, [])
     w = Window(since=SINCE - timedelta(days=1), until=SINCE + timedelta(days=1), step_seconds=3600)
-    want, have = samples_in_window(w, [expected]), samples_in_window(w, [part])
-    assert have.times == want.times
-    # msgpack tells an int from a float and 0.0 from -0.0: exactly the values decoded
-    assert EXACT.encode([list(v) for v in have.values]) == EXACT.encode([list(v) for v in want.values])
+    want, have = samples_in_window(w, [expected]), samples_in_window(w, [stored_part(got)])
+    assert len(have.times) == len(want.times) and exactly(have) == exactly(want)
+
+
+def test_an_hour_of_numbers_stored_verbatim_reads_back_as_numbers_as_the_log_does() -> None:
+    """Utilization of no whole thousandth and a mix of ints and floats are stored verbatim; the
+    read counts them as the numbers the log's decode gives, not as values one by one."""
+    rows: list[dict[str, Any]] = []
+    for i in range(12):
+        gpu = {
+            "utilization_gpu_percent": Known(100 / 3 + i),
+            "power_watts": Known(250 if i % 2 else 250.5),
+            "temperature_celsius": Known(40 + i),
+        }
+        payload = NodeTelemetryObserved(
+            telemetry={}, storage=[], accelerators=[AcceleratorSample("a", GPUS[0], gpu)]
+        )
+        at = SINCE + timedelta(seconds=10 * i)
+        meta = EventMetadata(received_at=at, source="agent", observed_at=at)
+        gpus = gpu_set(payload)
+        SETS[gpus.sampled] = gpus.joined
+        body = encode_body_of(FORMAT_4, payload, meta, NODE, gpus)[0]
+        rows.append({"global_position": i, "body": body, "gpu_set_id": gpus.sampled})
+    hour_rows = [
+        HourRow(r["global_position"], "NODE_TELEMETRY_OBSERVED", r["body"], r["gpu_set_id"]) for r in rows
+    ]
+    hour = stored_hour(hour_rows, SETS, ACCELERATOR_METRICS, HOST_METRICS)
+    assert hour.common is not None
+    w = Window(since=SINCE - timedelta(days=1), until=SINCE + timedelta(days=1), step_seconds=3600)
+    want = samples_in_window(w, [accelerator_part(rows, GPUS[0], ACCELERATOR_METRICS, SETS)])
+    have = samples_in_window(w, [stored_part(gpu_samples(hour.common, hour.gpus[GPUS[0]]))])
+    assert len(have.times) == 12 and exactly(have) == exactly(want)
+    for metric in ("utilization_gpu_percent", "power_watts", "temperature_celsius"):
+        assert isinstance(have.columns[ACCELERATOR_METRICS.index(metric)], np.ndarray), metric
 
 
 def test_columns_keep_every_value_exactly() -> None:
-    cases: list[list[Any]] = [
+    numbers: list[list[Any]] = [
         [10, 12, 9, 9, 2**61, -(2**61)],
         [691.8, 692.216, 0.001, 1e12],
+        [-127, 128, -32768, 32768, 2**31, -(2**31) - 1],  # every width of the differences
+        [7],
+    ]
+    for column in numbers:
+        encoded = encode_column(column)
+        assert encoded[0] in (telemetry_hours.INTS, telemetry_hours.THOUSANDTHS), column
+        back = decode_column(msgspec.msgpack.decode(EXACT.encode(encoded)))
+        assert isinstance(back, np.ndarray) and back.dtype == np.float64
+        assert back.tolist() == [float(v) for v in column], column
+    verbatim: list[list[Any]] = [
         [0.0, -0.0, 1.5],  # -0.0 is not a thousandth's 0
         [0.1 + 0.2, 1.0],  # 0.30000000000000004 is no whole thousandth
         [math.inf, 1.0],
         [2**63, 1],  # beyond the differences' range
+        [2.0**60 + 2**12],  # thousandths beyond a float's whole numbers
         [1, 2.5, None, [2], "P0", True],
         [True, False],
         [],
     ]
-    for column in cases:
+    for column in verbatim:
         encoded = encode_column(column)
+        assert encoded[0] == telemetry_hours.VERBATIM, column
+        back = decode_column(msgspec.msgpack.decode(EXACT.encode(encoded)))
+        # msgpack tells an int from a float and 0.0 from -0.0: exactly the values given
+        assert EXACT.encode(back) == EXACT.encode(column), column
+    repeated: list[list[Any]] = [
+        ["P0"] * 3,
+        [None, None],
+        [[2, "no fan"]] * 4,
+        [math.inf] * 2,
+        [math.nan] * 2,
+    ]
+    for column in repeated:
+        encoded = encode_column(column)
+        assert encoded[0] == telemetry_hours.REPEATED, column
         back = decode_column(msgspec.msgpack.decode(EXACT.encode(encoded)))
         assert EXACT.encode(back) == EXACT.encode(column), column
+    for unlike in ([1, True], [0.0, -0.0], ["P0", "P0", "P8"]):
+        assert encode_column(unlike)[0] == telemetry_hours.VERBATIM, unlike
     assert encode_column([100, 101, 101])[0] == telemetry_hours.INTS
     assert encode_column([691.8, 691.9])[0] == telemetry_hours.THOUSANDTHS
-    assert encode_column([0.0, -0.0])[0] == telemetry_hours.VERBATIM
+
+
+def test_packed_ints_take_the_narrowest_width_and_come_back() -> None:
+    cases = (
+        ([5, 6, -100], 1),
+        ([2**40, 2**40 + 300], 2),  # the first in full, whatever the differences' width
+        ([10**6, 0], 4),
+        ([2**61, -(2**61)], 8),
+        ([7], 1),
+    )
+    for values, width in cases:
+        packed = pack_ints(values)
+        assert packed[0] == width and len(packed) == 1 + 8 + width * (len(values) - 1), values
+        assert unpack_ints(packed).tolist() == values
+    assert unpack_ints(pack_ints([])).tolist() == []
+    with pytest.raises(telemetry_hours.UndecodableBody):
+        unpack_ints(bytes([3, 0, 0, 0]))
+    with pytest.raises(telemetry_hours.UndecodableBody):
+        unpack_ints(bytes([2, 0, 0, 0]))
+    with pytest.raises(telemetry_hours.UndecodableBody):
+        unpack_ints(bytes([2]) + bytes(8) + bytes(3))
 
 
 # -- over PostgreSQL --------------------------------------------------------------------------

@@ -17,25 +17,23 @@ import asyncio
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from itertools import islice
-from operator import itemgetter, lt
-from typing import Any, Literal, LiteralString, Protocol
+from typing import TYPE_CHECKING, Any, Literal, LiteralString, Protocol
 
 import asyncpg
 import msgspec
+import numpy as np
 
 from api.services.errors import InvalidRequest, NotFound
 from collectors.facts import Fact
 from collectors.observations import ACCELERATOR_METRICS, HOST_METRICS
+from domain.telemetry_buckets import SampleColumns, as_column, join, series_of_columns, take
 from domain.telemetry_history import (
     NOT_CARRIED,
-    SampleColumns,
     Series,
     Window,
     WindowRefused,
     fact_state,
     fact_value,
-    series_of_columns,
     window,
 )
 from ledger.compact_views import Values, gpu_values, host_values, value_state
@@ -48,7 +46,13 @@ from ledger.events import (
     decode_payload,
 )
 from ledger.gpu_sets import stored_sets
-from ledger.telemetry_hours import RECEIVED_IN, covered
+from ledger.telemetry_hours import RECEIVED_IN, HourSamples, covered
+from runtime.micros import micros, micros_of
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from domain.telemetry_buckets import Column, Micros
 
 
 class TelemetryHistoryBody(msgspec.Struct, frozen=True):
@@ -120,9 +124,6 @@ def state_of(value: object) -> str | None:
     return value_state(value)
 
 
-_by_time_then_position = itemgetter(0, 1)
-
-
 def _split(
     rows: Iterable[ObservationRow], sets: Mapping[uuid.UUID, str]
 ) -> tuple[list[int], list[bytes], list[str | None], list[ObservationRow]]:
@@ -149,44 +150,56 @@ def _split(
 
 
 class Part(msgspec.Struct):
-    """What one part of the log's rows holds for a history: the compact rows' positions and their
-    values (`gpu_values`, `host_values`: indices into `positions`), and the jsonb events' samples
-    as (time, position, values)."""
+    """Samples of one part of a history (rows of the log, or a stored hour), in any order: each
+    one's position in the log and time (whole microseconds since the epoch), and one column of
+    values per metric (`domain.telemetry_buckets`; none at all where the part has no sample)."""
 
-    positions: list[int]
-    compact: Values
-    jsonb: list[tuple[datetime, int, Sequence[object]]]
+    positions: npt.NDArray[np.int64]
+    times: Micros
+    columns: list[Column]
+
+
+def stored_part(hour: HourSamples) -> Part:
+    """A stored hour's samples as a part: its verbatim columns of numbers counted as numbers too."""
+    columns = [c if isinstance(c, np.ndarray) else as_column(c) for c in hour.columns]
+    return Part(hour.positions, hour.times, columns)
+
+
+def _logged_part(
+    positions: list[int], compact: Values, jsonb: list[tuple[datetime, int, Sequence[object]]], width: int
+) -> Part:
+    """The part of the log's rows: the compact snapshots' values (indices into `positions`), and
+    the jsonb events' samples as (time, position, values)."""
+    at = [positions[i] for i in compact.indices]
+    times = list(compact.times)
+    rows: list[Sequence[object]] = list(compact.values)
+    for when, position, values in jsonb:
+        at.append(position)
+        times.append(when)
+        rows.append(values)
+    empty: list[Column] = [np.empty(0)] * width
+    columns = [as_column(c) for c in zip(*rows, strict=True)] if rows else empty
+    return Part(np.array(at, dtype=np.int64), micros_of(times), columns)
 
 
 def samples_in_window(w: Window, parts: Sequence[Part]) -> SampleColumns:
     """The samples of the parts observed in the window, in time order (log order among equal
     times). A day read in the order it was appended is in time order already; others are sorted."""
-    since, until = w.since, w.until
-    positions: list[int] = []
-    indices: list[int] = []
-    times: list[datetime] = []
-    values: list[Sequence[object]] = []
-    jsonb: list[tuple[datetime, int, Sequence[object]]] = []
-    for part in parts:
-        offset = len(positions)
-        positions.extend(part.positions)
-        indices.extend(part.compact.indices if not offset else [i + offset for i in part.compact.indices])
-        times.extend(part.compact.times)
-        values.extend(part.compact.values)
-        jsonb.extend(part.jsonb)
-    if times and not (since <= min(times) and max(times) < until):
-        inside = [j for j, at in enumerate(times) if since <= at < until]
-        indices, times, values = (
-            [indices[j] for j in inside],
-            [times[j] for j in inside],
-            [values[j] for j in inside],
-        )
-    if not jsonb and all(map(lt, times, islice(times, 1, None))):
-        return SampleColumns(times=times, values=values)
-    timed = [(at, positions[i], v) for i, at, v in zip(indices, times, values, strict=True)]
-    timed.extend(x for x in jsonb if since <= x[0] < until)
-    timed.sort(key=_by_time_then_position)
-    return SampleColumns(times=[at for at, _, _ in timed], values=[v for _, _, v in timed])
+    held = [p for p in parts if len(p.times)]
+    if not held:
+        return SampleColumns(times=np.empty(0, np.int64), columns=[])
+    positions = np.concatenate([p.positions for p in held])
+    times = np.concatenate([p.times for p in held])
+    columns = [join(c) for c in zip(*(p.columns for p in held), strict=True)]
+    if len(times) > 1 and not bool((times[1:] > times[:-1]).all()):
+        order = np.lexsort((positions, times))
+        times = times[order]
+        columns = [take(c, order) for c in columns]
+    first, end = np.searchsorted(times, [micros(w.since), micros(w.until)]).tolist()
+    if first or end < len(times):
+        times = times[first:end]
+        columns = [c[first:end] for c in columns]
+    return SampleColumns(times=times, columns=columns)
 
 
 def accelerator_part(
@@ -208,7 +221,7 @@ def accelerator_part(
             values = _facts(p.telemetry, metrics)
         if values is not None:
             jsonb.append((at, r["global_position"], values))
-    return Part(positions, gpu_values(bodies, gpu_uuid, metrics, named), jsonb)
+    return _logged_part(positions, gpu_values(bodies, gpu_uuid, metrics, named), jsonb, len(metrics))
 
 
 def host_part(rows: Iterable[ObservationRow], metrics: Sequence[str]) -> Part:
@@ -219,7 +232,7 @@ def host_part(rows: Iterable[ObservationRow], metrics: Sequence[str]) -> Part:
         at, p = _jsonb_event(r)
         if isinstance(p, NodeTelemetryObserved | HostTelemetryObserved):
             jsonb.append((at, r["global_position"], _facts(p.telemetry, metrics)))
-    return Part(positions, host_values(bodies, metrics), jsonb)
+    return _logged_part(positions, host_values(bodies, metrics), jsonb, len(metrics))
 
 
 def _shifted(at: datetime, by: timedelta) -> datetime:
@@ -263,7 +276,7 @@ class TelemetryReads:
         cover = await covered(conn, node_id, low, high, subject)
         if cover.hours:
             # Closed hours stored as columns (ledger/telemetry_hours.py); the rest from the log.
-            stored = [Part(h.positions, h.values, []) for h in cover.hours.values()]
+            stored = [stored_part(h) for h in cover.hours.values()]
             rows: list[asyncpg.Record] = []
             for start, end in cover.from_log:
                 rows.extend(await conn.fetch(query, node_id, start, end))
