@@ -36,9 +36,11 @@ class Sample(msgspec.Struct, frozen=True):
     telemetry: dict[str, Fact]
 
 
-class Bucket(msgspec.Struct, frozen=True):
+class Bucket(msgspec.Struct, frozen=True, gc=False):
     """One step of one metric. `states` counts every availability state seen (`known` included);
-    `min`/`mean`/`max` are over the known numeric values, None where there is none."""
+    `min`/`mean`/`max` are over the known numeric values, None where there is none. Untracked by
+    the garbage collector (it holds no container that could lead back to it): a day's history is
+    thousands of them, which the young generation's collections would otherwise walk."""
 
     start: datetime
     count: int
