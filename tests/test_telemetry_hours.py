@@ -407,6 +407,37 @@ async def test_a_stored_hour_that_does_not_decode_is_read_from_the_log(make_api:
     assert await _both(api, acc, node_id, w) == from_log
 
 
+async def test_hours_of_another_encoding_are_read_from_the_log_and_stored_again(
+    make_api: Any, monkeypatch: Any
+) -> None:
+    """After an upgrade that changes the hours' encoding the rows of the release before are not
+    read (the answer is the log's), and the server's next pass stores every hour again."""
+    api, node_id, acc = await _seeded(make_api)
+    w = window(HOUR0, HOUR0 + timedelta(hours=4), 300)
+    from_log = await _both(api, acc, node_id, w)
+    assert await _store(api, HOUR0 + timedelta(hours=5)) == 4
+    await api.pool.execute(
+        "UPDATE telemetry_hours SET format = $1, body = CASE WHEN body IS NULL THEN NULL ELSE '\\x00'::bytea END",
+        telemetry_hours.FORMAT - 1,
+    )
+    decoded_from_log: list[int] = []
+    in_slices = telemetry.in_slices
+
+    async def counting(rows: Any, *a: Any) -> Any:
+        decoded_from_log.append(len(rows))
+        return await in_slices(rows, *a)
+
+    monkeypatch.setattr(telemetry, "in_slices", counting)
+    assert await _both(api, acc, node_id, w) == from_log
+    assert decoded_from_log == [240, 240]  # every row of the window, for the GPU and the host
+    assert await _store(api, HOUR0 + timedelta(hours=5)) == 4
+    formats = await api.pool.fetch("SELECT DISTINCT format FROM telemetry_hours WHERE node_id = $1", node_id)
+    assert [r["format"] for r in formats] == [telemetry_hours.FORMAT]
+    decoded_from_log.clear()
+    assert await _both(api, acc, node_id, w) == from_log
+    assert decoded_from_log == [60, 60]  # the hour stored without a body only
+
+
 async def test_metrics_count_the_hours_stored_and_the_passes_cut_short(make_api: Any) -> None:
     api, _node_id, _acc = await _seeded(make_api)
 
