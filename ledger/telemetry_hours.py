@@ -7,17 +7,20 @@ once it is over (and GRACE after, for a report received just before its end to c
 more is appended to it. Per node and hour, table `telemetry_hours` holds:
 
 - subject '': how many observation rows the hour held when it was stored (`observations`), and,
-  in `body`, the positions and times of its snapshots and the host's values;
+  in `body`, the positions, times and receive times of its snapshots and the host's values;
 - subject a GPU UUID: that GPU's values in the hour (which of the hour's snapshots sample it).
 
-Times are whole microseconds since the epoch (runtime/micros.py). Positions, times and indices are
-stored packed (`pack_ints`): the first, then the differences in the narrowest of 1, 2, 4 or 8
-little-endian bytes that holds them all, so a read turns them into int64 arrays without an object
-per value. A column of a metric's values is stored as its ints packed, or as its floats that are
-whole thousandths (watts of whole milliwatts) as the thousandths packed, or as one value and how
-many times it repeats (a fan unsupported all hour), or else verbatim; the read gets a float64
-array of the numbers (domain/telemetry_buckets.py counts them as such), or the values. Nothing is
-rounded: the numbers are exactly those the read would have decoded from the log.
+Times are whole microseconds since the epoch (runtime/micros.py). Positions, times, receive
+times and indices are stored packed (`pack_ints`): the first, then the differences in the
+narrowest of 1, 2, 4 or 8 little-endian bytes that holds them all, so a read turns them into
+int64 arrays without an object per value. The receive times let a read take an hour that
+straddles the start of its search, cut as the log's search would cut it.
+
+A column of a metric's values is stored as its ints packed, or as its floats that are whole
+thousandths (watts of whole milliwatts) as the thousandths packed, or as one value and how many
+times it repeats (a fan unsupported all hour), or else verbatim; the read gets a float64 array of
+the numbers (domain/telemetry_buckets.py counts them as such), or the values. Nothing is rounded:
+the numbers are exactly those the read would have decoded from the log.
 
 The log stays the truth. A read uses an hour only where the log still holds exactly as many
 observation rows in it as the hour counted: the log is append-only and an hour closed, so the same
@@ -61,7 +64,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-FORMAT: Final = 2
+FORMAT: Final = 3
 HOUR = timedelta(hours=1)
 # How long after its hour's end an hour is stored: a report received just before the end has
 # committed by then (one that has not makes the hour's count differ: read from the log).
@@ -81,10 +84,12 @@ _THOUSANDTHS_BOUND = 2**53
 
 class HourCommon(msgspec.Struct, array_like=True, frozen=True):
     """Subject '': the hour's snapshots (that sample a GPU or the host), in log order: their
-    positions and times, packed; the host's values (indices into them, packed; None: every one)."""
+    positions, times and receive times, packed; the host's values (indices into them, packed;
+    None: every one)."""
 
     positions: bytes
     times: bytes
+    received: bytes
     host_indices: bytes | None
     host_columns: list[list[Any]]
 
@@ -115,6 +120,7 @@ class HourSnapshots(msgspec.Struct, array_like=True, frozen=True):
 
     positions: bytes
     times: bytes
+    received: bytes
 
 
 _common = msgspec.msgpack.Decoder(HourCommon).decode
@@ -223,6 +229,7 @@ class HourRow(msgspec.Struct, frozen=True):
     event_type: str
     body: bytes | None
     gpu_set_id: uuid.UUID | None
+    received_at: datetime
 
 
 def stored_hour(
@@ -260,6 +267,7 @@ def stored_hour(
     common = HourCommon(
         positions=pack_ints([r.position for r in snapshots]),
         times=pack_ints(list(map(micros, times))),
+        received=pack_ints([micros(r.received_at) for r in snapshots]),
         host_indices=None if len(host.indices) == len(bodies) else pack_ints(host.indices),
         host_columns=_columns(host.values, len(host_metrics)),
     )
@@ -268,12 +276,24 @@ def stored_hour(
 
 class HourSamples(msgspec.Struct, frozen=True):
     """One subject's samples of a stored hour in log order, as a history part holds them: each
-    one's position in the log and time (whole microseconds since the epoch), and one column of
-    values per metric (none where the subject sampled none)."""
+    one's position in the log, time and receive time (whole microseconds since the epoch), and
+    one column of values per metric (none where the subject sampled none)."""
 
     positions: Ints
     times: Ints
+    received: Ints
     columns: list[Column]
+
+    def received_in(self, low: datetime, high: datetime) -> HourSamples:
+        """The samples received in [low, high), as the log's search finds them."""
+        keep = (self.received >= micros(low)) & (self.received < micros(high))
+        if bool(keep.all()):
+            return self
+        index = np.flatnonzero(keep)
+        columns = [
+            c[index] if isinstance(c, np.ndarray) else [c[i] for i in index.tolist()] for c in self.columns
+        ]
+        return HourSamples(self.positions[index], self.times[index], self.received[index], columns)
 
 
 _UNREADABLE = (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, IndexError)
@@ -283,17 +303,18 @@ def _samples(
     common: HourCommon | HourSnapshots, indices: bytes | None, encoded: list[list[Any]]
 ) -> HourSamples:
     positions, times = unpack_ints(common.positions), unpack_ints(common.times)
+    received = unpack_ints(common.received)
     columns = [decode_column(c) for c in encoded]
-    if len(positions) != len(times):
+    if not len(positions) == len(times) == len(received):
         raise UndecodableBody("telemetry hour: positions and times of other lengths")
     if indices is not None:
         index = unpack_ints(indices)
         if len(index) and (int(index.min()) < 0 or int(index.max()) >= len(times)):
             raise UndecodableBody("telemetry hour: an index beyond the hour's snapshots")
-        positions, times = positions[index], times[index]
+        positions, times, received = positions[index], times[index], received[index]
     if any(len(c) != len(times) for c in columns):
         raise UndecodableBody("telemetry hour: a column of another length than its samples")
-    return HourSamples(positions, times, columns)
+    return HourSamples(positions, times, received, columns)
 
 
 def host_samples(common_body: bytes) -> HourSamples:
@@ -309,7 +330,8 @@ def gpu_samples(common_body: bytes, gpu_body: bytes | None) -> HourSamples:
     try:
         common = _snapshots(common_body)
         if gpu_body is None:
-            return HourSamples(np.empty(0, np.int64), np.empty(0, np.int64), [])
+            none = np.empty(0, np.int64)
+            return HourSamples(none, none, none, [])
         subject = _subject(gpu_body)
         return _samples(common, subject.indices, subject.columns)
     except _UNREADABLE as exc:
@@ -357,10 +379,13 @@ class Covered(msgspec.Struct, frozen=True):
 async def covered(
     conn: asyncpg.Connection, node_id: str, low: datetime, high: datetime, subject: str
 ) -> Covered:
-    """The stored hours inside [low, high) whose count the log still agrees with, for `subject`
-    ('' the host, else a GPU UUID), and the rest of [low, high) as ranges to read from the log.
-    A stored hour that does not decode is read from the log too (and stored again)."""
-    first, last = ceil_hour(low), floor_hour(high)
+    """The stored hours meeting [low, high) whose count the log still agrees with, for `subject`
+    ('' the host, else a GPU UUID), each with its samples received in [low, high) only, and the
+    rest of [low, high) as ranges to read from the log. An hour that straddles `low` (a window's
+    padded start is rarely on the hour) is taken from its stored columns too, its receive times
+    cutting it as the log's search would. A stored hour that does not decode is read from the
+    log too (and stored again)."""
+    first, last = floor_hour(low), ceil_hour(high)
     hours: dict[datetime, HourSamples] = {}
     if last - first >= HOUR:
         stored = await conn.fetch(STORED, node_id, first, last, list({"", subject}), FORMAT)
@@ -376,8 +401,9 @@ async def covered(
                     STALE.add((node_id, hour))
                     continue
                 try:
+                    samples = gpu_samples(r["body"], own.get(hour)) if subject else host_samples(r["body"])
                     hours[hour] = (
-                        gpu_samples(r["body"], own.get(hour)) if subject else host_samples(r["body"])
+                        samples if low <= hour and hour + HOUR <= high else samples.received_in(low, high)
                     )
                 except UndecodableBody as exc:
                     log.warning(
@@ -408,7 +434,7 @@ _STALE_MOST = 10_000
 # -- storing ----------------------------------------------------------------------------------
 
 _HOUR_ROWS: LiteralString = (
-    "SELECT e.global_position, e.event_type, e.body, "
+    "SELECT e.global_position, e.event_type, e.body, e.received_at, "
     "CASE WHEN get_byte(e.body, 1) IN (3, 4) THEN e.sampled END AS gpu_set_id "
     "FROM events e WHERE " + RECEIVED_IN + "ORDER BY e.global_position"
 )
@@ -444,7 +470,10 @@ async def store_hour(
             hour,
         )
         records = await conn.fetch(_HOUR_ROWS, node_id, hour, hour + HOUR)
-        rows = [HourRow(r["global_position"], r["event_type"], r["body"], r["gpu_set_id"]) for r in records]
+        rows = [
+            HourRow(r["global_position"], r["event_type"], r["body"], r["gpu_set_id"], r["received_at"])
+            for r in records
+        ]
         sets = await stored_sets(conn, {r.gpu_set_id for r in rows})
         try:
             # Tens of milliseconds of CPU for an eight-GPU node: in a thread, so the event loop

@@ -106,10 +106,14 @@ SETS: dict[uuid.UUID, str] = {}
 
 
 def stored(
-    given_events: list[tuple[EventPayload, bool, int | None, int]], order: list[int]
+    given_events: list[tuple[EventPayload, bool, int | None, int]],
+    order: list[int],
+    forms: tuple[int, ...] = (FORMAT_4, 1, FORMAT_2, FORMAT_3),
 ) -> tuple[list[dict[str, Any]], list[tuple[int, EventPayload, EventMetadata]]]:
     """The rows the log's read returns (in `order`, as PostgreSQL may), and each event as the
-    log's whole decode gives it back, with its position."""
+    log's whole decode gives it back, with its position. A compact snapshot is stored in the
+    formats `forms` in turn (1 to 3 as earlier releases stored them, 4 as this one does where the
+    snapshot lists each GPU once, else 2)."""
     rows, decoded = [], []
     for position, (payload, compact, observed, received) in enumerate(given_events):
         meta = EventMetadata(
@@ -124,7 +128,7 @@ def stored(
             # formats 1 to 3 as earlier releases stored them, 4 as this one does where the
             # snapshot lists each GPU once (else 2)
             gpus = gpu_set(payload)
-            form = (FORMAT_4, 1, FORMAT_2, FORMAT_3)[position % 4]
+            form = forms[position % len(forms)]
             body = (
                 encode_body_1(payload, meta)
                 if form == 1
@@ -139,6 +143,7 @@ def stored(
                 "data_json": None,
                 "metadata_json": None,
                 "gpu_set_id": gpus.sampled if named else None,
+                "received_at": meta.received_at,
             }
             decoded.append((position, *decode_body(body, NODE, gpus.joined if named else None)))
         else:
@@ -149,6 +154,7 @@ def stored(
                 "data_json": data,
                 "metadata_json": metadata,
                 "gpu_set_id": None,
+                "received_at": meta.received_at,
             }
             decoded.append((position, payload, meta))
         rows.append(row)

@@ -1,199 +1,38 @@
-"""Telemetry hours (ledger/telemetry_hours.py): a closed hour stored as columns gives a history read
-exactly what decoding its snapshots gives, value for value and type for type; a read uses an
-hour only while the log still holds the rows it was stored from; the server's pass stores the
-newest hours first and forgets those retention no longer keeps."""
+"""Telemetry hours over PostgreSQL (ledger/telemetry_hours.py): a read uses an hour only while the
+log still holds the rows it was stored from, and answers what the log answers; the server's pass
+stores the newest hours first and forgets those retention no longer keeps."""
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import msgspec
-import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.services.reads import telemetry
 from api.services.reads.telemetry import (
     TelemetryReads,
-    accelerator_part,
-    host_part,
-    samples_in_window,
-    stored_part,
 )
 from api.wiring import event_store
 from collectors.facts import UNSUPPORTED, Known
 from collectors.observations import ACCELERATOR_METRICS, HOST_METRICS
 from domain.telemetry_history import Window, window
 from ledger import telemetry_hours
-from ledger.compact import FORMAT_3, FORMAT_4, encode_body_of, gpu_set
 from ledger.events import (
     AcceleratorSample,
     AcceleratorTelemetryObserved,
-    EventMetadata,
-    EventPayload,
     HostTelemetryObserved,
     NodeTelemetryObserved,
 )
 from ledger.telemetry_hours import (
-    HourRow,
     HoursPass,
-    decode_column,
-    encode_column,
-    gpu_samples,
-    host_samples,
-    pack_ints,
     store_due,
-    stored_hour,
-    unpack_ints,
 )
 from tests.loop_support import OtherWork
-from tests.telemetry_support import exactly, observed_event
-from tests.test_telemetry_history_reads import GPUS, NODE, SETS, SINCE, events, stored
-
-EXACT = msgspec.msgpack.Encoder()
-
-
-def _type_name(payload: EventPayload) -> str:
-    tag = type(payload).__struct_config__.tag
-    assert isinstance(tag, str)
-    return tag
-
-
-@settings(max_examples=150, deadline=None)
-@given(events, st.sampled_from([*GPUS, None]))
-def test_a_stored_hour_reads_back_what_its_snapshots_decode_to(
-    given_events: list[tuple[EventPayload, bool, int | None, int]], gpu: str | None
-) -> None:
-    rows, _decoded = stored(given_events, list(range(len(given_events))))
-    hour_rows = [
-        HourRow(r["global_position"], _type_name(p), r["body"], r["gpu_set_id"])
-        for r, (p, _c, _o, _r) in zip(rows, given_events, strict=True)
-    ]
-    hour = stored_hour(hour_rows, SETS, ACCELERATOR_METRICS, HOST_METRICS)
-    assert hour.observations == len(rows)
-    plain = all(r.body is not None and r.body[1] in (FORMAT_3, FORMAT_4) for r in hour_rows)
-    if not plain:
-        assert hour.common is None and not hour.gpus  # read from the log
-        return
-    assert hour.common is not None
-    if gpu is None:
-        expected = host_part(rows, HOST_METRICS)
-        got = host_samples(hour.common)
-    else:
-        expected = accelerator_part(rows, gpu, ACCELERATOR_METRICS, SETS)
-        got = gpu_samples(hour.common, hour.gpus.get(gpu))
-    w = Window(since=SINCE - timedelta(days=1), until=SINCE + timedelta(days=1), step_seconds=3600)
-    want, have = samples_in_window(w, [expected]), samples_in_window(w, [stored_part(got)])
-    assert len(have.times) == len(want.times) and exactly(have) == exactly(want)
-
-
-def test_an_hour_of_numbers_stored_verbatim_reads_back_as_numbers_as_the_log_does() -> None:
-    """Utilization of no whole thousandth and a mix of ints and floats are stored verbatim; the
-    read counts them as the numbers the log's decode gives, not as values one by one."""
-    rows: list[dict[str, Any]] = []
-    for i in range(12):
-        gpu = {
-            "utilization_gpu_percent": Known(100 / 3 + i),
-            "power_watts": Known(250 if i % 2 else 250.5),
-            "temperature_celsius": Known(40 + i),
-        }
-        payload = NodeTelemetryObserved(
-            telemetry={}, storage=[], accelerators=[AcceleratorSample("a", GPUS[0], gpu)]
-        )
-        at = SINCE + timedelta(seconds=10 * i)
-        meta = EventMetadata(received_at=at, source="agent", observed_at=at)
-        gpus = gpu_set(payload)
-        SETS[gpus.sampled] = gpus.joined
-        body = encode_body_of(FORMAT_4, payload, meta, NODE, gpus)[0]
-        rows.append({"global_position": i, "body": body, "gpu_set_id": gpus.sampled})
-    hour_rows = [
-        HourRow(r["global_position"], "NODE_TELEMETRY_OBSERVED", r["body"], r["gpu_set_id"]) for r in rows
-    ]
-    hour = stored_hour(hour_rows, SETS, ACCELERATOR_METRICS, HOST_METRICS)
-    assert hour.common is not None
-    w = Window(since=SINCE - timedelta(days=1), until=SINCE + timedelta(days=1), step_seconds=3600)
-    want = samples_in_window(w, [accelerator_part(rows, GPUS[0], ACCELERATOR_METRICS, SETS)])
-    have = samples_in_window(w, [stored_part(gpu_samples(hour.common, hour.gpus[GPUS[0]]))])
-    assert len(have.times) == 12 and exactly(have) == exactly(want)
-    for metric in ("utilization_gpu_percent", "power_watts", "temperature_celsius"):
-        assert isinstance(have.columns[ACCELERATOR_METRICS.index(metric)], np.ndarray), metric
-
-
-def test_columns_keep_every_value_exactly() -> None:
-    numbers: list[list[Any]] = [
-        [10, 12, 9, 9, 2**61, -(2**61)],
-        [691.8, 692.216, 0.001, 1e12],
-        [-127, 128, -32768, 32768, 2**31, -(2**31) - 1],  # every width of the differences
-        [7],
-    ]
-    for column in numbers:
-        encoded = encode_column(column)
-        assert encoded[0] in (telemetry_hours.INTS, telemetry_hours.THOUSANDTHS), column
-        back = decode_column(msgspec.msgpack.decode(EXACT.encode(encoded)))
-        assert isinstance(back, np.ndarray) and back.dtype == np.float64
-        assert back.tolist() == [float(v) for v in column], column
-    verbatim: list[list[Any]] = [
-        [0.0, -0.0, 1.5],  # -0.0 is not a thousandth's 0
-        [0.1 + 0.2, 1.0],  # 0.30000000000000004 is no whole thousandth
-        [math.inf, 1.0],
-        [2**63, 1],  # beyond the differences' range
-        [2.0**60 + 2**12],  # thousandths beyond a float's whole numbers
-        [1, 2.5, None, [2], "P0", True],
-        [True, False],
-        [],
-    ]
-    for column in verbatim:
-        encoded = encode_column(column)
-        assert encoded[0] == telemetry_hours.VERBATIM, column
-        back = decode_column(msgspec.msgpack.decode(EXACT.encode(encoded)))
-        # msgpack tells an int from a float and 0.0 from -0.0: exactly the values given
-        assert EXACT.encode(back) == EXACT.encode(column), column
-    repeated: list[list[Any]] = [
-        ["P0"] * 3,
-        [None, None],
-        [[2, "no fan"]] * 4,
-        [math.inf] * 2,
-        [math.nan] * 2,
-    ]
-    for column in repeated:
-        encoded = encode_column(column)
-        assert encoded[0] == telemetry_hours.REPEATED, column
-        back = decode_column(msgspec.msgpack.decode(EXACT.encode(encoded)))
-        assert EXACT.encode(back) == EXACT.encode(column), column
-    for unlike in ([1, True], [0.0, -0.0], ["P0", "P0", "P8"]):
-        assert encode_column(unlike)[0] == telemetry_hours.VERBATIM, unlike
-    assert encode_column([100, 101, 101])[0] == telemetry_hours.INTS
-    assert encode_column([691.8, 691.9])[0] == telemetry_hours.THOUSANDTHS
-
-
-def test_packed_ints_take_the_narrowest_width_and_come_back() -> None:
-    cases = (
-        ([5, 6, -100], 1),
-        ([2**40, 2**40 + 300], 2),  # the first in full, whatever the differences' width
-        ([10**6, 0], 4),
-        ([2**61, -(2**61)], 8),
-        ([7], 1),
-    )
-    for values, width in cases:
-        packed = pack_ints(values)
-        assert packed[0] == width and len(packed) == 1 + 8 + width * (len(values) - 1), values
-        assert unpack_ints(packed).tolist() == values
-    assert unpack_ints(pack_ints([])).tolist() == []
-    with pytest.raises(telemetry_hours.UndecodableBody):
-        unpack_ints(bytes([3, 0, 0, 0]))
-    with pytest.raises(telemetry_hours.UndecodableBody):
-        unpack_ints(bytes([2, 0, 0, 0]))
-    with pytest.raises(telemetry_hours.UndecodableBody):
-        unpack_ints(bytes([2]) + bytes(8) + bytes(3))
-
-
-# -- over PostgreSQL --------------------------------------------------------------------------
+from tests.telemetry_support import observed_event
 
 HOUR0 = datetime(2026, 11, 29, 6, 0, tzinfo=UTC)
 
@@ -293,6 +132,33 @@ async def test_a_read_of_stored_hours_is_the_read_of_the_log(make_api: Any, monk
     assert from_hours == from_log
     # Of the log, each read decoded only the hour stored without a body (its 59 snapshots and the
     # per-kind event of its subject), not the 240 rows of the four hours.
+    assert decoded_from_log == [60, 60]
+
+
+async def test_an_hour_straddling_the_searched_start_is_read_from_its_columns_as_the_log_is(
+    make_api: Any, monkeypatch: Any
+) -> None:
+    """A window's padded start inside a stored hour: that hour comes from its columns, and a sample
+    received before the start (its agent's clock more than an hour ahead) is left out there as the
+    log's search leaves it out."""
+    api, node_id, acc = await _seeded(make_api)
+    ahead = _snapshot(acc["id"], acc["uuid"], 7)
+    early = observed_event(ahead, HOUR0 + timedelta(minutes=100), HOUR0 + timedelta(minutes=10))
+    await event_store(api.pool).append(node_id, None, [early])
+    w = window(HOUR0 + timedelta(minutes=90), HOUR0 + timedelta(hours=4), 300)  # searched from minute 30
+    from_log = await _both(api, acc, node_id, w)
+    assert from_log[0].samples == 150  # minutes 90-239; the early one not searched for
+    assert await _store(api, HOUR0 + timedelta(hours=5)) == 4
+    decoded_from_log: list[int] = []
+    in_slices = telemetry.in_slices
+
+    async def counting(rows: Any, *a: Any) -> Any:
+        decoded_from_log.append(len(rows))
+        return await in_slices(rows, *a)
+
+    monkeypatch.setattr(telemetry, "in_slices", counting)
+    assert await _both(api, acc, node_id, w) == from_log
+    # only the hour stored without a body (the per-kind events') is decoded from the log
     assert decoded_from_log == [60, 60]
 
 
