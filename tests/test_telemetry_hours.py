@@ -93,6 +93,19 @@ async def _both(api: Any, acc: dict[str, Any], node_id: str, w: Window) -> tuple
     return await reads.accelerator(acc["id"], w), await reads.node(node_id, w)
 
 
+def _log_decodes(monkeypatch: Any) -> list[int]:
+    """The rows each read decodes from the log from now on, one count per decoding."""
+    counts: list[int] = []
+    in_slices = telemetry.in_slices
+
+    async def counting(rows: Any, *a: Any) -> Any:
+        counts.append(len(rows))
+        return await in_slices(rows, *a)
+
+    monkeypatch.setattr(telemetry, "in_slices", counting)
+    return counts
+
+
 async def test_a_read_of_stored_hours_is_the_read_of_the_log(make_api: Any, monkeypatch: Any) -> None:
     api, node_id, acc = await _seeded(make_api)
     w = window(HOUR0 - timedelta(minutes=20), HOUR0 + timedelta(hours=4), 60)
@@ -120,14 +133,7 @@ async def test_a_read_of_stored_hours_is_the_read_of_the_log(make_api: Any, monk
         HOUR0 + timedelta(hours=2),
     )
 
-    decoded_from_log: list[int] = []
-    in_slices = telemetry.in_slices
-
-    async def counting(rows: Any, *a: Any) -> Any:
-        decoded_from_log.append(len(rows))
-        return await in_slices(rows, *a)
-
-    monkeypatch.setattr(telemetry, "in_slices", counting)
+    decoded_from_log = _log_decodes(monkeypatch)
     from_hours = await _both(api, acc, node_id, w)
     assert from_hours == from_log
     # Of the log, each read decoded only the hour stored without a body (its 59 snapshots and the
@@ -149,14 +155,7 @@ async def test_an_hour_straddling_the_searched_start_is_read_from_its_columns_as
     from_log = await _both(api, acc, node_id, w)
     assert from_log[0].samples == 150  # minutes 90-239; the early one not searched for
     assert await _store(api, HOUR0 + timedelta(hours=5)) == 4
-    decoded_from_log: list[int] = []
-    in_slices = telemetry.in_slices
-
-    async def counting(rows: Any, *a: Any) -> Any:
-        decoded_from_log.append(len(rows))
-        return await in_slices(rows, *a)
-
-    monkeypatch.setattr(telemetry, "in_slices", counting)
+    decoded_from_log = _log_decodes(monkeypatch)
     assert await _both(api, acc, node_id, w) == from_log
     # only the hour stored without a body (the per-kind events') is decoded from the log
     assert decoded_from_log == [60, 60]
@@ -286,14 +285,7 @@ async def test_hours_of_another_encoding_are_read_from_the_log_and_stored_again(
         "UPDATE telemetry_hours SET format = $1, body = CASE WHEN body IS NULL THEN NULL ELSE '\\x00'::bytea END",
         telemetry_hours.FORMAT - 1,
     )
-    decoded_from_log: list[int] = []
-    in_slices = telemetry.in_slices
-
-    async def counting(rows: Any, *a: Any) -> Any:
-        decoded_from_log.append(len(rows))
-        return await in_slices(rows, *a)
-
-    monkeypatch.setattr(telemetry, "in_slices", counting)
+    decoded_from_log = _log_decodes(monkeypatch)
     assert await _both(api, acc, node_id, w) == from_log
     assert decoded_from_log == [240, 240]  # every row of the window, for the GPU and the host
     assert await _store(api, HOUR0 + timedelta(hours=5)) == 4

@@ -33,6 +33,7 @@ from ledger.events import (
 )
 from ledger.telemetry_hours import (
     HourRow,
+    StoredHour,
     decode_column,
     encode_column,
     gpu_samples,
@@ -140,50 +141,11 @@ def test_a_stored_hour_reads_back_what_its_snapshots_decode_to(
     assert len(have.times) == len(want.times) and exactly(have) == exactly(want)
 
 
-def test_an_hour_of_numbers_stored_verbatim_reads_back_as_numbers_as_the_log_does() -> None:
-    """Utilization of no whole thousandth and a mix of ints and floats are stored verbatim; the
-    read counts them as the numbers the log's decode gives, not as values one by one."""
+def _hour_of(snapshots: list[NodeTelemetryObserved]) -> tuple[list[dict[str, Any]], StoredHour]:
+    """The snapshots as the log's rows (format 4, one every 10 s from SINCE, observed when
+    received) and the telemetry hour stored from them."""
     rows: list[dict[str, Any]] = []
-    for i in range(12):
-        gpu = {
-            "utilization_gpu_percent": Known(100 / 3 + i),
-            "power_watts": Known(250 if i % 2 else 250.5),
-            "temperature_celsius": Known(40 + i),
-        }
-        payload = NodeTelemetryObserved(
-            telemetry={}, storage=[], accelerators=[AcceleratorSample("a", GPUS[0], gpu)]
-        )
-        at = SINCE + timedelta(seconds=10 * i)
-        meta = EventMetadata(received_at=at, source="agent", observed_at=at)
-        gpus = gpu_set(payload)
-        SETS[gpus.sampled] = gpus.joined
-        body = encode_body_of(FORMAT_4, payload, meta, NODE, gpus)[0]
-        rows.append({"global_position": i, "body": body, "gpu_set_id": gpus.sampled, "received_at": at})
-    hour_rows = [
-        HourRow(r["global_position"], "NODE_TELEMETRY_OBSERVED", r["body"], r["gpu_set_id"], r["received_at"])
-        for r in rows
-    ]
-    hour = stored_hour(hour_rows, SETS, ACCELERATOR_METRICS, HOST_METRICS)
-    assert hour.common is not None
-    w = Window(since=SINCE - timedelta(days=1), until=SINCE + timedelta(days=1), step_seconds=3600)
-    want = samples_in_window(w, [accelerator_part(rows, GPUS[0], ACCELERATOR_METRICS, SETS)])
-    have = samples_in_window(w, [stored_part(gpu_samples(hour.common, hour.gpus[GPUS[0]]))])
-    assert len(have.times) == 12 and exactly(have) == exactly(want)
-    for metric in ("utilization_gpu_percent", "power_watts", "temperature_celsius"):
-        assert isinstance(have.columns[ACCELERATOR_METRICS.index(metric)], np.ndarray), metric
-
-
-def test_a_gpu_in_some_snapshots_of_the_hour_is_cut_by_its_own_receive_times() -> None:
-    """GPU 0 in snapshots 0, 2 and 4 of six: cut to the snapshots received from the third on, it
-    keeps snapshots 2 and 4, each with its own time and value."""
-    rows: list[dict[str, Any]] = []
-    for i in range(6):
-        listed = [GPUS[1]] if i % 2 else [GPUS[0], GPUS[1]]
-        payload = NodeTelemetryObserved(
-            telemetry={},
-            storage=[],
-            accelerators=[AcceleratorSample("a", u, {"temperature_celsius": Known(40 + i)}) for u in listed],
-        )
+    for i, payload in enumerate(snapshots):
         at = SINCE + timedelta(seconds=10 * i)
         gpus = gpu_set(payload)
         SETS[gpus.sampled] = gpus.joined
@@ -195,6 +157,48 @@ def test_a_gpu_in_some_snapshots_of_the_hour_is_cut_by_its_own_receive_times() -
     ]
     hour = stored_hour(hour_rows, SETS, ACCELERATOR_METRICS, HOST_METRICS)
     assert hour.common is not None
+    return rows, hour
+
+
+def test_an_hour_of_numbers_stored_verbatim_reads_back_as_numbers_as_the_log_does() -> None:
+    """Utilization of no whole thousandth and a mix of ints and floats are stored verbatim; the
+    read counts them as the numbers the log's decode gives, not as values one by one."""
+    snapshots = []
+    for i in range(12):
+        gpu = {
+            "utilization_gpu_percent": Known(100 / 3 + i),
+            "power_watts": Known(250 if i % 2 else 250.5),
+            "temperature_celsius": Known(40 + i),
+        }
+        snapshots.append(
+            NodeTelemetryObserved(
+                telemetry={}, storage=[], accelerators=[AcceleratorSample("a", GPUS[0], gpu)]
+            )
+        )
+    rows, hour = _hour_of(snapshots)
+    w = Window(since=SINCE - timedelta(days=1), until=SINCE + timedelta(days=1), step_seconds=3600)
+    want = samples_in_window(w, [accelerator_part(rows, GPUS[0], ACCELERATOR_METRICS, SETS)])
+    have = samples_in_window(w, [stored_part(gpu_samples(hour.common, hour.gpus[GPUS[0]]))])
+    assert len(have.times) == 12 and exactly(have) == exactly(want)
+    for metric in ("utilization_gpu_percent", "power_watts", "temperature_celsius"):
+        assert isinstance(have.columns[ACCELERATOR_METRICS.index(metric)], np.ndarray), metric
+
+
+def test_a_gpu_in_some_snapshots_of_the_hour_is_cut_by_its_own_receive_times() -> None:
+    """GPU 0 in snapshots 0, 2 and 4 of six: cut to the snapshots received from the third on, it
+    keeps snapshots 2 and 4, each with its own time and value."""
+    snapshots = [
+        NodeTelemetryObserved(
+            telemetry={},
+            storage=[],
+            accelerators=[
+                AcceleratorSample("a", u, {"temperature_celsius": Known(40 + i)})
+                for u in ([GPUS[1]] if i % 2 else [GPUS[0], GPUS[1]])
+            ],
+        )
+        for i in range(6)
+    ]
+    rows, hour = _hour_of(snapshots)
     whole = gpu_samples(hour.common, hour.gpus[GPUS[0]])
     cut = whole.received_in(SINCE + timedelta(seconds=20), SINCE + timedelta(hours=1))
     temperature = ACCELERATOR_METRICS.index("temperature_celsius")
