@@ -159,13 +159,15 @@ def series_of_columns(
     filled = np.flatnonzero(held)
     counts = held[filled]
     firsts = np.cumsum(counts) - counts
+    cuts = list(map(slice, firsts.tolist(), (firsts + counts).tolist()))
     step = timedelta(seconds=w.step_seconds)
     starts = [w.since + i * step for i in range(w.points)]
-    full = [starts[i] for i in filled.tolist()]
+    filled_at = filled.tolist()
+    full = [starts[i] for i in filled_at]
     for metric, column in zip(metrics, columns, strict=True):
-        buckets = _buckets(column, firsts, counts, full, state_of) if n else []
+        buckets = _buckets(column, firsts, counts, cuts, full, state_of) if n else []
         if len(buckets) < len(starts):
-            by_index = dict(zip(filled.tolist(), buckets, strict=True))
+            by_index = dict(zip(filled_at, buckets, strict=True))
             buckets = [
                 by_index.get(i) or Bucket(start, 0, {}, None, None, None) for i, start in enumerate(starts)
             ]
@@ -182,11 +184,12 @@ def _buckets(
     column: Column,
     firsts: npt.NDArray[np.int64],
     counts: npt.NDArray[np.int64],
+    cuts: list[slice],
     starts: list[datetime],
     state_of: Callable[[object], str | None],
 ) -> list[Bucket]:
-    """One metric's buckets that have samples: `counts[i]` values from `firsts[i]`, starting at
-    `starts[i]`."""
+    """One metric's buckets that have samples: `counts[i]` values from `firsts[i]` (the slice
+    `cuts[i]`), starting at `starts[i]`."""
     n = counts.tolist()
     if isinstance(column, np.ndarray) and _plain(column):
         lows, highs = np.minimum.reduceat(column, firsts), np.maximum.reduceat(column, firsts)
@@ -197,11 +200,10 @@ def _buckets(
             means = np.minimum(np.maximum(sums / counts, lows), highs).tolist()
         else:
             values = column.tolist()
-            parts = list(map(values.__getitem__, map(slice, firsts.tolist(), (firsts + counts).tolist())))
+            parts = list(map(values.__getitem__, cuts))
             means = _means(parts, n, low, high)
         return list(map(Bucket, starts, n, [{"known": c} for c in n], low, means, high))
     values = column.tolist() if isinstance(column, np.ndarray) else column
-    cuts = list(map(slice, firsts.tolist(), (firsts + counts).tolist()))
     return _listed_buckets(values, cuts, n, starts, state_of)
 
 

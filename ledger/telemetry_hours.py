@@ -146,8 +146,6 @@ _WIDTHS: Final[dict[int, np.dtype[np.signedinteger[Any]]]] = {
     4: np.dtype("<i4"),
     8: np.dtype("<i8"),
 }
-
-
 _FIRST = np.dtype("<i8")
 
 
@@ -160,17 +158,19 @@ def pack_ints(values: Sequence[int]) -> bytes:
     largest = max(map(abs, differences), default=0)
     width = next(w for w in _WIDTHS if largest < 2 ** (8 * w - 1))
     first = np.array([values[0]], dtype=_FIRST).tobytes()
-    return bytes([width]) + first + bytes(np.array(differences, dtype=_WIDTHS[width]).tobytes())
+    return bytes([width]) + first + np.array(differences, dtype=_WIDTHS[width]).tobytes()
 
 
 def unpack_ints(packed: bytes) -> Ints:
     dtype = _WIDTHS.get(packed[0]) if packed else None
-    if dtype is None or (len(packed) > 1 and (len(packed) - 9) % dtype.itemsize) or 1 < len(packed) < 9:
+    if dtype is None:
         raise UndecodableBody("telemetry hour: packed ints of no width")
     if len(packed) == 1:
         return np.empty(0, np.int64)
+    if len(packed) < 1 + _FIRST.itemsize or (len(packed) - 1 - _FIRST.itemsize) % dtype.itemsize:
+        raise UndecodableBody("telemetry hour: packed ints cut short")
     first = np.frombuffer(packed, dtype=_FIRST, count=1, offset=1)
-    differences = np.frombuffer(packed, dtype=dtype, offset=9).astype(np.int64)
+    differences = np.frombuffer(packed, dtype=dtype, offset=1 + _FIRST.itemsize).astype(np.int64)
     ints: Ints = np.concatenate((first, differences)).cumsum()
     return ints
 
